@@ -1,0 +1,85 @@
+"""The knob space: what may be tried, when it applies, and how it changes the training plan.
+
+`resolve(settings, ctx)` is the one place where constraints are checked: it parses every value, fills the
+defaults, refuses impossible combinations with an error naming the fix (never repairs them), and returns the
+canonical configuration with the plan the trial worker runs.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+from importlib.metadata import entry_points
+from typing import Any
+
+from .errors import ConfigError
+from .knob import REGISTRY, Knob, fmt, register
+from .plan import Context, Plan
+
+__all__ = ["ConfigError", "Context", "Knob", "Plan", "REGISTRY", "all_knobs", "get", "register", "resolve", "fmt"]
+
+_loaded = False
+
+
+def _load() -> None:
+    """Import every built-in knob file, then the knobs of installed plugins (entry-point group trainscout.knobs)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    builtin = importlib.import_module(f"{__name__}.knobs")
+    for mod in pkgutil.iter_modules(builtin.__path__):
+        importlib.import_module(f"{builtin.__name__}.{mod.name}")
+    for ep in entry_points(group="trainscout.knobs"):
+        ep.load()  # the plugin module registers its knobs on import
+
+
+def all_knobs() -> list[Knob]:
+    """Every registered knob, in the order they are applied and sampled (requirements first)."""
+    _load()
+    done: list[Knob] = []
+    pending = sorted(REGISTRY.values(), key=lambda k: k.name)
+    while pending:
+        ready = [k for k in pending if all(REGISTRY[r] in done for r in k.requires)]
+        if not ready:
+            raise RuntimeError(f"knob requirements form a cycle: {[k.name for k in pending]}")
+        done += ready
+        pending = [k for k in pending if k not in ready]
+    return done
+
+
+def get(name: str) -> Knob:
+    _load()
+    if name not in REGISTRY:
+        near = difflib.get_close_matches(name, REGISTRY, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(name, f"unknown knob {name!r}{hint}: run `trainscout knobs` to list them")
+    return REGISTRY[name]
+
+
+def requirement_error(knob: Knob, value: Any, cfg: dict) -> ConfigError | None:
+    """The error for a knob set while a knob it requires has another value, or None."""
+    for other, allowed in knob.requires.items():
+        got = cfg[other]
+        if got not in allowed:
+            want = "|".join(fmt(a) for a in allowed)
+            return ConfigError(knob.name, f"{knob.name}={fmt(value)} needs {other}={want} (got {fmt(got)}): "
+                                          f"set {other}={fmt(allowed[-1])} or {knob.name}={fmt(knob.default)}")
+    return None
+
+
+def resolve(settings: dict[str, Any], ctx: Context) -> tuple[dict[str, Any], Plan]:
+    """Validate knob settings against the context; return (canonical config, plan). Raises ConfigError."""
+    order = all_knobs()
+    cfg: dict[str, Any] = {k.name: k.default for k in order}
+    for name, raw in settings.items():
+        cfg[name] = get(name).parse(raw)
+    for k in order:
+        if k.is_set(cfg[k.name]) and (err := requirement_error(k, cfg[k.name], cfg)):
+            raise err
+    plan = Plan()
+    for k in order:
+        cfg[k.name] = k.concrete(cfg[k.name], cfg, ctx)
+        k.check(cfg[k.name], cfg, ctx)
+        k.apply(plan, cfg[k.name], cfg, ctx)
+    return cfg, plan

@@ -1,0 +1,97 @@
+"""The Knob base class and the registry. A knob is one file that subclasses Knob and is decorated @register."""
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from .errors import ConfigError
+from .plan import Context, Plan
+
+REGISTRY: dict[str, "Knob"] = {}
+
+_TRUE = {"true", "on", "yes", "1"}
+_FALSE = {"false", "off", "no", "0"}
+
+
+def register(cls: type["Knob"]) -> type["Knob"]:
+    """Class decorator: add a knob to the registry (its name must be new)."""
+    if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
+        raise ValueError(f"knob {cls.name!r} is registered twice ({type(REGISTRY[cls.name]).__module__}, {cls.__module__})")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def fmt(value: Any) -> str:
+    """A value as the user writes it on the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class Knob:
+    """One efficiency setting: its domain, when it applies, and how it changes the training plan.
+
+    `choices` is the search domain (fixed across trials, as Optuna requires). `requires` maps another knob's
+    name to the values it must have whenever this knob is set away from its default; a knob whose requirements
+    do not hold is not sampled. `check` adds rules that need the context (world size, device, model, recipe).
+    """
+
+    name: ClassVar[str]
+    default: ClassVar[Any]
+    choices: ClassVar[tuple]
+    requires: ClassVar[dict[str, tuple]] = {}
+
+    @property
+    def description(self) -> str:
+        return (self.__doc__ or "").strip().splitlines()[0]
+
+    # --- values -------------------------------------------------------------------------------------------
+    def parse(self, raw: Any) -> Any:
+        """A value from a CLI string or a YAML scalar; ConfigError when it is not in the domain."""
+        if isinstance(raw, str):
+            low = raw.strip().lower()
+            for c in self.choices:
+                if fmt(c).lower() == low:
+                    return c
+            if all(isinstance(c, bool) for c in self.choices):
+                if low in _TRUE:
+                    return True
+                if low in _FALSE:
+                    return False
+            raise self.bad(raw)
+        if isinstance(raw, float) and not math.isfinite(raw):
+            raise self.bad(raw)
+        for c in self.choices:
+            if type(c) is type(raw) and c == raw:
+                return c
+        raise self.bad(raw)
+
+    def bad(self, raw: Any) -> ConfigError:
+        return ConfigError(self.name, f"{self.name}={fmt(raw)!s} is not allowed: choose one of {self.domain_text()}")
+
+    def domain_text(self) -> str:
+        return "|".join(fmt(c) for c in self.choices)
+
+    # --- rules --------------------------------------------------------------------------------------------
+    def is_set(self, value: Any) -> bool:
+        return value != self.default
+
+    def applies(self, cfg: dict) -> bool:
+        """True when every knob this one requires has an allowed value in cfg."""
+        return all(cfg.get(k, REGISTRY[k].default) in allowed for k, allowed in self.requires.items())
+
+    def concrete(self, value: Any, cfg: dict, ctx: Context) -> Any:
+        """The value the trial runs with (a knob with an "auto" value decides it here from the context)."""
+        return value
+
+    def check(self, value: Any, cfg: dict, ctx: Context) -> None:
+        """Rules that need the context; raise ConfigError naming the fix."""
+
+    # --- search and plan ----------------------------------------------------------------------------------
+    def suggest(self, trial, cfg: dict, ctx: Context) -> Any:
+        """Sample a value with an Optuna trial (define-by-run). The domain never changes between trials."""
+        return trial.suggest_categorical(self.name, list(self.choices))
+
+    def apply(self, plan: Plan, value: Any, cfg: dict, ctx: Context) -> None:
+        """Write this knob's value into the plan."""
+        raise NotImplementedError

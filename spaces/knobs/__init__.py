@@ -1,0 +1,1 @@
+"""Built-in knobs: one file each, registered on import."""

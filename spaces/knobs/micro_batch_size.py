@@ -1,0 +1,51 @@
+from ..errors import ConfigError
+from ..knob import Knob, register
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@register
+class MicroBatchSize(Knob):
+    """Sequences per forward/backward on one rank; gradient accumulation = per-rank batch / micro-batch (exact)."""
+
+    name = "micro_batch_size"
+    default = "auto"  # the largest divisor of the per-rank batch that is <= 8
+    choices = (1, 2, 4, 8, 16, 32, 64, 128)
+
+    def parse(self, raw):
+        if isinstance(raw, str) and raw.strip().lower() == "auto":
+            return "auto"
+        if isinstance(raw, str):
+            try:
+                raw = int(raw.strip())
+            except ValueError:
+                raise ConfigError(self.name, f"micro_batch_size={raw} is not a whole number: use a positive integer or auto")
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
+            return raw
+        raise ConfigError(self.name, f"micro_batch_size={raw} is not allowed: use a positive integer or auto")
+
+    def per_rank_batch(self, cfg, ctx) -> int:
+        dp = ctx.data_parallel_ranks(cfg)
+        if ctx.global_batch % dp:
+            raise ConfigError("global_batch", f"global_batch={ctx.global_batch} does not split over {dp} "
+                                              f"data-parallel ranks: choose a multiple of {dp}")
+        return ctx.global_batch // dp
+
+    def concrete(self, value, cfg, ctx):
+        if value == "auto":
+            return max(d for d in divisors(self.per_rank_batch(cfg, ctx)) if d <= 8)
+        return value
+
+    def check(self, value, cfg, ctx):
+        per_rank = self.per_rank_batch(cfg, ctx)
+        if per_rank % value:
+            near = ", ".join(str(d) for d in sorted(divisors(per_rank), key=lambda d: abs(d - value))[:2])
+            raise ConfigError(self.name, f"micro_batch_size={value} does not divide the per-rank batch {per_rank} "
+                                         f"(global_batch {ctx.global_batch} / {ctx.data_parallel_ranks(cfg)} "
+                                         f"data-parallel ranks): choose a divisor such as {near}")
+
+    def apply(self, plan, value, cfg, ctx):
+        plan.micro_batch_size = value
+        plan.grad_accum = self.per_rank_batch(cfg, ctx) // value

@@ -1,0 +1,15 @@
+from ..knob import Knob, register
+
+
+@register
+class OffloadOptimizer(Knob):
+    """Keep optimizer states in CPU memory and step them with DeepSpeedCPUAdam (ZeRO-Offload)."""
+
+    name = "offload_optimizer"
+    default = False
+    choices = (False, True)
+    requires = {"zero_stage": (1, 2, 3)}  # DeepSpeed: "Valid for ZeRO stage 1, 2, 3"
+
+    def apply(self, plan, value, cfg, ctx):
+        if value:
+            plan.zero["offload_optimizer"] = {"device": "cpu", "pin_memory": ctx.device == "cuda"}

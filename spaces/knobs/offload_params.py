@@ -1,0 +1,15 @@
+from ..knob import Knob, register
+
+
+@register
+class OffloadParams(Knob):
+    """Keep ZeRO-3 parameter shards in CPU memory and fetch them per layer."""
+
+    name = "offload_params"
+    default = False
+    choices = (False, True)
+    requires = {"zero_stage": (3,)}  # DeepSpeed: offload_param is "Valid only with stage 3"
+
+    def apply(self, plan, value, cfg, ctx):
+        if value:
+            plan.zero["offload_param"] = {"device": "cpu", "pin_memory": ctx.device == "cuda"}

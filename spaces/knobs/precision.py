@@ -1,0 +1,19 @@
+from ..errors import ConfigError
+from ..knob import Knob, register
+
+
+@register
+class Precision(Knob):
+    """Numeric precision: fp32, or mixed precision with bf16 / fp16 compute and fp32 master weights."""
+
+    name = "precision"
+    default = "bf16-mixed"
+    choices = ("fp32", "bf16-mixed", "fp16-mixed")
+
+    def check(self, value, cfg, ctx):
+        if value == "fp16-mixed" and ctx.device != "cuda":
+            raise ConfigError(self.name, "precision=fp16-mixed needs a CUDA GPU (no fp16 loss scaling on the CPU): "
+                                         "set precision=bf16-mixed or fp32")
+
+    def apply(self, plan, value, cfg, ctx):
+        plan.precision = value

@@ -1,0 +1,44 @@
+"""The training plan knobs write into, and the context they are checked against."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Context:
+    """What a configuration is checked against: the box, the model and the recipe."""
+
+    world_size: int = 1            # ranks (one per GPU, or CPU workers)
+    device: str = "cpu"            # "cpu" or "cuda"
+    num_layers: int = 1            # decoder layers of the model
+    global_batch: int = 1          # sequences per optimizer step, all ranks together
+    installed: frozenset = frozenset()  # optional packages present (e.g. "flash_attn")
+
+    def data_parallel_ranks(self, cfg: dict) -> int:
+        """Ranks that each hold a slice of the batch (world size over pipeline stages, where a knob sets them)."""
+        return self.world_size // int(cfg.get("pipeline_stages", 1) or 1)
+
+
+@dataclass
+class Plan:
+    """How one trial trains: the engine and its settings. JSON-serialisable; the worker only reads this."""
+
+    engine: str = "ddp"                       # ddp (plain on one rank) | deepspeed | fsdp
+    precision: str = "bf16-mixed"             # fp32 | bf16-mixed | fp16-mixed
+    micro_batch_size: int = 1
+    grad_accum: int = 1                       # micro-batches per optimizer step and rank
+    zero: dict = field(default_factory=dict)  # DeepSpeed "zero_optimization" section
+    fsdp: dict = field(default_factory=dict)  # FSDP2 fully_shard settings
+    checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
+    compile: bool = False
+    tf32: bool = True
+    attn_implementation: str = "sdpa"
+    extra: dict = field(default_factory=dict)  # settings of plugin knobs, read by their own code
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        return cls(**d)

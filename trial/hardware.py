@@ -1,0 +1,36 @@
+"""What a measurement was taken on: the hardware fingerprint and the library versions."""
+from __future__ import annotations
+
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+LIBRARIES = ("torch", "transformers", "deepspeed", "ray", "optuna", "trainscout")
+
+
+def versions() -> dict[str, str | None]:
+    out = {"python": platform.python_version()}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def fingerprint(device: str, world_size: int) -> dict:
+    """The box a trial ran on, as stored with every result (GPU name and count, or CPU model and cores)."""
+    import torch
+    hw = {"device": device, "world_size": world_size, "cpu": platform.processor() or platform.machine(),
+          "cpu_count": os.cpu_count()}
+    if device == "cuda" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        hw.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), gpu_count=torch.cuda.device_count(),
+                  cuda=torch.version.cuda, capability=f"{p.major}.{p.minor}")
+    return hw
+
+
+def installed_optional() -> frozenset:
+    """Optional packages that knobs may depend on."""
+    import importlib.util
+    return frozenset(m for m in ("flash_attn",) if importlib.util.find_spec(m) is not None)

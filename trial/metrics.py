@@ -1,0 +1,51 @@
+"""FLOPs, MFU, peak rates of common GPUs, and the projection of a full training run.
+
+FLOPs per token (PaLM appendix B, the same as ../shared/bench/gpu_baseline.py): 6·N + 12·L·d·s, with N all
+parameters (embeddings included), L layers, d hidden size and s the sequence length. 6·N covers the forward
+and backward matrix products; 12·L·d·s the attention scores and values. Recomputation by activation
+checkpointing is not counted, so this is model FLOPs utilisation (MFU), not hardware FLOPs utilisation.
+"""
+from __future__ import annotations
+
+# Dense bf16 tensor-core peak per GPU in TFLOP/s (vendor datasheets, without sparsity). Matched against
+# torch.cuda.get_device_name() in order: the first substring found wins. Unknown GPU -> None (MFU null).
+GPU_BF16_TFLOPS: list[tuple[str, float]] = [
+    ("GH200", 989.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H800", 989.0),
+    ("B200", 2250.0), ("B100", 1750.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0),
+    ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0), ("A6000", 155.0), ("RTX 6000 Ada", 364.0),
+    ("RTX 4090", 165.0), ("RTX 3090", 71.0), ("V100", 125.0),  # V100 has no bf16: fp16 tensor-core peak
+]
+
+
+def gpu_peak_tflops(device_name: str | None) -> float | None:
+    if not device_name:
+        return None
+    for key, tflops in GPU_BF16_TFLOPS:
+        if key.lower() in device_name.lower():
+            return tflops
+    return None
+
+
+def flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
+    return 6.0 * n_params + 12.0 * num_layers * hidden * seq_len
+
+
+def mfu(tokens_per_s: float, fpt: float, peak_tflops: float | None, n_gpus: int) -> float | None:
+    if not peak_tflops or not tokens_per_s:
+        return None
+    return tokens_per_s * fpt / (peak_tflops * 1e12 * n_gpus)
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def project_step(micro_non_last: list[float], micro_last: list[float], optim: list[float], grad_accum: int) -> float:
+    """A full optimizer step from measured phases: (A-1) accumulating micro-batches, the last one (which
+    carries the gradient synchronisation) and the optimizer. Medians, so one slow step does not skew it."""
+    if grad_accum > 1 and not micro_non_last:
+        raise ValueError("a step with accumulation needs at least one measured non-last micro-batch")
+    rest = (grad_accum - 1) * median(micro_non_last) if grad_accum > 1 else 0.0
+    return rest + median(micro_last) + median(optim)

@@ -1,0 +1,255 @@
+"""Measure one configuration: validate it, run its ranks as Ray Train workers, enforce the hard time limit from
+outside the workers, classify failures, and derive the metrics (tokens/s, step time, MFU, projected days)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+
+from trainscout.spaces import ConfigError, Context, resolve
+
+from . import faults, hardware, metrics
+from .models import resolve_model, with_overrides
+
+STATUSES = ("ok", "oom", "timeout", "crash", "invalid")
+DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 900.0}
+
+
+def detect_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError("--device", f"--device {device} is not allowed: use auto, cpu or cuda")
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", "--device cuda but no CUDA GPU is visible: use --device cpu")
+    return device
+
+
+def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
+            measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
+            total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
+            fault: str | None = None, seed: int = 0, check_gpus: bool = True) -> dict:
+    """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix)."""
+    for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
+    if measure_accum is not None and (not isinstance(measure_accum, int) or measure_accum < 0):
+        raise ConfigError("--measure-accum", f"--measure-accum {measure_accum} is not allowed: give an integer >= 0 (0 = full step)")
+    try:
+        faults.parse(fault)
+    except ValueError as e:
+        raise ConfigError("--inject-fault", str(e))
+    device = detect_device(device)
+    if device == "cuda" and check_gpus:
+        import torch
+        if workers > torch.cuda.device_count():
+            raise ConfigError("--workers", f"--workers {workers} needs {workers} GPUs but {torch.cuda.device_count()} "
+                                           f"are visible: use --workers {torch.cuda.device_count()} or fewer")
+    spec = resolve_model(model)
+    recipe = with_overrides(spec.recipe, global_batch=global_batch, seq_len=seq_len, total_steps=total_steps,
+                            total_tokens=total_tokens, grad_clip=grad_clip)
+    ctx = Context(world_size=workers, device=device, num_layers=spec.num_layers, global_batch=recipe.global_batch,
+                  installed=hardware.installed_optional())
+    cfg, plan = resolve(settings, ctx)
+    full = plan.grad_accum
+    accum = full if measure_accum == 0 else min(full, measure_accum or max(2, min(full, 4)))
+    if full > 1 and accum < 2:
+        raise ConfigError("--measure-accum", f"--measure-accum {measure_accum}: a step with accumulation needs >= 2 "
+                                             "measured micro-batches to separate the synchronising one: use 2 or more")
+    return {
+        "model": spec.name, "model_config": spec.config, "device": device, "world_size": workers,
+        "config": cfg, "plan": plan.to_dict(), "recipe": recipe.to_dict(),
+        "grad_accum": full, "measured_accum": accum, "timed_steps": steps, "warmup_steps": warmup,
+        "seed": seed, "fault": fault or os.environ.get("TRAINSCOUT_FAULT") or None,
+        "threads_per_worker": max(1, (os.cpu_count() or 1) // workers),
+    }
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Start (or attach to) Ray. A local Ray binds to 127.0.0.1 and starts no dashboard."""
+    import ray
+    if ray.is_initialized():
+        return
+    kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    if address:
+        ray.init(address=address, **kw)
+    else:
+        ray.init(_node_ip_address="127.0.0.1", **kw)
+
+
+def _worker_env(spec: dict) -> dict:
+    env = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+           if k in os.environ}
+    if spec["device"] == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9:
+            env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse "9.0a"
+    return env
+
+
+def _fit(spec: dict, storage: str, name: str) -> dict:
+    """Inside a Ray task: run the ranks with Ray Train's TorchTrainer; return the rank-0 result or the error."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from .worker import train_loop
+    cuda = spec["device"] == "cuda"
+    trainer = TorchTrainer(
+        train_loop, train_loop_config=spec,
+        torch_config=TorchConfig(backend="nccl" if cuda else "gloo", timeout_s=600),
+        scaling_config=ScalingConfig(num_workers=spec["world_size"], use_gpu=cuda,
+                                     resources_per_worker={"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}),
+        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=0)))
+    try:
+        result = trainer.fit()
+    except Exception as e:  # Ray Train raises for worker errors and dead workers
+        return {"error": f"{type(e).__name__}: {e}"}
+    if result.error:
+        return {"error": f"{type(result.error).__name__}: {result.error}"}
+    with result.checkpoint.as_directory() as d, open(os.path.join(d, "result.json")) as f:
+        return {"ok": json.load(f)}
+
+
+_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory|DefaultCPUAllocator|"
+                  r"CUBLAS_STATUS_ALLOC_FAILED|out of memory", re.I)
+
+
+def classify(error: str) -> str:
+    return "oom" if _OOM.search(error) else "crash"
+
+
+def _log_tail(log_dir: str, n: int = 20) -> str:
+    tails = []
+    for f in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        with open(os.path.join(log_dir, f), errors="replace") as fh:
+            lines = [l.rstrip() for l in fh.readlines() if l.strip()][-n:]
+        if lines:
+            tails.append(f"[{f}] " + "\n".join(lines))
+    return "\n".join(tails)[-4000:]
+
+
+def _error_summary(error: str) -> str:
+    """The line of a Ray error that says what went wrong (exception line or the actor's death)."""
+    lines = [l.strip() for l in error.splitlines() if l.strip()]
+    for pat in (r"^\w*(Error|Exception)\b.*:", r"Worker exit detail", r"died"):
+        hits = [l for l in lines if re.search(pat, l)]
+        if hits:
+            return hits[-1][:500]
+    return (lines[0] if lines else error)[:500]
+
+
+def execute(spec: dict, *, timeout: float | None = None, storage: str | None = None, address: str | None = None) -> dict:
+    """Run a prepared trial in fresh worker processes; always returns a record (failures are outcomes)."""
+    import ray
+    ensure_ray(address)
+    timeout = timeout or DEFAULT_TIMEOUT[spec["device"]]
+    trial_id = uuid.uuid4().hex[:12]
+    own_storage = storage is None
+    storage = os.path.abspath(storage or tempfile.mkdtemp(prefix="trainscout-"))
+    log_dir = os.path.join(storage, trial_id, "logs")
+    spec = dict(spec, log_dir=log_dir)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    task = ray.remote(num_cpus=0, max_retries=0)(_fit).options(runtime_env={"env_vars": _worker_env(spec)})
+    ref = task.remote(spec, storage, trial_id)
+    try:
+        raw = ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)  # kills the driver task; Ray then kills the worker actors it owns
+        raw = {"timeout": True}
+    except ray.exceptions.RayError as e:
+        raw = {"error": f"{type(e).__name__}: {e}"}
+    wall = time.perf_counter() - t0
+    record = {"trial_id": trial_id, "model": spec["model"], "device": spec["device"],
+              "world_size": spec["world_size"], "config": spec["config"], "plan": spec["plan"],
+              "recipe": spec["recipe"], "grad_accum": spec["grad_accum"], "measured_accum": spec["measured_accum"],
+              "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),
+              "versions": hardware.versions(), "hardware": hardware.fingerprint(spec["device"], spec["world_size"])}
+    if "ok" in raw:
+        record.update(status="ok", error=None, metrics=derive(spec, raw["ok"]))
+    elif "timeout" in raw:
+        record.update(status="timeout", error=f"no result within the {timeout:g} s limit; workers killed",
+                      metrics=None)
+    else:
+        tail = _log_tail(log_dir)
+        status = classify(raw["error"] + "\n" + tail)
+        record.update(status=status, error=_error_summary(raw["error"]), stderr_tail=tail, metrics=None)
+    if own_storage:
+        shutil.rmtree(storage, ignore_errors=True)
+    return record
+
+
+def derive(spec: dict, raw: dict) -> dict:
+    """Metrics from the ranks' raw phase times: the slowest rank per step, medians over the timed steps."""
+    A, recipe, ranks = spec["grad_accum"], spec["recipe"], raw["ranks"]
+    n_steps = len(ranks[0]["steps"])
+    projected, measured = [], []
+    for s in range(n_steps):
+        per_rank = []
+        for r in ranks:
+            st = r["steps"][s]
+            per_rank.append(metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A))
+        projected.append(max(per_rank))
+        measured.append(max(r["steps"][s]["total"] for r in ranks))
+    step_s = metrics.median(projected)
+    non_last = [m for r in ranks for st in r["steps"] for m in st["micro"][:-1]]
+    last = [st["micro"][-1] for r in ranks for st in r["steps"]]
+    tokens_per_step = recipe["global_batch"] * recipe["seq_len"]
+    tok_s = tokens_per_step / step_s
+    cfg = spec["model_config"]
+    fpt = metrics.flops_per_token(raw["n_params"], int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), recipe["seq_len"])
+    device_name = ranks[0].get("device_name")
+    peak = metrics.gpu_peak_tflops(device_name) if spec["device"] == "cuda" else None
+    rank_steps = [metrics.median([metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A)
+                                  for st in r["steps"]]) for r in ranks]
+    out = {
+        "tokens_per_s": tok_s,
+        "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
+        "measured_step_s": metrics.median(measured),  # the timed steps as run (measured_accum micro-batches)
+        "micro_batch_s": metrics.median(non_last or last),
+        "last_micro_batch_s": metrics.median(last),
+        "optimizer_s": metrics.median([st["optim"] for r in ranks for st in r["steps"]]),
+        "step_spread": (max(projected) - min(projected)) / step_s,
+        "rank_spread": (max(rank_steps) - min(rank_steps)) / step_s,
+        "steps_s": projected,
+        "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
+        "n_params": raw["n_params"],
+        "flops_per_token": fpt,
+        "gpu": device_name,
+        "peak_tflops": peak,
+        "mfu": metrics.mfu(tok_s, fpt, peak, spec["world_size"]),
+        "projected_days": recipe["total_steps"] * step_s / 86400,
+        "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec["world_size"] if spec["device"] == "cuda" else 0),
+        "peak_rss_mib": [round(r["peak_rss_mib"], 1) for r in ranks],
+        "build_s": max(r["build_s"] for r in ranks),
+        "warmup_s": max(r["warmup_s"] for r in ranks),
+        "timed_s": max(r["timed_s"] for r in ranks),
+        "loss": ranks[0]["loss"],
+    }
+    if spec["device"] == "cuda":
+        out["peak_allocated_mib"] = [round(r["peak_allocated_mib"], 1) for r in ranks]
+        out["peak_reserved_mib"] = [round(r["peak_reserved_mib"], 1) for r in ranks]
+        out["peak_memory_gib"] = max(out["peak_allocated_mib"]) / 1024
+    else:
+        out["peak_memory_gib"] = max(out["peak_rss_mib"]) / 1024
+    return out
+
+
+def run_trial(model: str, settings: dict, *, timeout: float | None = None, storage: str | None = None,
+              address: str | None = None, **kw) -> dict:
+    """prepare + execute. An invalid configuration is an outcome here (status "invalid"), not an exception."""
+    try:
+        spec = prepare(model, settings, **kw)
+    except ConfigError as e:
+        return {"trial_id": uuid.uuid4().hex[:12], "model": model, "config": settings, "status": "invalid",
+                "error": str(e), "metrics": None}
+    return execute(spec, timeout=timeout, storage=storage, address=address)

@@ -1,0 +1,136 @@
+"""One rank of a trial: build -> apply knobs -> warm up -> synchronize -> time -> report.
+
+Runs inside a Ray Train worker process (one per rank; torch.distributed is already initialised: gloo on the
+CPU, NCCL on GPUs). Every timed optimizer step records the boundaries of its micro-batches and of the
+optimizer with CUDA events on a GPU (perf_counter on the CPU, where work is synchronous), and the step ends
+with a device synchronisation, so the times are what the GPU really spent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+
+def _redirect_stderr(log_dir: str | None, rank: int) -> None:
+    """Send this rank's stderr to a file the runner reads to explain a crash."""
+    if not log_dir:
+        return
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        fd = os.open(os.path.join(log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError:
+        return  # another node's path on a cluster: Ray's own logs keep the output
+    os.dup2(fd, 2)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+class Clock:
+    """Marks on the device's timeline: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device):
+        import torch
+        self.cuda = device.type == "cuda"
+        self.torch = torch
+
+    def mark(self):
+        if self.cuda:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000.0 if self.cuda else b - a
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+
+def train_loop(spec: dict) -> None:
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    _redirect_stderr(spec.get("log_dir"), rank)
+    from . import engines, faults
+    from .models import build_model
+    from trainscout.spaces import Plan
+
+    t0 = time.perf_counter()
+    plan, recipe = Plan.from_dict(spec["plan"]), spec["recipe"]
+    if spec["device"] == "cuda":
+        import ray.train.torch
+        device = ray.train.torch.get_device()
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = plan.tf32
+        torch.backends.cudnn.allow_tf32 = plan.tf32
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, spec.get("threads_per_worker", 1)))
+    torch.manual_seed(spec.get("seed", 0))
+
+    model = build_model(spec["model_config"], plan.attn_implementation, recipe["seq_len"])
+    model.config.use_cache = False
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    accum = spec["measured_accum"]
+    engine = engines.build(plan, model, recipe, device, world, accum)
+    t_built = time.perf_counter()
+
+    vocab = int(spec["model_config"]["vocab_size"])
+    gen = torch.Generator(device="cpu").manual_seed(1000 + rank)
+    batches = [torch.randint(0, vocab, (plan.micro_batch_size, recipe["seq_len"]), generator=gen).to(device)
+               for _ in range(min(accum, 4))]
+    clock = Clock(device)
+
+    def optimizer_step_marks():
+        marks = [clock.mark()]
+        for i in range(accum):
+            loss = engine.micro_step(batches[i % len(batches)], is_last=(i == accum - 1), scale=1.0 / accum)
+            marks.append(clock.mark())
+        engine.optimizer_step()
+        marks.append(clock.mark())
+        return marks, loss
+
+    for _ in range(spec["warmup_steps"]):  # compile, allocator growth, first-step lazy init: not timed
+        optimizer_step_marks()
+    clock.sync()
+    dist.barrier()
+    t_warm = time.perf_counter()
+
+    steps = []
+    for s in range(spec["timed_steps"]):
+        if s == 0:
+            faults.fire(spec.get("fault"), rank, device)
+        marks, loss = optimizer_step_marks()
+        clock.sync()
+        d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
+        steps.append({"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1])})
+    t_timed = time.perf_counter()
+
+    mine = {"rank": rank, "steps": steps, "loss": float(loss.detach().float().item()),
+            "build_s": t_built - t0, "warmup_s": t_warm - t_built, "timed_s": t_timed - t_warm,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        mine["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        mine["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        mine["device_name"] = torch.cuda.get_device_name(device)
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+
+    metrics = {"done": 1}
+    if rank == 0:
+        out = {"n_params": n_params, "ranks": ranks}
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "result.json"), "w") as f:
+                json.dump(out, f)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+    else:
+        ray.train.report(metrics)
