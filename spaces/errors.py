@@ -6,4 +6,4 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, message: str):
         self.field = field
-        super().__init__(f"{field}: {message}" if not message.startswith(field) else message)
+        super().__init__(message if field in message else f"{field}: {message}")

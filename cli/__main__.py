@@ -1,0 +1,1 @@
+from .main import main; import sys; sys.exit(main())

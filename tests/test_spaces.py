@@ -1,0 +1,116 @@
+"""The knob space: a contract test over every registered knob, and every constraint."""
+import itertools
+import random
+
+import pytest
+
+from trainscout import spaces
+from trainscout.spaces import ConfigError, Context, Plan, resolve
+
+CTX = Context(world_size=2, device="cpu", num_layers=4, global_batch=256)
+GPU = Context(world_size=1, device="cuda", num_layers=4, global_batch=256, installed=frozenset({"flash_attn"}))
+KNOBS = spaces.all_knobs()
+
+
+def test_builtin_knobs_are_registered():
+    names = {k.name for k in KNOBS}
+    assert {"zero_stage", "offload_optimizer", "offload_params", "fsdp", "activation_checkpointing",
+            "micro_batch_size", "compile", "tf32", "attention", "precision"} <= names
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
+def test_knob_contract(knob):
+    # a one-line description, a default, a fixed non-empty search domain of distinct values
+    assert knob.description and "\n" not in knob.description
+    assert len(knob.choices) == len(set(map(spaces.fmt, knob.choices))) >= 2
+    # every requirement names a registered knob and allowed values in its domain
+    for other, allowed in knob.requires.items():
+        assert other in spaces.REGISTRY
+        assert set(allowed) <= set(spaces.REGISTRY[other].choices)
+    # the default and every choice round-trip through the CLI spelling
+    for v in (knob.default, *knob.choices):
+        assert knob.parse(spaces.fmt(v)) == v
+    # a value outside the domain is refused with an error that names the knob
+    with pytest.raises(ConfigError, match=knob.name):
+        knob.parse("surely-not-a-value")
+    # every choice, with its requirements satisfied, resolves and changes the plan only through apply
+    for v in knob.choices:
+        settings = {knob.name: v}
+        for other, allowed in knob.requires.items():
+            settings[other] = allowed[-1]
+        if knob.name == "precision" and v == "fp16-mixed" or knob.name == "attention" and v == "flash":
+            cfg, plan = resolve(settings, GPU)
+        else:
+            cfg, plan = resolve(settings, CTX)
+        assert cfg[knob.name] == v
+        assert isinstance(plan, Plan) and Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_defaults_resolve_to_plain_ddp():
+    cfg, plan = resolve({}, CTX)
+    assert plan.engine == "ddp" and plan.precision == "bf16-mixed" and plan.zero == {}
+    assert cfg["micro_batch_size"] == 8 and plan.grad_accum == 16  # auto: largest divisor of 128 <= 8
+
+
+@pytest.mark.parametrize("settings, field, fix", [
+    ({"offload_params": True, "zero_stage": 2}, "offload_params", "set zero_stage=3 or offload_params=false"),
+    ({"offload_optimizer": True}, "offload_optimizer", "set zero_stage=3 or offload_optimizer=false"),
+    ({"fsdp": "full_shard", "zero_stage": 1}, "fsdp", "set zero_stage=0 or fsdp=off"),
+    ({"micro_batch_size": 3}, "micro_batch_size", "choose a divisor such as 2, 4"),
+    ({"micro_batch_size": 0}, "micro_batch_size", "positive integer"),
+    ({"micro_batch_size": "many"}, "micro_batch_size", "positive integer"),
+    ({"zero_stage": 4}, "zero_stage", "choose one of 0|1|2|3"),
+    ({"zero_stage": float("nan")}, "zero_stage", "choose one of"),
+    ({"precision": "fp8"}, "precision", "choose one of"),
+    ({"precision": "fp16-mixed"}, "precision", "needs a CUDA GPU"),
+    ({"attention": "flash"}, "attention", "set attention=sdpa"),
+    ({"activation_checkpointing": 9}, "activation_checkpointing", "choose n <= 4"),
+    ({"fsdp": "full_shard", "precision": "fp16-mixed"}, "fsdp", "set precision=bf16-mixed or fsdp=off"),
+    ({"zero_stagee": 1}, "zero_stagee", "did you mean zero_stage"),
+])
+def test_constraints_refuse_with_the_fix(settings, field, fix):
+    ctx = GPU if settings.get("precision") == "fp16-mixed" and "fsdp" in settings else CTX
+    with pytest.raises(ConfigError) as e:
+        resolve(settings, ctx)
+    msg = str(e.value)
+    assert e.value.field == field and field in msg and fix in msg and "\n" not in msg
+
+
+def test_global_batch_must_split_over_ranks():
+    with pytest.raises(ConfigError, match="global_batch=33 does not split over 2"):
+        resolve({}, Context(world_size=2, global_batch=33, num_layers=2))
+
+
+def test_accumulation_is_exact():
+    for mbs in (1, 2, 4, 8, 16):
+        cfg, plan = resolve({"micro_batch_size": mbs}, CTX)
+        assert CTX.world_size * plan.micro_batch_size * plan.grad_accum == CTX.global_batch
+
+
+def test_random_samples_never_break_an_invariant():
+    """Many random combinations: each either resolves to a consistent plan or is refused with a one-line error."""
+    rng = random.Random(0)
+    ok = refused = 0
+    for _ in range(2000):
+        settings = {k.name: rng.choice(k.choices) for k in KNOBS if rng.random() < 0.7}
+        ctx = rng.choice([CTX, GPU])
+        try:
+            cfg, plan = resolve(settings, ctx)
+        except ConfigError as e:
+            assert "\n" not in str(e) and e.field in str(e) and ":" in str(e)
+            refused += 1
+            continue
+        ok += 1
+        assert (plan.engine == "deepspeed") == (cfg["zero_stage"] > 0)
+        assert (plan.engine == "fsdp") == (cfg["fsdp"] != "off")
+        assert not (cfg["offload_params"] and cfg["zero_stage"] != 3)
+        assert not (cfg["offload_optimizer"] and cfg["zero_stage"] == 0)
+        assert ctx.world_size * plan.micro_batch_size * plan.grad_accum == ctx.global_batch
+    assert ok > 100 and refused > 100
+
+
+def test_sampling_order_puts_requirements_first():
+    order = [k.name for k in KNOBS]
+    for i, k in enumerate(KNOBS):
+        for other in k.requires:
+            assert order.index(other) < i

@@ -1,0 +1,82 @@
+"""A trial end to end with two gloo workers started by Ray Train, for every engine and knob family, and the
+failure classification through the real code path (faults injected into one worker)."""
+import math
+import time
+
+import pytest
+
+from trainscout.trial import execute, prepare
+
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def run(settings, fault=None, timeout=300, **kw):
+    kw = {"workers": 2, "steps": 2, "warmup": 1, "global_batch": 32, "measure_accum": 2, **kw}
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 4, **settings}, device="cpu", fault=fault, **kw)
+    return execute(spec, timeout=timeout)
+
+
+ENGINES = {
+    "ddp": {},
+    "zero1": {"zero_stage": 1},
+    "zero2": {"zero_stage": 2},
+    "zero3": {"zero_stage": 3},
+    "zero2-offload-optimizer": {"zero_stage": 2, "offload_optimizer": True},
+    "zero3-offload-optimizer": {"zero_stage": 3, "offload_optimizer": True},
+    "zero3-offload-params": {"zero_stage": 3, "offload_params": True},
+    "fsdp-full": {"fsdp": "full_shard"},
+    "fsdp-grad-op-bf16": {"fsdp": "shard_grad_op", "precision": "bf16-mixed"},
+    "ckpt-full": {"activation_checkpointing": "full"},
+    "ckpt-every-2-zero2-bf16": {"activation_checkpointing": 2, "zero_stage": 2, "precision": "bf16-mixed"},
+    "compile": {"compile": True},
+}
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_trial_measures_each_engine(ray_local, name):
+    r = run(ENGINES[name])
+    assert r["status"] == "ok", (r["error"], r.get("stderr_tail"))
+    m = r["metrics"]
+    # real optimizer steps with real accumulation: 4 micro-batches per step, 2 of them measured per step
+    assert (r["grad_accum"], r["measured_accum"]) == (4, 2)
+    assert m["step_s"] > 0 and m["micro_batch_s"] > 0 and m["optimizer_s"] > 0
+    # the projection is the phases of the slowest rank: 3 accumulating micro-batches + the last + the optimizer
+    assert m["step_s"] >= 3 * min(m["micro_batch_s"], m["last_micro_batch_s"])
+    assert m["tokens_per_s"] == pytest.approx(32 * 64 / m["step_s"])
+    assert m["projected_days"] == pytest.approx(1000 * m["step_s"] / 86400)
+    assert len(m["peak_rss_mib"]) == 2 and min(m["peak_rss_mib"]) > 100
+    assert m["mfu"] is None  # no GPU peak on the CPU
+    assert math.isfinite(m["loss"]) and 0 < m["loss"] < 2 * math.log(512)
+    assert r["config"] == {**r["config"], **ENGINES[name]}
+    assert r["hardware"]["device"] == "cpu" and r["versions"]["torch"]
+
+
+def test_full_step_is_measured_when_asked(ray_local):
+    r = run({}, measure_accum=0, steps=3)
+    m = r["metrics"]
+    assert r["status"] == "ok" and r["measured_accum"] == r["grad_accum"] == 4
+    assert m["measured_step_s"] == pytest.approx(m["step_s"], rel=0.5)
+
+
+@pytest.mark.parametrize("fault, status, words", [
+    ("oom@1", "oom", "allocate"),
+    ("crash@1", "crash", ""),
+    ("assert", "crash", "AssertionError: injected assertion failure"),
+])
+def test_failures_are_classified(ray_local, fault, status, words):
+    r = run({}, fault=fault)
+    assert r["status"] == status and r["metrics"] is None
+    assert words in r["error"]
+    assert "injected fault" in r["stderr_tail"]  # the failing rank's stderr tail comes back
+
+
+def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
+    t = time.time()
+    r = run({}, fault="hang@1", timeout=45)
+    assert r["status"] == "timeout" and "45 s" in r["error"]
+    assert time.time() - t < 45 + 10
+    deadline = time.time() + 10  # the workers die with the trial
+    while worker_pids() and time.time() < deadline:
+        time.sleep(0.5)
+    assert worker_pids() == []
