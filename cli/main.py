@@ -132,6 +132,51 @@ def print_trial(r: dict) -> None:
         print(f"{k:9}{v}")
 
 
+def duration(s: str) -> float:
+    """30m, 2h, 90s or plain seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", s or "")
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a duration: write e.g. 90s, 30m or 2h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+# The CPU demo: tiny model, 2 workers, 6 trials, knobs that need no compiler (inductor, DeepSpeed's C++ ops)
+DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1,
+        "sets": {"compile": "false", "zero_stage": "0", "tf32": "true"}}
+
+
+def cmd_search(a) -> int:
+    from trainscout.search.service import SearchArgs, run_search
+    if a.resume:
+        from trainscout.search.store import Store, default_url
+        if not os.path.isdir(a.resume):
+            raise ConfigError("--resume", f"--resume {a.resume}: no such folder: give the --out folder of a search")
+        store = Store(a.storage or default_url(a.resume))
+        name = os.path.basename(os.path.abspath(a.resume))
+        saved = store.search_args(name)
+        if saved is None:
+            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there: start one with --out")
+        args = SearchArgs(**saved)
+        args.address = a.address or args.address
+    else:
+        if a.model is None:
+            import torch
+            if torch.cuda.is_available():
+                raise ConfigError("--model", "give --model (e.g. pythia-160m); without a GPU the default is a CPU demo")
+            print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
+            a.model, a.trials, a.gpus_per_trial = DEMO["model"], a.trials or DEMO["trials"], DEMO["workers"]
+            a.steps, a.warmup = DEMO["steps"], DEMO["warmup"]
+            a.set = [f"{k}={v}" for k, v in DEMO["sets"].items()] + (a.set or [])
+        args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
+                          time_budget_s=a.time_budget, space=a.space, sets=parse_sets(a.set), storage=a.storage,
+                          address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
+                          recipe={k: v for k, v in recipe_kwargs(a).items() if v is not None})
+    summary = run_search(args)
+    if a.json:
+        print(json.dumps(summary))
+    return 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="trainscout", description=__doc__.splitlines()[0].replace("The `trainscout` command line. ", ""))
     sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
@@ -156,6 +201,27 @@ def build_parser() -> Parser:
     t.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     add_recipe_flags(t)
     t.set_defaults(func=cmd_trial)
+
+    s = sub.add_parser("search", help="search the knob space with real trials (Ray Tune + Optuna + ASHA)")
+    s.add_argument("--model", default=None, help="as for trial; without --model and without a GPU: the CPU demo")
+    s.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    s.add_argument("--gpus-per-trial", type=positive_int("--gpus-per-trial"), default=1,
+                   help="ranks per trial: GPUs (on the CPU: worker processes)")
+    s.add_argument("--trials", type=positive_int("--trials"), default=None, help="number of trials in all")
+    s.add_argument("--time-budget", type=duration, default=None, help="stop starting trials after this (30m, 2h)")
+    s.add_argument("--space", default=None, help="YAML space file: knob: value (fixed) or knob: [values]")
+    s.add_argument("--set", action="append", metavar="KNOB=VALUE", help="fix a knob (repeatable)")
+    s.add_argument("--out", default="runs/search", help="output folder (results.db, logs)")
+    s.add_argument("--storage", default=None, help="SQLAlchemy URL of the results store (default: OUT/results.db)")
+    s.add_argument("--address", default=None, help="Ray cluster address (auto: attach to a running cluster)")
+    s.add_argument("--resume", default=None, metavar="DIR", help="continue the search whose --out was DIR")
+    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--steps", type=positive_int("--steps"), default=5, help="timed optimizer steps per trial")
+    s.add_argument("--warmup", type=int, default=2, help="untimed steps per trial")
+    s.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit per trial in seconds")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
+    add_recipe_flags(s)
+    s.set_defaults(func=cmd_search)
     return p
 
 

@@ -34,8 +34,11 @@ def detect_device(device: str) -> str:
 def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
             measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
             total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
-            fault: str | None = None, seed: int = 0, check_gpus: bool = True) -> dict:
-    """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix)."""
+            fault: str | None = None, seed: int = 0, hw: dict | None = None) -> dict:
+    """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
+
+    hw is the hardware fingerprint of the box; a search passes the one its driver took (a trial process of a
+    search holds no GPU itself), a single trial takes it here."""
     for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
@@ -45,12 +48,13 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
         faults.parse(fault)
     except ValueError as e:
         raise ConfigError("--inject-fault", str(e))
-    device = detect_device(device)
-    if device == "cuda" and check_gpus:
-        import torch
-        if workers > torch.cuda.device_count():
-            raise ConfigError("--workers", f"--workers {workers} needs {workers} GPUs but {torch.cuda.device_count()} "
-                                           f"are visible: use --workers {torch.cuda.device_count()} or fewer")
+    if hw is None:
+        device = detect_device(device)
+        hw = hardware.fingerprint(device, workers)
+    device = hw["device"]
+    if device == "cuda" and workers > hw.get("gpu_count", 0):
+        raise ConfigError("--workers", f"--workers {workers} needs {workers} GPUs but {hw.get('gpu_count', 0)} "
+                                       f"are visible: use --workers {hw.get('gpu_count', 0)} or fewer")
     spec = resolve_model(model)
     recipe = with_overrides(spec.recipe, global_batch=global_batch, seq_len=seq_len, total_steps=total_steps,
                             total_tokens=total_tokens, grad_clip=grad_clip)
@@ -68,6 +72,7 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
         "grad_accum": full, "measured_accum": accum, "timed_steps": steps, "warmup_steps": warmup,
         "seed": seed, "fault": fault or os.environ.get("TRAINSCOUT_FAULT") or None,
         "threads_per_worker": max(1, (os.cpu_count() or 1) // workers),
+        "hardware": dict(hw, world_size=workers),
     }
 
 
@@ -89,10 +94,8 @@ def _worker_env(spec: dict) -> dict:
     if spec["device"] == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
-    else:
-        import torch
-        if torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9:
-            env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse "9.0a"
+    elif str(spec["hardware"].get("capability", "")).startswith("9."):
+        env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse the machine's "9.0a"
     return env
 
 
@@ -147,33 +150,94 @@ def _error_summary(error: str) -> str:
     return (lines[0] if lines else error)[:500]
 
 
-def execute(spec: dict, *, timeout: float | None = None, storage: str | None = None, address: str | None = None) -> dict:
-    """Run a prepared trial in fresh worker processes; always returns a record (failures are outcomes)."""
+def _wait(ref, timeout: float, spec: dict, progress, on_step) -> dict:
+    """The trial's result, relaying per-step progress to on_step; {"timeout": True} past the hard limit."""
+    import ray
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _ = ray.wait([ref], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        if progress is not None:
+            while not progress.empty():
+                p = progress.get()
+                step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], spec["grad_accum"])
+                on_step({"step": p["step"], "step_s": step_s,
+                         "tokens_per_s": spec["recipe"]["global_batch"] * spec["recipe"]["seq_len"] / step_s})
+        if ready:
+            return ray.get(ref)
+        if time.monotonic() >= deadline:
+            stop(ref)
+            return {"timeout": True}
+
+
+def remove_orphaned_placement_groups() -> int:
+    """Remove the placement groups of Ray Train controllers that died (killed with a stopped trial). Ray scopes
+    a placement group to the job, so it would hold its GPUs/CPUs until the search ends; Ray Train's own cleaner
+    needs the dashboard's state API, which trainscout does not start."""
+    import ray
+    try:
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+        removed = 0
+        for raw in state._connect_and_get_accessor().get_placement_group_table():
+            pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
+            created_by_actor = not ray.ActorID(pg.creator_actor_id).is_nil()  # not by a driver (Tune's trials)
+            if (created_by_actor and pg.creator_actor_dead and not pg.is_detached
+                    and pg.state != gcs_pb2.PlacementGroupTableData.REMOVED):
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
+                removed += 1
+        return removed
+    except Exception:  # an internal API of Ray: if it moves, Ray Train's cleaner remains the fallback
+        return 0
+
+
+def stop(ref, grace_s: float = 20.0) -> None:
+    """End a running trial: first gracefully (Ray Train's controller then kills its ranks and frees their
+    placement group, which a killed controller would leak while the driver lives), then by force."""
+    import ray
+    ray.cancel(ref)  # an interrupt in the task: Ray Train's SIGINT handler aborts the controller
+    ready, _ = ray.wait([ref], timeout=grace_s)
+    if not ready:
+        ray.cancel(ref, force=True)
+
+
+def execute(spec: dict, *, timeout: float | None = None, storage: str | None = None, address: str | None = None,
+            on_step=None) -> dict:
+    """Run a prepared trial in fresh worker processes; always returns a record (failures are outcomes).
+
+    on_step(dict), if given, receives rank 0's projected step time and tokens/s after every timed step."""
     import ray
     ensure_ray(address)
+    progress = None
+    if on_step is not None:
+        from ray.util.queue import Queue
+        progress = Queue(actor_options={"num_cpus": 0})
     timeout = timeout or DEFAULT_TIMEOUT[spec["device"]]
+    remove_orphaned_placement_groups()
     trial_id = uuid.uuid4().hex[:12]
     own_storage = storage is None
     storage = os.path.abspath(storage or tempfile.mkdtemp(prefix="trainscout-"))
     log_dir = os.path.join(storage, trial_id, "logs")
-    spec = dict(spec, log_dir=log_dir)
+    spec = dict(spec, log_dir=log_dir, progress=progress)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     task = ray.remote(num_cpus=0, max_retries=0)(_fit).options(runtime_env={"env_vars": _worker_env(spec)})
     ref = task.remote(spec, storage, trial_id)
     try:
-        raw = ray.get(ref, timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        ray.cancel(ref, force=True)  # kills the driver task; Ray then kills the worker actors it owns
-        raw = {"timeout": True}
+        raw = _wait(ref, timeout, spec, progress, on_step)
     except ray.exceptions.RayError as e:
         raw = {"error": f"{type(e).__name__}: {e}"}
+    except BaseException:  # the caller stops us (Tune's early stop, Ctrl-C): the ranks must not outlive it
+        stop(ref)
+        if progress is not None:
+            progress.shutdown()
+        raise
     wall = time.perf_counter() - t0
     record = {"trial_id": trial_id, "model": spec["model"], "device": spec["device"],
               "world_size": spec["world_size"], "config": spec["config"], "plan": spec["plan"],
               "recipe": spec["recipe"], "grad_accum": spec["grad_accum"], "measured_accum": spec["measured_accum"],
               "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),
-              "versions": hardware.versions(), "hardware": hardware.fingerprint(spec["device"], spec["world_size"])}
+              "versions": hardware.versions(), "hardware": spec["hardware"]}
     if "ok" in raw:
         record.update(status="ok", error=None, metrics=derive(spec, raw["ok"]))
     elif "timeout" in raw:
@@ -185,6 +249,8 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
         record.update(status=status, error=_error_summary(raw["error"]), stderr_tail=tail, metrics=None)
     if own_storage:
         shutil.rmtree(storage, ignore_errors=True)
+    if progress is not None:
+        progress.shutdown()
     return record
 
 

@@ -106,6 +106,7 @@ def train_loop(spec: dict) -> None:
     t_warm = time.perf_counter()
 
     steps = []
+    progress = spec.get("progress")
     for s in range(spec["timed_steps"]):
         if s == 0:
             faults.fire(spec.get("fault"), rank, device)
@@ -113,6 +114,8 @@ def train_loop(spec: dict) -> None:
         clock.sync()
         d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
         steps.append({"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1])})
+        if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
+            progress.put({"step": s + 1, "micro": d[:-1], "optim": d[-1]})
     t_timed = time.perf_counter()
 
     mine = {"rank": rank, "steps": steps, "loss": float(loss.detach().float().item()),

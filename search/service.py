@@ -1,0 +1,260 @@
+"""A search: Ray Tune schedules real trials, Optuna (TPE) chooses what to try next, ASHA stops what is
+clearly slower, and the store answers every configuration that was already measured.
+
+Each Tune trial is a small Ray actor that runs one trainscout trial (its ranks are Ray Train workers it owns,
+so they die with it), reports rank 0's throughput after every timed step (ASHA's signal), stores the record
+the moment it exists, and reports infeasible outcomes (oom, invalid) as a value of 0 so the sampler learns to
+avoid them (an exception would be a FAIL, which TPE ignores).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+
+from trainscout.spaces import ConfigError, Context, fmt, resolve
+from trainscout.trial import execute, hardware, prepare
+from trainscout.trial.runner import remove_orphaned_placement_groups
+from trainscout.trial.models import resolve_model, with_overrides
+
+from .space import Space, load_space_file
+from .store import DETERMINISTIC, Store, default_url, measurement_key, open_store
+
+METRIC = "tokens_per_s"
+
+
+@dataclass
+class SearchArgs:
+    """Everything a search is started with; saved in the store so --resume continues the same search."""
+
+    model: str
+    out: str
+    device: str = "auto"
+    gpus_per_trial: int = 1
+    trials: int | None = None
+    time_budget_s: float | None = None
+    space: str | None = None
+    sets: dict = field(default_factory=dict)
+    storage: str | None = None
+    address: str | None = None
+    seed: int = 0
+    steps: int = 5
+    warmup: int = 2
+    timeout: float | None = None
+    recipe: dict = field(default_factory=dict)
+    name: str | None = None
+
+    def search_name(self) -> str:
+        return self.name or os.path.basename(os.path.abspath(self.out))
+
+
+def _trainable(config: dict, base: dict) -> None:
+    """One Tune trial: measure (or look up) one configuration and report it."""
+    from ray import tune
+    store = open_store(base["storage"])
+    trial_id = tune.get_context().get_trial_id()
+    settings = {k: v for k, v in config.items() if k in base["knob_names"]}
+    try:
+        spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
+                       hw=base["hardware"], seed=base["seed"], **base["recipe"])
+    except ConfigError as e:
+        store.add_trial(base["search"], trial_id, None, "invalid", False, 0.0, settings)
+        tune.report({METRIC: 0.0, "status": "invalid", "error": str(e), "cached": False})
+        return
+    key = measurement_key(spec, base["hardware"], hardware.versions())
+    record = store.get(key)
+    cached = record is not None and record["status"] in DETERMINISTIC
+    if not cached:
+        def on_step(m):
+            tune.report({METRIC: m["tokens_per_s"], "step_s": m["step_s"], "status": "running", "cached": False})
+        record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
+                         on_step=on_step)
+        store.replace(key, record)  # a crash or timeout measured again: the newer record wins
+    m = record.get("metrics") or {}
+    value = m.get(METRIC, 0.0) if record["status"] == "ok" else 0.0
+    store.add_trial(base["search"], trial_id, key, record["status"], cached, value, spec["config"])
+    tune.report({METRIC: value, "status": record["status"], "cached": cached, "error": record.get("error"),
+                 "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
+                 "peak_memory_gib": m.get("peak_memory_gib")})
+
+
+def _progress_callback(url: str, search: str, printer):
+    from ray.tune import Callback
+
+    class Progress(Callback):
+        """Records trials ASHA stopped early, and prints a row per finished trial."""
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            remove_orphaned_placement_groups()
+            r = trial.last_result or {}
+            if r.get("status") == "running":  # stopped by the scheduler before its last step
+                open_store(url).add_trial(search, trial.trial_id, None, "stopped", False, r.get(METRIC), trial.config)
+                r = dict(r, status="stopped")
+            printer(trial, r)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            remove_orphaned_placement_groups()
+            open_store(url).add_trial(search, trial.trial_id, None, "crash", False, 0.0, trial.config)
+            printer(trial, {"status": "crash", METRIC: 0.0})
+
+    return Progress()
+
+
+class Printer:
+    """The live table: one row per finished trial, with the best so far."""
+
+    def __init__(self, space: Space, stream=None):
+        self.space, self.stream, self.best, self.n = space, stream, None, 0
+        self.header = False
+
+    def __getstate__(self):  # Ray Tune pickles its callbacks; an open stream is not picklable
+        return dict(self.__dict__, stream=None)
+
+    def __call__(self, trial, r: dict):
+        out = self.stream or sys.stdout
+        if not self.header:
+            print(f"{'#':>3} {'trial':10} {'status':8} {'tokens/s':>11} {'run':>11} {'best tok/s':>11}  config",
+                  file=out)
+            self.header = True
+        self.n += 1
+        v = r.get(METRIC) or 0.0
+        if r.get("status") == "ok" and (self.best is None or v > self.best):
+            self.best = v
+        days = r.get("projected_days")
+        days = _days(days) if days else "-"
+        searched = " ".join(f"{k}={fmt(trial.config[k])}" for k, vs in self.space.domains.items()
+                            if len(vs) > 1 and k in trial.config)
+        status = r.get("status", "?") + ("*" if r.get("cached") else "")
+        print(f"{self.n:>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
+              f"{days:>11} {(self.best or 0):>11,.0f}  {searched}", file=out, flush=True)
+
+
+def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
+    """Check everything before anything is started or written: (space, base spec, hardware)."""
+    if args.trials is None and args.time_budget_s is None:
+        raise ConfigError("--trials", "give --trials N or --time-budget (e.g. 30m)")
+    if args.trials is not None and args.trials < 1:
+        raise ConfigError("--trials", f"--trials {args.trials} is not allowed: give a positive integer")
+    from trainscout.trial.runner import detect_device
+    device = detect_device(args.device)
+    hw = hardware.fingerprint(device, args.gpus_per_trial)
+    workers = args.gpus_per_trial
+    # a trial of the defaults validates the model, recipe and worker count
+    base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
+    model = resolve_model(args.model)
+    recipe = with_overrides(model.recipe, **{k: v for k, v in args.recipe.items()})
+    ctx = Context(world_size=workers, device=device, num_layers=model.num_layers, global_batch=recipe.global_batch,
+                  installed=hardware.installed_optional())
+    raw = load_space_file(args.space) if args.space else {}
+    space = Space.build(raw, args.sets, ctx)
+    resolve(space.fixed, ctx)  # the fixed knobs must be valid together
+    return space, base, hw
+
+
+def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
+    """Run (or continue) a search; returns a summary with the best configurations."""
+    space, _, hw = validate(args)
+    os.makedirs(args.out, exist_ok=True)
+    url = args.storage or default_url(args.out)
+    store = open_store(url)
+    name = args.search_name()
+    saved = store.search_args(name)
+    if saved is None:
+        store.add_search(name, asdict(args))
+    done = store.trials(name)
+    remaining = None if args.trials is None else args.trials - len(done)
+    if remaining is not None and remaining <= 0:
+        return summarize(store, name, stream, out=args.out)
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's verbose=0 then prints nothing of its own
+    import optuna
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from trainscout.trial.runner import ensure_ray
+    ensure_ray(args.address)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
+    _fail_interrupted(ostorage, name)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=args.seed, constant_liar=True,
+                                         n_startup_trials=min(10, max(3, (args.trials or 30) // 3)))
+    searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler,
+                            study_name=name, storage=ostorage)
+    scheduler = ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max",
+                              max_t=args.steps + 1, grace_period=1, reduction_factor=2)
+    if hw["device"] == "cuda":
+        concurrent = max(1, int(ray.cluster_resources().get("GPU", 0)) // args.gpus_per_trial)
+    else:
+        concurrent = max(1, int(ray.cluster_resources().get("CPU", 1)) // (1 + args.gpus_per_trial))
+    base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
+            "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
+            "timeout": args.timeout, "address": args.address,
+            "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs())}
+    printer = Printer(space, None if stream is sys.stdout else stream)
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                    num_samples=remaining if remaining is not None else -1,
+                                    max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
+                                    reuse_actors=False),  # a stopped trial's actor dies, and its ranks with it
+        run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
+                                  verbose=0, callbacks=[_progress_callback(url, name, printer)],
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}), "
+          f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
+          f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
+          f"store {url}", file=stream, flush=True)
+    tuner.fit()
+    return summarize(store, name, stream, out=args.out)
+
+
+def space_knobs():
+    from trainscout.spaces import all_knobs
+    return (k.name for k in all_knobs())
+
+
+def _fail_interrupted(ostorage, name: str) -> None:
+    """Optuna trials left RUNNING by a driver that was killed are marked FAIL (their measurement was lost)."""
+    import optuna
+    try:
+        study = optuna.load_study(study_name=name, storage=ostorage)
+    except KeyError:
+        return
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def _days(d: float) -> str:
+    return f"{d:.1f} days" if d >= 1 else f"{d * 24:.2f} hours"
+
+
+def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
+    trials = store.trials(name)
+    by_status: dict[str, int] = {}
+    for t in trials:
+        by_status[t["status"]] = by_status.get(t["status"], 0) + 1
+    best = []
+    seen = set()
+    for t in sorted((t for t in trials if t["status"] == "ok" and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
+        if t["key"] in seen:
+            continue
+        seen.add(t["key"])
+        rec = store.get(t["key"])
+        best.append({"key": t["key"], "config": rec["config"], **{k: rec["metrics"].get(k) for k in
+                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
+    summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top]}
+    print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)
+    for i, b in enumerate(best[:top], 1):
+        mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
+        cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
+        print(f"best #{i}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
+              f"{_days(b['projected_days'])} for the recipe\n         {cfg}", file=stream)
+    if best:
+        print(f"export it: trainscout export {out} --best --format all", file=stream)
+    return summary
