@@ -15,7 +15,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from trainscout.spaces import ConfigError, Context, fmt, resolve
+from trainscout.spaces import ConfigError, Context, fmt
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.runner import remove_orphaned_placement_groups
 from trainscout.trial.models import resolve_model, with_overrides
@@ -149,17 +149,19 @@ def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
     ctx = Context(world_size=workers, device=device, num_layers=model.num_layers, global_batch=recipe.global_batch,
                   installed=hardware.installed_optional())
     raw = load_space_file(args.space) if args.space else {}
-    space = Space.build(raw, args.sets, ctx)
-    resolve(space.fixed, ctx)  # the fixed knobs must be valid together
-    return space, base, hw
+    return Space.build(raw, args.sets, ctx), base, hw
 
 
 def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     """Run (or continue) a search; returns a summary with the best configurations."""
     space, _, hw = validate(args)
-    os.makedirs(args.out, exist_ok=True)
-    url = args.storage or default_url(args.out)
-    store = open_store(url)
+    if args.storage:
+        store = open_store(args.storage)  # a bad URL is refused before anything is written
+        os.makedirs(args.out, exist_ok=True)
+    else:
+        os.makedirs(args.out, exist_ok=True)
+        store = open_store(default_url(args.out))
+    url = store.url
     name = args.search_name()
     saved = store.search_args(name)
     if saved is None:
@@ -181,9 +183,7 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
     _fail_interrupted(ostorage, name)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=args.seed, constant_liar=True,
-                                         n_startup_trials=min(10, max(3, (args.trials or 30) // 3)))
+    sampler = make_sampler(args.seed, args.trials)
     searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler,
                             study_name=name, storage=ostorage)
     scheduler = ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max",
@@ -212,6 +212,14 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
           f"store {url}", file=stream, flush=True)
     tuner.fit()
     return summarize(store, name, stream, out=args.out)
+
+
+def make_sampler(seed: int, trials: int | None):
+    """TPE made for conditional spaces (multivariate, grouped), seeded; a few random trials first."""
+    import optuna
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, constant_liar=True,
+                                      n_startup_trials=min(10, max(3, (trials or 30) // 3)))
 
 
 def space_knobs():

@@ -73,6 +73,7 @@ class Space:
                     domains[name] = vals
             else:
                 fixed[name] = knob.parse(_scalar(name, value))
+        resolve(fixed, ctx)  # the fixed knobs must be valid together before anything is searched around them
         return cls(fixed, cls._feasible(ctx, fixed, domains))
 
     @staticmethod

@@ -61,6 +61,12 @@ class Knob:
             raise self.bad(raw)
         if isinstance(raw, float) and not math.isfinite(raw):
             raise self.bad(raw)
+        if isinstance(raw, bool) and not any(isinstance(c, bool) for c in self.choices):
+            # YAML 1.1 reads a bare off/on/no/yes as a boolean: take it back as the word the domain uses
+            words = _TRUE | {"on"} if raw else _FALSE | {"off"}
+            for c in self.choices:
+                if isinstance(c, str) and c.lower() in words:
+                    return c
         for c in self.choices:
             if type(c) is type(raw) and c == raw:
                 return c

@@ -114,3 +114,12 @@ def test_sampling_order_puts_requirements_first():
     for i, k in enumerate(KNOBS):
         for other in k.requires:
             assert order.index(other) < i
+
+
+def test_yaml_booleans_read_as_the_domain_words():
+    """YAML 1.1 (PyYAML) reads a bare `off` as False: fsdp: [off, full_shard] must still mean "off"."""
+    import yaml
+    raw = yaml.safe_load("fsdp: [off, full_shard]")["fsdp"]
+    assert [spaces.get("fsdp").parse(v) for v in raw] == ["off", "full_shard"]
+    with pytest.raises(ConfigError):
+        spaces.get("zero_stage").parse(True)

@@ -1,0 +1,161 @@
+"""The search service with the real Ray Tune, Optuna and ASHA on the CPU (tiny model, 2 gloo workers)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from trainscout.cli.main import main
+from trainscout.search.service import make_sampler
+from trainscout.search.space import Space
+from trainscout.search.store import Store, default_url
+from trainscout.spaces import Context
+
+pytestmark = pytest.mark.timeout(900)
+
+# Fast knobs only (no inductor or DeepSpeed compiles), as the CPU demo.
+FAST = ["--set", "compile=false", "--set", "zero_stage=0", "--set", "tf32=true", "--set", "attention=sdpa"]
+
+
+def search_cli(out, *extra, fast=True):
+    return [sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
+            "--gpus-per-trial", "2", "--steps", "3", "--warmup", "1", "--out", str(out), *(FAST if fast else []), *extra]
+
+
+def store_of(out):
+    return Store(default_url(str(out)))
+
+
+def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path):
+    out = tmp_path / "s1"
+    res = subprocess.run(search_cli(out, "--trials", "6", "--seed", "3"), capture_output=True, text=True, timeout=800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    trials = store_of(out).trials("s1")
+    assert len(trials) == 6 and len({t["trial"] for t in trials}) == 6
+    statuses = [t["status"] for t in trials]
+    assert statuses.count("ok") >= 2, statuses
+    assert "stopped" in statuses, statuses  # ASHA ended at least one clearly slower trial after a step or two
+    assert "best #1:" in res.stdout and "tokens/s" in res.stdout
+    # every trial taught the sampler a value (no FAIL, which TPE would ignore)
+    study = optuna.load_study(study_name="s1", storage=default_url(str(out)))
+    assert [t.state for t in study.trials].count(optuna.trial.TrialState.COMPLETE) == 6
+
+    # a repeat of the best configuration is answered from the store, not measured again
+    best = max((t for t in trials if t["status"] == "ok"), key=lambda t: t["tokens_per_s"])
+    sets = [a for k, v in best["config"].items() for a in ("--set", f"{k}={v}")]
+    res2 = subprocess.run(search_cli(tmp_path / "s2", "--trials", "1", "--storage", default_url(str(out)), *sets,
+                                     fast=False),
+                          capture_output=True, text=True, timeout=300)
+    assert res2.returncode == 0, res2.stderr[-3000:]
+    [again] = store_of(out).trials("s2")
+    assert again["cached"] and again["key"] == best["key"] and again["tokens_per_s"] == best["tokens_per_s"]
+    assert len(store_of(out).measurements()) == len({t["key"] for t in trials if t["key"]})
+
+
+def test_driver_killed_then_resumed_completes_exactly_n(tmp_path):
+    out, n = tmp_path / "r1", 4
+    proc = subprocess.Popen(search_cli(out, "--trials", str(n), "--seed", "1"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 400
+    while time.time() < deadline:
+        if (out / "results.db").exists() and store_of(out).trials("r1"):
+            break
+        time.sleep(1)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-search
+    proc.wait()
+    before = {t["trial"]: t for t in store_of(out).trials("r1")}
+    assert 1 <= len(before) < n
+    res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--resume", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    after = store_of(out).trials("r1")
+    assert len(after) == n and len({t["trial"] for t in after}) == n  # exactly N, no duplicate
+    for tid, t in before.items():  # nothing stored before the kill was lost or changed
+        assert {a["trial"]: a for a in after}[tid] == t
+    keys = [m["key"] for m in store_of(out).measurements()]
+    assert len(keys) == len(set(keys))
+    study = optuna.load_study(study_name="r1", storage=default_url(str(out)))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_infeasible_region_is_sampled_less_after_it_failed():
+    """Our space + sampler + outcome convention (oom -> value 0, not an exception) with the real Optuna TPE."""
+    ctx = Context(world_size=1, device="cuda", num_layers=12, global_batch=1024)
+    space = Space.build({}, {"precision": "bf16-mixed", "zero_stage": 0, "fsdp": "off"}, ctx)
+
+    def infeasible(cfg):  # "out of memory" without checkpointing at large micro-batches
+        return cfg["activation_checkpointing"] == "none" and cfg["micro_batch_size"] >= 16
+
+    def objective(trial):
+        cfg = space.sample(trial)
+        if infeasible(cfg):
+            return 0.0
+        return 1000.0 * cfg["micro_batch_size"] ** 0.5 * (1.2 if cfg["compile"] else 1.0)
+
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(0, 60))
+    study.optimize(objective, n_trials=60)
+    flags = [infeasible(t.params | {k: v for k, v in space.fixed.items()}) for t in study.trials]
+    first, last = sum(flags[:20]) / 20, sum(flags[-20:]) / 20
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert last < first and last <= 0.25, (first, last)
+
+
+MARKER = "/tmp/trainscout-pwned-marker"
+
+
+@pytest.mark.parametrize("content, field", [
+    ("zero_stage: [0, 1", "--space"),                       # bad YAML
+    ("- zero_stage\n- fsdp\n", "--space"),                  # not a mapping
+    ("no_such_knob: 1\n", "no_such_knob"),                  # unknown key
+    ("zero_stage: {a: 1}\n", "zero_stage"),                 # wrong type
+    ("zero_stage: 4\n", "zero_stage"),                      # out of domain
+    ("zero_stage: []\n", "zero_stage"),                     # empty list
+    ("micro_batch_size: 0\n", "micro_batch_size"),
+    ("micro_batch_size: .nan\n", "micro_batch_size"),
+    ("offload_params: true\n", "offload_params"),           # impossible combination (needs zero_stage=3)
+    (f"zero_stage: !!python/object/apply:os.system ['touch {MARKER}']\n", "--space"),
+    ("a: " + "[" * 2000 + "]" * 2000 + "\n", "--space"),    # deep nesting
+])
+def test_bad_space_files_exit_2_with_one_line(tmp_path, capsys, content, field):
+    path = tmp_path / "space.yaml"
+    path.write_text(content)
+    out = tmp_path / "out"
+    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--space", str(path), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err, err
+    assert not out.exists() and not os.path.exists(MARKER)  # nothing written half-way, no payload ran
+
+
+def test_huge_space_file_is_refused(tmp_path, capsys):
+    path = tmp_path / "space.yaml"
+    path.write_text("# " + "x" * (10 << 20))
+    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--space", str(path), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "at most" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--trials", "0"], "--trials"),
+    (["--time-budget", "soon"], "--time-budget"),
+    ([], "--trials"),                                        # neither --trials nor --time-budget
+    (["--trials", "2", "--storage", "nosuchdb://x/y"], "--storage"),
+    (["--trials", "2", "--model", "gpt-7"], "--model"),
+    (["--trials", "2", "--set", "zero_stage"], "--set"),
+    (["--trials", "2", "--gpus-per-trial", "-1"], "--gpus-per-trial"),
+])
+def test_bad_search_flags_exit_2(tmp_path, capsys, args, field):
+    argv = ["search", "--device", "cpu", "--out", str(tmp_path / "o")]
+    if "--model" not in args:
+        argv += ["--model", "tiny"]
+    rc = main(argv + args)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and field in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_resume_of_a_folder_without_a_search(tmp_path, capsys):
+    assert main(["search", "--resume", str(tmp_path)]) == 2
+    assert "--resume" in capsys.readouterr().err
