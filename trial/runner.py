@@ -81,6 +81,7 @@ def ensure_ray(address: str | None = None) -> None:
     import ray
     if ray.is_initialized():
         return
+    address = address or os.environ.get("RAY_ADDRESS")  # set by `ray job submit`
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     if address:
         ray.init(address=address, **kw)
