@@ -157,7 +157,10 @@ def cmd_search(a) -> int:
         if saved is None:
             raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there: start one with --out")
         args = SearchArgs(**saved)
+        args.out = a.resume  # the folder may have moved since (another machine, a copy)
+        args.storage = a.storage or args.storage  # None: OUT/results.db
         args.address = a.address or args.address
+        args.time_budget_s = a.time_budget or args.time_budget_s
     else:
         if a.model is None:
             import torch

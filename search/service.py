@@ -243,6 +243,7 @@ def _days(d: float) -> str:
 
 
 def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
+    store.checkpoint()
     trials = store.trials(name)
     by_status: dict[str, int] = {}
     for t in trials:

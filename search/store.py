@@ -93,6 +93,13 @@ class Store:
     def _engine_kwargs(url: str) -> dict:
         return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
 
+    def checkpoint(self) -> None:
+        """Fold SQLite's write-ahead log into the database file, so that results.db alone holds everything
+        (a copy of the file without its -wal companion would otherwise miss the latest rows)."""
+        if self.engine.dialect.name == "sqlite":
+            with self.engine.connect() as c:
+                c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
     # --- measurements ---------------------------------------------------------------------------------------
     def get(self, key: str) -> dict | None:
         with self.engine.connect() as c:
