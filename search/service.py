@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from trainscout.spaces import ConfigError, Context, fmt
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.runner import remove_orphaned_placement_groups
-from trainscout.trial.models import resolve_model, with_overrides
 
 from .space import Space, load_space_file
 from .store import DETERMINISTIC, Store, default_url, measurement_key, open_store
@@ -144,10 +143,8 @@ def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
     workers = args.gpus_per_trial
     # a trial of the defaults validates the model, recipe and worker count
     base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
-    model = resolve_model(args.model)
-    recipe = with_overrides(model.recipe, **{k: v for k, v in args.recipe.items()})
-    ctx = Context(world_size=workers, device=device, num_layers=model.num_layers, global_batch=recipe.global_batch,
-                  installed=hardware.installed_optional())
+    ctx = Context(world_size=workers, device=device, num_layers=int(base["model_config"]["num_hidden_layers"]),
+                  global_batch=base["recipe"]["global_batch"], installed=hardware.installed_optional())
     raw = load_space_file(args.space) if args.space else {}
     return Space.build(raw, args.sets, ctx), base, hw
 

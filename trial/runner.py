@@ -258,15 +258,11 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
 def derive(spec: dict, raw: dict) -> dict:
     """Metrics from the ranks' raw phase times: the slowest rank per step, medians over the timed steps."""
     A, recipe, ranks = spec["grad_accum"], spec["recipe"], raw["ranks"]
-    n_steps = len(ranks[0]["steps"])
-    projected, measured = [], []
-    for s in range(n_steps):
-        per_rank = []
-        for r in ranks:
-            st = r["steps"][s]
-            per_rank.append(metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A))
-        projected.append(max(per_rank))
-        measured.append(max(r["steps"][s]["total"] for r in ranks))
+    per_rank = [[metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A) for st in r["steps"]]
+                for r in ranks]  # [rank][step] -> projected full step
+    projected = [max(col) for col in zip(*per_rank)]  # the slowest rank of each step
+    measured = [max(col) for col in zip(*[[st["total"] for st in r["steps"]] for r in ranks])]
+    rank_steps = [metrics.median(row) for row in per_rank]
     step_s = metrics.median(projected)
     non_last = [m for r in ranks for st in r["steps"] for m in st["micro"][:-1]]
     last = [st["micro"][-1] for r in ranks for st in r["steps"]]
@@ -276,8 +272,6 @@ def derive(spec: dict, raw: dict) -> dict:
     fpt = metrics.flops_per_token(raw["n_params"], int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), recipe["seq_len"])
     device_name = ranks[0].get("device_name")
     peak = metrics.gpu_peak_tflops(device_name) if spec["device"] == "cuda" else None
-    rank_steps = [metrics.median([metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A)
-                                  for st in r["steps"]]) for r in ranks]
     out = {
         "tokens_per_s": tok_s,
         "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
