@@ -1,1 +1,1 @@
-"""cli"""
+"""The trainscout command line."""
