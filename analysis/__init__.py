@@ -1,1 +1,1 @@
-"""Results as tables, projected days and dollars, reports and exports (not built yet: the store in search/store.py holds the data)."""
+"""Results as pandas tables (table.py) and exports that tools load unmodified (export.py)."""

@@ -180,6 +180,40 @@ def cmd_search(a) -> int:
     return 0
 
 
+def cmd_results(a) -> int:
+    from trainscout.analysis.table import dumps, load
+    df = load(a.source)
+    for col, want in (("model", a.model), ("gpu", a.gpu), ("status", a.status)):
+        if want:
+            df = df[df[col].astype(str).str.contains(want, case=False, regex=False)]
+    if a.sort:
+        if a.sort not in df.columns:
+            raise ConfigError("--sort", f"--sort {a.sort}: no such column: use one of {', '.join(df.columns)}")
+        df = df.sort_values(a.sort, ascending=a.sort not in ("tokens_per_s", "mfu"), na_position="last")
+    if a.format == "csv":
+        print(df.to_csv(index=False), end="")
+    elif a.format == "json":
+        print(dumps(df))
+    else:
+        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "peak_memory_gib", "projected_days",
+                             "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
+                             "precision", "key") if c in df.columns]
+        print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from trainscout.analysis.export import FORMATS, export
+    from trainscout.analysis.table import measurement
+    if bool(a.trial) == bool(a.best):
+        raise ConfigError("--best", "give --best or --trial KEY (one of them)")
+    formats = FORMATS if a.format == "all" else (a.format,)
+    rec = measurement(a.source, key=a.trial, best=a.best)
+    for path in export(rec, a.out, formats):
+        print(path)
+    return 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="trainscout", description=__doc__.splitlines()[0].replace("The `trainscout` command line. ", ""))
     sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
@@ -225,6 +259,23 @@ def build_parser() -> Parser:
     s.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     add_recipe_flags(s)
     s.set_defaults(func=cmd_search)
+
+    r = sub.add_parser("results", help="the trials of a store as a table, CSV or JSON")
+    r.add_argument("source", help="a search's --out folder or a storage URL")
+    r.add_argument("--model", help="only rows whose model contains this")
+    r.add_argument("--gpu", help="only rows whose GPU name contains this")
+    r.add_argument("--status", help="only rows with this status (ok, oom, stopped, ...)")
+    r.add_argument("--sort", help="sort by a column (tokens_per_s and mfu: highest first)")
+    r.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    r.set_defaults(func=cmd_results)
+
+    e = sub.add_parser("export", help="write a measured configuration for HF Trainer, DeepSpeed, accelerate")
+    e.add_argument("source", help="a search's --out folder or a storage URL")
+    e.add_argument("--best", action="store_true", help="the fastest successful measurement")
+    e.add_argument("--trial", help="a measurement key (or a unique prefix of one)")
+    e.add_argument("--format", choices=("hf", "deepspeed", "accelerate", "command", "all"), default="all")
+    e.add_argument("--out", required=True, help="folder to write into")
+    e.set_defaults(func=cmd_export)
     return p
 
 

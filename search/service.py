@@ -261,5 +261,5 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
         print(f"best #{i}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
               f"{_days(b['projected_days'])} for the recipe\n         {cfg}", file=stream)
-    print(f"results: {store.url} (pandas/SQL; the Optuna study \"{name}\" opens in optuna-dashboard)", file=stream)
+    print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
     return summary

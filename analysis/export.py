@@ -1,0 +1,104 @@
+"""Exports of a measured configuration that tools load unmodified: HF TrainingArguments JSON, DeepSpeed JSON,
+an accelerate config and the launch command; each with a provenance file (model, recipe, hardware, versions)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import yaml
+
+from trainscout.spaces import Plan
+from trainscout.trial.engines import deepspeed_config
+
+FORMATS = ("hf", "deepspeed", "accelerate", "command")
+
+
+def ds_config(rec: dict) -> dict:
+    """The DeepSpeed JSON of a ZeRO measurement, for the recipe's full global batch."""
+    plan = Plan.from_dict(rec["plan"])
+    cfg = deepspeed_config(plan, rec["recipe"], rec["grad_accum"])
+    cfg["train_batch_size"] = rec["recipe"]["global_batch"]
+    return cfg
+
+
+def hf_args(rec: dict, output_dir: str, ds_path: str | None) -> dict:
+    """keyword arguments of transformers.TrainingArguments for the measured configuration and the recipe."""
+    plan, recipe, cfg = Plan.from_dict(rec["plan"]), rec["recipe"], rec["config"]
+    args = {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": plan.micro_batch_size,
+        "gradient_accumulation_steps": rec["grad_accum"],
+        "max_steps": recipe["total_steps"],
+        "learning_rate": recipe["lr"], "adam_beta1": recipe["betas"][0], "adam_beta2": recipe["betas"][1],
+        "weight_decay": recipe["weight_decay"], "max_grad_norm": recipe["grad_clip"],
+        "lr_scheduler_type": "cosine", "warmup_steps": max(1, recipe["total_steps"] // 100),
+        "bf16": plan.precision == "bf16-mixed", "fp16": plan.precision == "fp16-mixed",
+        "activation_checkpointing": plan.checkpoint_every == 1,  # every n-th layer has no TrainingArguments field
+        "torch_compile": plan.compile,
+        "optim": "adamw_torch_fused" if rec["device"] == "cuda" else "adamw_torch",
+        "report_to": "none", "save_strategy": "no",
+    }
+    if rec["device"] == "cuda":
+        args["tf32"] = plan.tf32
+    else:
+        args["use_cpu"] = True
+    if plan.engine == "deepspeed" and ds_path:
+        args["deepspeed"] = ds_path
+    if plan.engine == "fsdp":
+        args["fsdp"] = "full_shard" if plan.fsdp.get("reshard_after_forward", True) else "shard_grad_op"
+        args["fsdp_config"] = {"fsdp_version": 2, "reshard_after_forward": plan.fsdp.get("reshard_after_forward", True)}
+    return args
+
+
+def accelerate_config(rec: dict, ds_path: str | None) -> dict:
+    plan = Plan.from_dict(rec["plan"])
+    mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
+    cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
+           "num_processes": rec["world_size"], "mixed_precision": mp, "use_cpu": rec["device"] != "cuda",
+           "distributed_type": "NO" if rec["world_size"] == 1 else ("MULTI_GPU" if rec["device"] == "cuda" else "MULTI_CPU")}
+    if plan.engine == "deepspeed":
+        cfg["distributed_type"] = "DEEPSPEED"
+        cfg["deepspeed_config"] = {"deepspeed_config_file": ds_path, "zero3_init_flag": plan.zero.get("stage") == 3}
+    elif plan.engine == "fsdp":
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_reshard_after_forward": plan.fsdp.get("reshard_after_forward", True),
+                              "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+    if plan.compile:
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+    return cfg
+
+
+def launch_command(rec: dict, out_dir: str) -> str:
+    n = rec["world_size"]
+    return (f"accelerate launch --config_file {shlex.quote(os.path.join(out_dir, 'accelerate.yaml'))} "
+            f"--num_processes {n} your_train.py  # or: torchrun --nproc_per_node {n} your_train.py "
+            f"with TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
+
+
+def export(rec: dict, out_dir: str, formats=FORMATS) -> list[str]:
+    """Write the chosen formats into out_dir; returns the files written."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    plan = Plan.from_dict(rec["plan"])
+    ds_path = os.path.abspath(os.path.join(out_dir, "deepspeed.json")) if plan.engine == "deepspeed" else None
+
+    def write(name, text):
+        path = os.path.join(out_dir, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        written.append(path)
+
+    if ds_path and ("deepspeed" in formats or "hf" in formats or "accelerate" in formats):
+        write("deepspeed.json", json.dumps(ds_config(rec), indent=2))
+    if "hf" in formats:
+        write("training_args.json", json.dumps(hf_args(rec, os.path.join(out_dir, "run"), ds_path), indent=2))
+    if "accelerate" in formats:
+        write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, ds_path), sort_keys=False))
+    if "command" in formats:
+        write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
+    write("trainscout.json", json.dumps({k: rec.get(k) for k in ("model", "config", "recipe", "hardware", "versions",
+                                                                  "key", "started_at")}
+                                        | {"metrics": {k: (rec.get("metrics") or {}).get(k) for k in
+                                                       ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))
+    return written

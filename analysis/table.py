@@ -1,0 +1,69 @@
+"""Results as a pandas table: one row per trial of every search in a store, one column per knob and metric."""
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+
+from trainscout.spaces import ConfigError, all_knobs
+from trainscout.search.store import Store, default_url
+
+METRICS = ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
+           "optimizer_s", "step_spread")
+
+
+def store_of(source: str) -> Store:
+    """A search's --out folder (its results.db) or a SQLAlchemy URL."""
+    if "://" in source:
+        return Store(source)
+    if not os.path.exists(os.path.join(source, "results.db")):
+        raise ConfigError("DIR", f"{source} holds no results.db: give a search's --out folder or a storage URL")
+    return Store(default_url(source))
+
+
+def load(source: str) -> pd.DataFrame:
+    """One row per trial (failures included, with their reason): search, status, knobs, metrics, hardware."""
+    store = store_of(source) if isinstance(source, str) else source
+    knobs = [k.name for k in all_knobs()]
+    records = {m["key"]: m for m in store.measurements()}
+    with store.engine.connect() as c:
+        searches = [r[0] for r in c.exec_driver_sql("SELECT name FROM trainscout_searches")]
+    rows = []
+    for search in searches:
+        for t in store.trials(search):
+            rec = records.get(t["key"]) or {}
+            m = rec.get("metrics") or {}
+            hw = rec.get("hardware") or {}
+            row = {"search": search, "trial": t["trial"], "status": t["status"], "cached": bool(t["cached"]),
+                   "error": rec.get("error"), "model": rec.get("model"), "device": rec.get("device"),
+                   "world_size": rec.get("world_size"), "gpu": hw.get("gpu"), "key": t["key"],
+                   "created_at": t["created_at"]}
+            row.update({k: t["config"].get(k) for k in knobs})
+            row.update({k: (m.get(k) if t["status"] == "ok" else None) for k in METRICS})
+            if t["status"] == "stopped":
+                row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["search", "trial", "status", "cached", "error", "model", "device", "world_size",
+                                       "gpu", *knobs, *METRICS, "key", "created_at"])
+
+
+def measurement(source: str, key: str | None = None, best: bool = False) -> dict:
+    """One stored record: by key (a prefix is enough), or the fastest ok one."""
+    store = store_of(source) if isinstance(source, str) else source
+    ok = [m for m in store.measurements() if m["status"] == "ok"]
+    if best:
+        if not ok:
+            raise ConfigError("--best", "no successful measurement in this store: run a search first")
+        return max(ok, key=lambda m: m["metrics"]["tokens_per_s"])
+    hits = [m for m in store.measurements() if key and m["key"].startswith(key)]
+    if len(hits) != 1:
+        raise ConfigError("--trial", f"--trial {key}: {'no' if not hits else 'more than one'} measurement matches: "
+                                     "give a longer key (see `trainscout results --format csv`) or --best")
+    if hits[0]["status"] != "ok":
+        raise ConfigError("--trial", f"--trial {key} ended {hits[0]['status']}: export a measurement that ran")
+    return hits[0]
+
+
+def dumps(df: pd.DataFrame) -> str:
+    return json.dumps(json.loads(df.to_json(orient="records")), indent=1)

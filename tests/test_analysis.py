@@ -1,0 +1,87 @@
+"""Results table and exports on real measurements (tiny model, 2 gloo workers): the HF export builds
+TrainingArguments and trains 2 Trainer steps; the DeepSpeed export passes DeepSpeed's own config parser."""
+import json
+import os
+
+import pytest
+import torch
+
+from trainscout.cli.main import main
+from trainscout.search.store import Store, default_url
+from trainscout.trial import run_trial
+from trainscout.trial.models import resolve_model
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory, ray_local):
+    """A store with two real measurements (plain and ZeRO-2) and one invalid trial, as a search writes them."""
+    d = str(tmp_path_factory.mktemp("out"))
+    store = Store(default_url(d))
+    store.add_search("s", {"model": "tiny"})
+    for i, settings in enumerate([{"precision": "fp32"}, {"precision": "fp32", "zero_stage": 2}]):
+        rec = run_trial("tiny", {**settings, "micro_batch_size": 4}, device="cpu", workers=2, steps=2, warmup=1,
+                        global_batch=32)
+        assert rec["status"] == "ok", rec["error"]
+        key = f"k{i}" + "0" * 30
+        rec["key"] = key
+        store.put(key, rec)
+        store.add_trial("s", f"t{i}", key, "ok", False, rec["metrics"]["tokens_per_s"], rec["config"])
+    store.add_trial("s", "t9", None, "invalid", False, 0.0, {"precision": "fp16-mixed"})
+    store.checkpoint()
+    return d
+
+
+def test_load_gives_one_row_per_trial_with_knobs_and_metrics(store_dir):
+    from trainscout.analysis import table
+    df = table.load(store_dir)
+    assert len(df) == 3 and set(df["status"]) == {"ok", "invalid"}
+    ok = df[df["status"] == "ok"]
+    assert (ok["tokens_per_s"] > 0).all() and set(ok["zero_stage"]) == {0, 2} and (ok["micro_batch_size"] == 4).all()
+    assert df[df["status"] == "invalid"]["tokens_per_s"].isna().all()
+
+
+def test_results_cli_formats(store_dir, capsys):
+    assert main(["results", store_dir, "--status", "ok", "--sort", "tokens_per_s", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and rows[0]["tokens_per_s"] >= rows[1]["tokens_per_s"]
+    assert main(["results", store_dir, "--format", "csv"]) == 0
+    assert capsys.readouterr().out.count("\n") == 4  # header + 3 trials
+    assert main(["results", store_dir, "--sort", "nope"]) == 2
+
+
+def test_hf_export_trains_two_steps(store_dir, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+    out = tmp_path / "exp"
+    assert main(["export", store_dir, "--trial", "k0", "--format", "all", "--out", str(out)]) == 0
+    args = json.loads((out / "training_args.json").read_text())
+    provenance = json.loads((out / "trainscout.json").read_text())
+    assert provenance["model"] == "tiny" and provenance["versions"]["torch"] and provenance["hardware"]["device"] == "cpu"
+    args.update(max_steps=2, output_dir=str(tmp_path / "run"))
+    targs = TrainingArguments(**args)
+    assert targs.per_device_train_batch_size == 4 and targs.gradient_accumulation_steps == 4
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**resolve_model("tiny").config))
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 512, (32, 64)).tolist()]
+    result = Trainer(model=model, args=targs, train_dataset=data).train()
+    assert result.global_step == 2
+    assert (out / "accelerate.yaml").exists() and "accelerate launch" in (out / "launch.sh").read_text()
+
+
+def test_deepspeed_export_passes_deepspeeds_parser(store_dir, tmp_path):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+    out = tmp_path / "ds"
+    assert main(["export", store_dir, "--trial", "k1", "--format", "deepspeed", "--out", str(out)]) == 0
+    cfg = json.loads((out / "deepspeed.json").read_text())
+    # DeepSpeed checks batch = micro-batch x accumulation x world size against the world it runs in
+    cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+    parsed = DeepSpeedConfig(cfg)
+    assert parsed.zero_optimization_stage == 2 and parsed.gradient_accumulation_steps == 4
+
+
+def test_export_needs_best_or_trial(store_dir, tmp_path, capsys):
+    assert main(["export", store_dir, "--format", "hf", "--out", str(tmp_path / "x")]) == 2
+    assert main(["export", store_dir, "--trial", "zzz", "--format", "hf", "--out", str(tmp_path / "x")]) == 2
+    assert main(["results", str(tmp_path / "nothing-here")]) == 2
+    assert main(["export", store_dir, "--best", "--format", "deepspeed", "--out", str(tmp_path / "b")]) == 0
