@@ -181,7 +181,19 @@ def cmd_search(a) -> int:
 
 
 def cmd_results(a) -> int:
-    from trainscout.analysis.table import dumps, load
+    from trainscout.analysis.table import dumps, load, store_of
+    if a.export_file or a.import_file:
+        if a.import_file:
+            from trainscout.search.store import Store, default_url
+            if "://" not in a.source:
+                os.makedirs(a.source, exist_ok=True)
+            store = Store(a.source if "://" in a.source else default_url(a.source))
+            added, present = store.import_jsonl(a.import_file)
+            store.checkpoint()
+            print(f"imported {added} measurements, {present} already present")
+        else:
+            print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
+        return 0
     df = load(a.source)
     for col, want in (("model", a.model), ("gpu", a.gpu), ("status", a.status)):
         if want:
@@ -267,6 +279,9 @@ def build_parser() -> Parser:
     r.add_argument("--status", help="only rows with this status (ok, oom, stopped, ...)")
     r.add_argument("--sort", help="sort by a column (tokens_per_s and mfu: highest first)")
     r.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    r.add_argument("--export", dest="export_file", metavar="FILE.jsonl", help="write every measurement as JSON lines")
+    r.add_argument("--import", dest="import_file", metavar="FILE.jsonl",
+                   help="add the measurements of such a file (marked imported, duplicates merged)")
     r.set_defaults(func=cmd_results)
 
     e = sub.add_parser("export", help="write a measured configuration for HF Trainer, DeepSpeed, accelerate")

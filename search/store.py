@@ -133,6 +133,37 @@ class Store:
             rows = c.execute(sa.select(MEASUREMENTS.c.key, MEASUREMENTS.c.source, MEASUREMENTS.c.record)).all()
         return [dict(json.loads(r.record), key=r.key, source=r.source) for r in rows]
 
+    def export_jsonl(self, path: str) -> int:
+        """Every measurement as one JSON line (record + key + source), to pool results between labs."""
+        rows = self.measurements()
+        with open(path, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        return len(rows)
+
+    def import_jsonl(self, path: str) -> tuple[int, int]:
+        """Add the measurements of an exported file; a key already here is kept (merged, not duplicated).
+        Imported rows are marked with their origin. Returns (added, already present)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("--import", f"cannot read {path}: {e}: give a file written by --export")
+        records = []
+        for n, line in lines:  # every line is checked before anything is written
+            try:
+                rec = json.loads(line)
+                key, source = rec.pop("key"), rec.pop("source", "local")
+                if not all(field in rec for field in ("status", "model", "config")):
+                    raise KeyError("status/model/config")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement: "
+                                              "give a file written by `trainscout results DIR --export FILE`")
+            origin = source if str(source).startswith("imported:") else f"imported:{os.path.basename(path)}"
+            records.append((key, rec, origin))
+        added = sum(self.put(key, rec, source=origin) for key, rec, origin in records)
+        return added, len(records) - added
+
     # --- searches -------------------------------------------------------------------------------------------
     def add_search(self, name: str, args: dict) -> None:
         with self.engine.begin() as c:

@@ -85,3 +85,25 @@ def test_export_needs_best_or_trial(store_dir, tmp_path, capsys):
     assert main(["export", store_dir, "--trial", "zzz", "--format", "hf", "--out", str(tmp_path / "x")]) == 2
     assert main(["results", str(tmp_path / "nothing-here")]) == 2
     assert main(["export", store_dir, "--best", "--format", "deepspeed", "--out", str(tmp_path / "b")]) == 0
+
+
+def test_results_round_trip_between_stores(store_dir, tmp_path, capsys):
+    """export -> import into a fresh store: the same measurements, marked imported; a second import adds none."""
+    f = tmp_path / "pool.jsonl"
+    assert main(["results", store_dir, "--export", str(f)]) == 0
+    fresh = tmp_path / "other"
+    assert main(["results", str(fresh), "--import", str(f)]) == 0
+    assert main(["results", str(fresh), "--import", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "imported 2 measurements, 0 already present" in out and "imported 0 measurements, 2 already present" in out
+    src = {m["key"]: m for m in Store(default_url(store_dir)).measurements()}
+    dst = {m["key"]: m for m in Store(default_url(str(fresh))).measurements()}
+    assert src.keys() == dst.keys()
+    for k in src:
+        assert dst[k]["source"] == "imported:pool.jsonl"
+        assert {**dst[k], "source": None} == {**src[k], "source": None}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f.read_text().replace("\n", "\n{\"not\": \"a record\"}\n", 1))  # a good line, then a bad one
+    third = tmp_path / "third"
+    assert main(["results", str(third), "--import", str(bad)]) == 2
+    assert Store(default_url(str(third))).measurements() == []  # nothing written half-way
