@@ -34,6 +34,7 @@ class Plan:
     compile: bool = False
     tf32: bool = True
     attn_implementation: str = "sdpa"
+    env: dict = field(default_factory=dict)    # environment variables of the trial's worker processes
     extra: dict = field(default_factory=dict)  # settings of plugin knobs, read by their own code
 
     def to_dict(self) -> dict[str, Any]:

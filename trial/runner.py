@@ -97,6 +97,7 @@ def _worker_env(spec: dict) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif str(spec["hardware"].get("capability", "")).startswith("9."):
         env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse the machine's "9.0a"
+    env.update(spec["plan"].get("env", {}))  # what knobs set (e.g. the allocator's configuration)
     return env
 
 

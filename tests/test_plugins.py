@@ -1,0 +1,48 @@
+"""A knob from another installed package (examples/knob-plugin): listed by `trainscout knobs`, sampled by the
+search's define-by-run space, and applied to the plan the workers get."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = os.path.join(ROOT, "examples", "knob-plugin")
+
+CHECK = r"""
+import json, optuna
+from trainscout.search.space import Space
+from trainscout.search.service import make_sampler
+from trainscout.spaces import Context, resolve
+ctx = Context(world_size=1, device="cuda", num_layers=2, global_batch=16)
+space = Space.build({}, {}, ctx)
+study = optuna.create_study(sampler=make_sampler(0, 12))
+seen = set()
+for _ in range(12):
+    t = study.ask(); cfg = space.sample(t); seen.add(cfg["cuda_alloc_conf"]); study.tell(t, 1.0)
+cfg, plan = resolve({"cuda_alloc_conf": "expandable_segments"}, ctx)
+print(json.dumps({"seen": sorted(seen), "env": plan.env, "module": type(__import__("trainscout.spaces", fromlist=["get"]).get("cuda_alloc_conf")).__module__}))
+"""
+
+
+@pytest.fixture(scope="module")
+def plugin_installed():
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", PLUGIN]
+    if subprocess.run(pip[:-2] + ["--no-build-isolation"] + pip[-2:], capture_output=True, timeout=300).returncode:
+        subprocess.run(pip, check=True, capture_output=True, timeout=300)  # an older setuptools in the venv
+    yield
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "trainscout-example-knob"],
+                   capture_output=True, timeout=300)
+
+
+def test_plugin_knob_is_listed_sampled_and_applied(plugin_installed):
+    out = subprocess.run([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], capture_output=True,
+                         text=True, check=True, timeout=120).stdout
+    row = {r["name"]: r for r in json.loads(out)}["cuda_alloc_conf"]
+    assert row["module"] == "trainscout_example_knob" and row["domain"] == "default|expandable_segments"
+    res = json.loads(subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, check=True,
+                                    timeout=300).stdout.strip().splitlines()[-1])
+    assert res["seen"] == ["default", "expandable_segments"]  # the search samples it
+    assert res["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert res["module"] == "trainscout_example_knob"
