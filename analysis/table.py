@@ -13,11 +13,13 @@ METRICS = ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days",
            "optimizer_s", "step_spread")
 
 
-def store_of(source: str) -> Store:
-    """A search's --out folder (its results.db) or a SQLAlchemy URL."""
+def store_of(source: str, create: bool = False) -> Store:
+    """A search's --out folder (its results.db) or a SQLAlchemy URL; create=True makes a new folder's store."""
     if "://" in source:
         return Store(source)
-    if not os.path.exists(os.path.join(source, "results.db")):
+    if create:
+        os.makedirs(source, exist_ok=True)
+    elif not os.path.exists(os.path.join(source, "results.db")):
         raise ConfigError("DIR", f"{source} holds no results.db: give a search's --out folder or a storage URL")
     return Store(default_url(source))
 

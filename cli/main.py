@@ -184,10 +184,7 @@ def cmd_results(a) -> int:
     from trainscout.analysis.table import dumps, load, store_of
     if a.export_file or a.import_file:
         if a.import_file:
-            from trainscout.search.store import Store, default_url
-            if "://" not in a.source:
-                os.makedirs(a.source, exist_ok=True)
-            store = Store(a.source if "://" in a.source else default_url(a.source))
+            store = store_of(a.source, create=True)
             added, present = store.import_jsonl(a.import_file)
             store.checkpoint()
             print(f"imported {added} measurements, {present} already present")
