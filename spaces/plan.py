@@ -17,25 +17,31 @@ class Context:
 
     def data_parallel_ranks(self, cfg: dict) -> int:
         """Ranks that each hold a slice of the batch (world size over pipeline stages, where a knob sets them)."""
-        return self.world_size // int(cfg.get("pipeline_stages", 1) or 1)
+        return max(1, self.world_size // int(cfg.get("pipeline_stages", 1) or 1))
 
 
 @dataclass
 class Plan:
     """How one trial trains: the engine and its settings. JSON-serialisable; the worker only reads this."""
 
-    engine: str = "ddp"                       # ddp (plain on one rank) | deepspeed | fsdp
+    engine: str = "ddp"                       # ddp (plain on one rank) | deepspeed | fsdp | pipeline
     precision: str = "bf16-mixed"             # fp32 | bf16-mixed | fp16-mixed
     micro_batch_size: int = 1
     grad_accum: int = 1                       # micro-batches per optimizer step and rank
     zero: dict = field(default_factory=dict)  # DeepSpeed "zero_optimization" section
     fsdp: dict = field(default_factory=dict)  # FSDP2 fully_shard settings
+    pipeline: dict = field(default_factory=dict)  # stages, schedule, chunks (per rank), microbatches
     checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
     compile: bool = False
     tf32: bool = True
     attn_implementation: str = "sdpa"
     env: dict = field(default_factory=dict)    # environment variables of the trial's worker processes
     extra: dict = field(default_factory=dict)  # settings of plugin knobs, read by their own code
+
+    @property
+    def sequences_per_call(self) -> int:
+        """Sequences one forward/backward call of the engine takes (a pipeline step takes all its micro-batches)."""
+        return self.micro_batch_size * self.pipeline.get("microbatches", 1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

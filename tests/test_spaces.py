@@ -40,6 +40,12 @@ def test_knob_contract(knob):
             settings[other] = allowed[-1]
         if knob.name == "precision" and v == "fp16-mixed" or knob.name == "attention" and v == "flash":
             cfg, plan = resolve(settings, GPU)
+        elif knob.name.startswith("pipeline_"):  # stages need ranks and layers to split; micro-batches a batch
+            if knob.name == "pipeline_microbatches":
+                settings["pipeline_stages"] = 2  # every choice >= 2 stages
+            elif settings.get("pipeline_stages", 1) > 1:
+                settings.setdefault("pipeline_microbatches", 8)
+            cfg, plan = resolve(settings, Context(world_size=8, num_layers=16, global_batch=256))
         else:
             cfg, plan = resolve(settings, CTX)
         assert cfg[knob.name] == v
@@ -91,8 +97,8 @@ def test_random_samples_never_break_an_invariant():
     """Many random combinations: each either resolves to a consistent plan or is refused with a one-line error."""
     rng = random.Random(0)
     ok = refused = 0
-    for _ in range(2000):
-        settings = {k.name: rng.choice(k.choices) for k in KNOBS if rng.random() < 0.7}
+    for _ in range(4000):
+        settings = {k.name: rng.choice(k.choices) for k in KNOBS if rng.random() < 0.6}
         ctx = rng.choice([CTX, GPU])
         try:
             cfg, plan = resolve(settings, ctx)
@@ -105,7 +111,8 @@ def test_random_samples_never_break_an_invariant():
         assert (plan.engine == "fsdp") == (cfg["fsdp"] != "off")
         assert not (cfg["offload_params"] and cfg["zero_stage"] != 3)
         assert not (cfg["offload_optimizer"] and cfg["zero_stage"] == 0)
-        assert ctx.world_size * plan.micro_batch_size * plan.grad_accum == ctx.global_batch
+        assert (plan.engine == "pipeline") == (cfg["pipeline_stages"] > 1)
+        assert ctx.data_parallel_ranks(cfg) * plan.sequences_per_call * plan.grad_accum == ctx.global_batch
     assert ok > 100 and refused > 100
 
 

@@ -162,4 +162,7 @@ def build(plan: Plan, model, recipe: dict, device: torch.device, world: int, mea
         return DeepSpeedEngine(model, plan, recipe, device, world, measured_accum)
     if plan.engine == "fsdp":
         return FsdpEngine(model, plan, recipe, device, world)
+    if plan.engine == "pipeline":
+        from .pipeline import PipelineEngine
+        return PipelineEngine(model, plan, recipe, device, world)
     return TorchEngine(model, plan, recipe, device, world)

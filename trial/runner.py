@@ -295,7 +295,7 @@ def derive(spec: dict, raw: dict) -> dict:
         "build_s": max(r["build_s"] for r in ranks),
         "warmup_s": max(r["warmup_s"] for r in ranks),
         "timed_s": max(r["timed_s"] for r in ranks),
-        "loss": ranks[0]["loss"],
+        "loss": next((r["loss"] for r in ranks if r["loss"] is not None), None),  # a pipeline's last stage
     }
     if spec["device"] == "cuda":
         out["peak_allocated_mib"] = [round(r["peak_allocated_mib"], 1) for r in ranks]

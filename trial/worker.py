@@ -85,8 +85,8 @@ def train_loop(spec: dict) -> None:
     t_built = time.perf_counter()
 
     vocab = int(spec["model_config"]["vocab_size"])
-    gen = torch.Generator(device="cpu").manual_seed(1000 + rank)
-    batches = [torch.randint(0, vocab, (plan.micro_batch_size, recipe["seq_len"]), generator=gen).to(device)
+    gen = torch.Generator(device="cpu").manual_seed(1000 + getattr(engine, "data_rank", rank))
+    batches = [torch.randint(0, vocab, (plan.sequences_per_call, recipe["seq_len"]), generator=gen).to(device)
                for _ in range(min(accum, 4))]
     clock = Clock(device)
 
@@ -118,7 +118,7 @@ def train_loop(spec: dict) -> None:
             progress.put({"step": s + 1, "micro": d[:-1], "optim": d[-1]})
     t_timed = time.perf_counter()
 
-    mine = {"rank": rank, "steps": steps, "loss": float(loss.detach().float().item()),
+    mine = {"rank": rank, "steps": steps, "loss": None if loss is None else float(loss.detach().float().item()),
             "build_s": t_built - t0, "warmup_s": t_warm - t_built, "timed_s": t_timed - t_warm,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if device.type == "cuda":

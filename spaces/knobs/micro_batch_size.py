@@ -33,19 +33,26 @@ class MicroBatchSize(Knob):
                                               f"data-parallel ranks: choose a multiple of {dp}")
         return ctx.global_batch // dp
 
+    @staticmethod
+    def in_flight(cfg) -> int:
+        """Micro-batches one forward/backward call takes: the pipeline's micro-batches, else 1."""
+        return cfg.get("pipeline_microbatches", 1) if cfg.get("pipeline_stages", 1) > 1 else 1
+
     def concrete(self, value, cfg, ctx):
         if value == "auto":
-            return max(d for d in divisors(self.per_rank_batch(cfg, ctx)) if d <= 8)
+            per_call = self.per_rank_batch(cfg, ctx) // self.in_flight(cfg)
+            return max([d for d in divisors(per_call) if d <= 8] or [1])
         return value
 
     def check(self, value, cfg, ctx):
-        per_rank = self.per_rank_batch(cfg, ctx)
-        if per_rank % value:
-            near = ", ".join(str(d) for d in sorted(divisors(per_rank), key=lambda d: abs(d - value))[:2])
-            raise ConfigError(self.name, f"micro_batch_size={value} does not divide the per-rank batch {per_rank} "
+        per_rank, n = self.per_rank_batch(cfg, ctx), self.in_flight(cfg)
+        if per_rank % (value * n):
+            near = ", ".join(str(d) for d in sorted(divisors(max(1, per_rank // n)), key=lambda d: abs(d - value))[:2])
+            what = f" × {n} pipeline micro-batches" if n > 1 else ""
+            raise ConfigError(self.name, f"micro_batch_size={value}{what} does not divide the per-rank batch {per_rank} "
                                          f"(global_batch {ctx.global_batch} / {ctx.data_parallel_ranks(cfg)} "
                                          f"data-parallel ranks): choose a divisor such as {near}")
 
     def apply(self, plan, value, cfg, ctx):
         plan.micro_batch_size = value
-        plan.grad_accum = self.per_rank_batch(cfg, ctx) // value
+        plan.grad_accum = self.per_rank_batch(cfg, ctx) // (value * self.in_flight(cfg))
