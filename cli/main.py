@@ -132,6 +132,56 @@ def print_trial(r: dict) -> None:
         print(f"{k:9}{v}")
 
 
+def cmd_estimate(a) -> int:
+    """Predicted peak memory per rank, without a GPU; calibrated on a store's measurements of that GPU."""
+    from trainscout.trial import memory, prepare
+    capacity = None
+    if a.gpu_memory:
+        try:
+            capacity = memory.parse_size(a.gpu_memory)
+        except ValueError:
+            raise ConfigError("--gpu-memory", f"--gpu-memory {a.gpu_memory} is not a size: write it like 80GiB or 141GB")
+    hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu}
+    spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, **recipe_kwargs(a))
+    cal = None
+    if a.calibrate:
+        from trainscout.analysis.table import store_of
+        cal = memory.fit(memory.calibration_pairs(store_of(a.calibrate, create=False).measurements(), a.gpu))
+    comp = memory.components(spec)
+    total = memory.predict(spec, cal)
+    if a.json:
+        print(json.dumps({"config": spec["config"], "components_gib": {k: v / memory.GiB for k, v in comp.items()},
+                          "predicted_gib": total / memory.GiB, "calibration": cal,
+                          "capacity_gib": capacity / memory.GiB if capacity else None}))
+        return 0
+    print(f"model {spec['model']}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec["config"].items()))
+    for k, v in comp.items():
+        print(f"  {k:12} {v / memory.GiB:8.2f} GiB")
+    how = (f"calibrated on {cal['n']} measured peaks: {cal['a']:.2f}·states + {cal['b']:.2f}·activations + "
+           f"{cal['c'] / memory.GiB:.2f} GiB") if cal else "analytic sum + 1 GiB workspace"
+    print(f"  {'predicted':12} {total / memory.GiB:8.2f} GiB per rank ({how})")
+    if capacity:
+        verdict = "fits" if total <= capacity else "does NOT fit"
+        print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
+        return 0 if total <= capacity else 1
+    return 0
+
+
+def cmd_verify(a) -> int:
+    from trainscout.analysis.verify import verify
+    r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address)
+    if a.json:
+        print(json.dumps(r))
+    elif r["status"] != "ok":
+        print(f"verify {r['key'][:12]} ended {r['status']}: {r['error']}")
+    else:
+        print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps  ({r['gpu'] or 'cpu'})")
+        print(f"  projected step {r['projected_step_s']:.4f} s   measured median {r['measured_step_s']:.4f} s "
+              f"(mean {r['mean_step_s']:.4f} s)   measured/projected {r['ratio']:.3f}")
+        print(f"  tokens/s projected {r['projected_tokens_per_s']:,.0f}  measured {r['measured_tokens_per_s']:,.0f}")
+    return 0 if r["status"] == "ok" else 1
+
+
 def duration(s: str) -> float:
     """30m, 2h, 90s or plain seconds."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", s or "")
@@ -173,7 +223,7 @@ def cmd_search(a) -> int:
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
                           time_budget_s=a.time_budget, space=a.space, sets=parse_sets(a.set), storage=a.storage,
                           address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
-                          recipe={k: v for k, v in recipe_kwargs(a).items() if v is not None})
+                          max_failures=a.max_failures, recipe={k: v for k, v in recipe_kwargs(a).items() if v is not None})
     summary = run_search(args)
     if a.json:
         print(json.dumps(summary))
@@ -265,6 +315,8 @@ def build_parser() -> Parser:
     s.add_argument("--steps", type=positive_int("--steps"), default=5, help="timed optimizer steps per trial")
     s.add_argument("--warmup", type=int, default=2, help="untimed steps per trial")
     s.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit per trial in seconds")
+    s.add_argument("--max-failures", type=int, default=0,
+                   help="measure a crashed trial again up to this many times (oom, invalid, timeout: never)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     add_recipe_flags(s)
     s.set_defaults(func=cmd_search)
@@ -280,6 +332,28 @@ def build_parser() -> Parser:
     r.add_argument("--import", dest="import_file", metavar="FILE.jsonl",
                    help="add the measurements of such a file (marked imported, duplicates merged)")
     r.set_defaults(func=cmd_results)
+
+    v = sub.add_parser("verify", help="train a stored configuration for N full steps: measured vs projected step time")
+    v.add_argument("source", help="a search's --out folder or a storage URL")
+    v.add_argument("--trial", default=None, help="a measurement key or prefix (default: the best)")
+    v.add_argument("--steps", type=positive_int("--steps"), default=200, help="timed full optimizer steps")
+    v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    v.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit in seconds")
+    v.add_argument("--address", default=None, help="Ray cluster address")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.set_defaults(func=cmd_verify)
+
+    m = sub.add_parser("estimate", help="predict peak GPU memory per rank of a configuration (no GPU needed)")
+    m.add_argument("--model", required=True, help="as for trial")
+    m.add_argument("--set", action="append", metavar="KNOB=VALUE", help="set a knob (repeatable)")
+    m.add_argument("--workers", type=positive_int("--workers"), default=1, help="GPUs the configuration spans")
+    m.add_argument("--gpu-memory", default=None, help="capacity per GPU to check against, e.g. 80GiB")
+    m.add_argument("--calibrate", default=None, metavar="DIR",
+                   help="fit the model on the measured peaks in this store (a search's --out or a URL)")
+    m.add_argument("--gpu", default=None, help="with --calibrate: only measurements of this GPU name")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
+    add_recipe_flags(m)
+    m.set_defaults(func=cmd_estimate)
 
     e = sub.add_parser("export", help="write a measured configuration for HF Trainer, DeepSpeed, accelerate")
     e.add_argument("source", help="a search's --out folder or a storage URL")

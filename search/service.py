@@ -23,6 +23,7 @@ from .space import Space, load_space_file
 from .store import DETERMINISTIC, Store, default_url, measurement_key, open_store
 
 METRIC = "tokens_per_s"
+MEMORY_MARGIN = 0.10  # a configuration predicted over the GPU's memory by more than this is not launched
 
 
 @dataclass
@@ -45,6 +46,7 @@ class SearchArgs:
     timeout: float | None = None
     recipe: dict = field(default_factory=dict)
     name: str | None = None
+    max_failures: int = 0  # a crashed trial is measured again up to this many times (oom/invalid/timeout never)
 
     def search_name(self) -> str:
         return self.name or os.path.basename(os.path.abspath(self.out))
@@ -56,21 +58,40 @@ def _trainable(config: dict, base: dict) -> None:
     store = open_store(base["storage"])
     trial_id = tune.get_context().get_trial_id()
     settings = {k: v for k, v in config.items() if k in base["knob_names"]}
+    fault = None
+    if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
+        fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
     try:
         spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
-                       hw=base["hardware"], seed=base["seed"], **base["recipe"])
+                       hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
     except ConfigError as e:
         store.add_trial(base["search"], trial_id, None, "invalid", False, 0.0, settings)
         tune.report({METRIC: 0.0, "status": "invalid", "error": str(e), "cached": False})
         return
+    mem = base.get("memory")
+    if mem:  # predicted clearly over the GPU's memory: not launched, recorded with the prediction
+        from trainscout.trial import memory
+        predicted = memory.predict(spec, mem["calibration"])
+        if predicted > mem["capacity"] * (1 + mem["margin"]):
+            gib = predicted / memory.GiB
+            store.add_trial(base["search"], trial_id, None, "pruned", False, 0.0, dict(spec["config"], predicted_gib=round(gib, 2)))
+            tune.report({METRIC: 0.0, "status": "pruned", "cached": False, "predicted_gib": gib,
+                         "error": f"predicted {gib:.1f} GiB per rank > {mem['capacity'] / memory.GiB:.0f} GiB"})
+            return
     key = measurement_key(spec, base["hardware"], hardware.versions())
     record = store.get(key)
     cached = record is not None and record["status"] in DETERMINISTIC
     if not cached:
         def on_step(m):
             tune.report({METRIC: m["tokens_per_s"], "step_s": m["step_s"], "status": "running", "cached": False})
-        record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
-                         on_step=on_step)
+        for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
+            record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
+                             on_step=on_step)
+            record["attempt"] = attempt + 1
+            if spec["fault"]:
+                record["fault"] = spec["fault"]
+            if record["status"] != "crash":
+                break
         store.replace(key, record)  # a crash or timeout measured again: the newer record wins
     m = record.get("metrics") or {}
     value = m.get(METRIC, 0.0) if record["status"] == "ok" else 0.0
@@ -131,12 +152,38 @@ class Printer:
               f"{days:>11} {(self.best or 0):>11,.0f}  {searched}", file=out, flush=True)
 
 
+def fault_schedule(text: str | None) -> dict[int, str]:
+    """TRAINSCOUT_FAULT_SCHEDULE (tests): "N:KIND[@RANK],..." injects a fault into the search's trial number N
+    (0-based, counted over the whole search, resumes included). Off when unset."""
+    from trainscout.trial import faults
+    out: dict[int, str] = {}
+    for item in filter(None, (i.strip() for i in (text or "").split(","))):
+        n, _, kind = item.partition(":")
+        try:
+            faults.parse(kind)
+            if not n.strip().isdigit() or not kind:
+                raise ValueError
+        except ValueError:
+            raise ConfigError("TRAINSCOUT_FAULT_SCHEDULE", f"TRAINSCOUT_FAULT_SCHEDULE item {item!r} is not "
+                              f"N:KIND[@RANK] with KIND one of {'|'.join(faults.KINDS)}: e.g. 3:oom,5:crash@1")
+        out[int(n)] = kind
+    return out
+
+
+def _numbered(trial) -> str:
+    """Tune trial name "trial_N_ID", N counting the trials this driver created from 0 (the fault schedule's)."""
+    return f"trial_{int(trial.experiment_tag.split('_', 1)[0]) - 1}_{trial.trial_id}"
+
+
 def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
     """Check everything before anything is started or written: (space, base spec, hardware)."""
     if args.trials is None and args.time_budget_s is None:
         raise ConfigError("--trials", "give --trials N or --time-budget (e.g. 30m)")
     if args.trials is not None and args.trials < 1:
         raise ConfigError("--trials", f"--trials {args.trials} is not allowed: give a positive integer")
+    if not isinstance(args.max_failures, int) or args.max_failures < 0:
+        raise ConfigError("--max-failures", f"--max-failures {args.max_failures} is not allowed: give an integer >= 0")
+    fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE"))
     from trainscout.trial.runner import detect_device
     device = detect_device(args.device)
     hw = hardware.fingerprint(device, args.gpus_per_trial)
@@ -191,14 +238,20 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
         concurrent = max(1, int(ray.cluster_resources().get("CPU", 1)) // (1 + args.gpus_per_trial))
     base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
             "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
-            "timeout": args.timeout, "address": args.address,
+            "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
+            "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(done),
             "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs())}
+    if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
+        from trainscout.trial import memory
+        base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
+                          "calibration": memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))}
     printer = Printer(space, None if stream is sys.stdout else stream)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                     num_samples=remaining if remaining is not None else -1,
                                     max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
+                                    trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=False),  # a stopped trial's actor dies, and its ranks with it
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],

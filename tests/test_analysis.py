@@ -107,3 +107,13 @@ def test_results_round_trip_between_stores(store_dir, tmp_path, capsys):
     third = tmp_path / "third"
     assert main(["results", str(third), "--import", str(bad)]) == 2
     assert Store(default_url(str(third))).measurements() == []  # nothing written half-way
+
+
+def test_verify_runs_full_steps_against_the_projection(store_dir, capsys):
+    """verify re-measures a stored configuration with every micro-batch of every step (nothing extrapolated)."""
+    assert main(["verify", store_dir, "--trial", "k0", "--steps", "3", "--warmup", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["status"] == "ok" and r["steps"] == 3 and r["measured_step_s"] > 0
+    assert r["ratio"] == pytest.approx(r["measured_step_s"] / r["projected_step_s"])
+    assert os.path.exists(os.path.join(store_dir, f"verify-{r['key'][:12]}.json"))
+    assert main(["verify", store_dir, "--trial", "nope"]) == 2

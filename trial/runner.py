@@ -235,7 +235,7 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
             progress.shutdown()
         raise
     wall = time.perf_counter() - t0
-    record = {"trial_id": trial_id, "model": spec["model"], "device": spec["device"],
+    record = {"trial_id": trial_id, "model": spec["model"], "model_config": spec["model_config"], "device": spec["device"],
               "world_size": spec["world_size"], "config": spec["config"], "plan": spec["plan"],
               "recipe": spec["recipe"], "grad_accum": spec["grad_accum"], "measured_accum": spec["measured_accum"],
               "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),

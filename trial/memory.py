@@ -1,0 +1,137 @@
+"""Predicted peak GPU memory per rank of a configuration, before anything is launched.
+
+The analytic part counts bytes the way the engines hold them (N parameters, D data-parallel ranks, P pipeline
+stages; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed precision with fp32 weights:
+- model states: plain/DDP/pipeline 4N weights + 4N gradients + 8N AdamW states + 2N autocast weight copies
+  (+ 4N DDP buckets on several ranks); FSDP2 (4+4+8)N/D + bf16 copies of two layers; DeepSpeed ZeRO-s: 2N bf16
+  weights (stage 3: 2N/D + the live gathered layers), 2N bf16 gradients (stages 2-3: 2N/D), (4+8)N/D fp32
+  master and AdamW states unless offloaded to the CPU, and a reduce bucket of min(N, 5e8) elements;
+- activations of one micro-batch: 34·s·b·h bytes per layer (Korthikanti et al. 2022 with a fused attention
+  kernel: no s² term), only the 4·s·b·h layer input for a checkpointed layer plus one layer recomputed in backward;
+  a pipeline rank holds the activations of its layers for every micro-batch in flight (GPipe: all of them,
+  1F1B: the stage count, interleaved: the stage count plus one per extra chunk);
+- logits: 10·b·s·V bytes at the start of backward (fp32 log-softmax output and its gradient, bf16 logits' grad).
+A calibration fitted on measured peaks of the same GPU (least squares: peak = a·states + b·activations + c)
+absorbs what the counts miss (allocator rounding, workspace, temporaries); with fewer than 3 measurements the
+analytic sum is used with a 1 GiB allowance for workspaces.
+"""
+from __future__ import annotations
+
+import math
+
+GiB = 2**30
+DS_BUCKET = 5e8  # DeepSpeed's default reduce/allgather bucket, in elements
+
+
+def _counts(config: dict) -> dict:
+    h, L = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    V, inter = int(config["vocab_size"]), int(config.get("intermediate_size") or 4 * h)
+    per_layer = 4 * h * h + 2 * h * inter + 9 * h + inter  # qkv + out + mlp weights and biases, 2 layer norms
+    embed = V * h
+    tied = bool(config.get("tie_word_embeddings"))
+    return {"h": h, "L": L, "V": V, "per_layer": per_layer, "embed": embed,
+            "N": L * per_layer + embed * (1 if tied else 2) + 2 * h}
+
+
+def components(spec: dict) -> dict[str, float]:
+    """Bytes per rank by component for a prepared trial spec (the rank that holds the most)."""
+    if "model_config" not in spec:  # a stored record of a named model
+        from .models import resolve_model
+        spec = dict(spec, model_config=resolve_model(spec["model"]).config)
+    c, plan, recipe, world = _counts(spec["model_config"]), spec["plan"], spec["recipe"], spec["world_size"]
+    pipe = plan.get("pipeline") or {}
+    P = pipe.get("stages", 1)
+    D = max(1, world // P)
+    b, s, h, L, V = plan["micro_batch_size"], recipe["seq_len"], c["h"], c["L"], c["V"]
+    mixed = plan["precision"] != "fp32"
+    # parameters held by the fullest rank: its share of the layers plus the embedding (first stage) or head (last)
+    N = c["N"] if P == 1 else c["per_layer"] * (L // P) + c["embed"]
+    zero = plan.get("zero") or {}
+    stage = zero.get("stage", 0)
+    out = {}
+    if plan["engine"] == "deepspeed":
+        w = 2 if mixed else 4
+        live = min(N, float(zero.get("stage3_max_live_parameters", 1e9)))
+        off_p, off_o = "offload_param" in zero, "offload_optimizer" in zero
+        out["weights"] = 0 if off_p else (w * N / D + w * live * (D > 1) if stage == 3 else w * N)
+        out["gradients"] = w * N / D if stage >= 2 else w * N
+        out["optimizer"] = 0 if off_o else (4 * (mixed) + 8) * N / D
+        out["buffers"] = w * min(N, DS_BUCKET) + (w * min(N, 5e7) if stage == 3 else 0)
+    elif plan["engine"] == "fsdp":
+        out["weights"] = 4 * N / D + (2 if mixed else 4) * 2 * c["per_layer"]
+        out["gradients"] = 4 * N / D
+        out["optimizer"] = 8 * N / D
+        out["buffers"] = 0.0
+    else:  # plain / DDP / pipeline stage
+        out["weights"] = 4 * N + (2 * (N - c["embed"]) if mixed else 0)  # autocast's bf16 copies of the linears
+        out["gradients"] = 4 * N
+        out["optimizer"] = 8 * N
+        out["buffers"] = 4 * N if D > 1 else 0.0
+    every = plan.get("checkpoint_every", 0)
+    layers = L // P
+    ckpt = math.ceil(layers / every) if every else 0
+    act_bytes = 34 if mixed else 60  # fp32 activations hold every tensor in 4 bytes
+    per_mb = (layers - ckpt) * act_bytes * s * b * h + ckpt * 4 * s * b * h + (act_bytes * s * b * h if ckpt else 0)
+    if P > 1:
+        n = pipe.get("microbatches", 1)
+        chunks = pipe.get("chunks", 1)
+        in_flight = n if pipe.get("schedule") == "gpipe" else min(n, P + (P - 1) * (chunks - 1) // chunks + (chunks > 1))
+        per_mb *= in_flight
+    out["activations"] = per_mb
+    out["logits"] = (10 if mixed else 12) * b * s * V
+    return out
+
+
+def analytic(spec: dict) -> float:
+    return sum(components(spec).values())
+
+
+def _features(spec: dict) -> tuple[float, float]:
+    comp = components(spec)
+    return (comp["weights"] + comp["gradients"] + comp["optimizer"] + comp["buffers"],
+            comp["activations"] + comp["logits"])
+
+
+def fit(pairs: list[tuple[dict, float]]) -> dict | None:
+    """Calibrate on (spec, measured peak bytes) pairs of one GPU: peak = a·states + b·activations + c."""
+    if len(pairs) < 3:
+        return None
+    import numpy as np
+    X = np.array([[*(f / GiB for f in _features(sp)), 1.0] for sp, _ in pairs])
+    y = np.array([peak / GiB for _, peak in pairs])
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    a, b, c = (float(v) for v in coef)
+    if a <= 0 or b <= 0:  # too few distinct configurations to separate the terms: scale the analytic sum instead
+        k = float(np.median(y / X[:, :2].sum(axis=1)))
+        a, b, c = k, k, 0.0
+    return {"a": a, "b": b, "c": c * GiB, "n": len(pairs)}
+
+
+def predict(spec: dict, calibration: dict | None = None) -> float:
+    """Predicted peak allocated bytes per rank (what torch.cuda.max_memory_allocated reports)."""
+    states, acts = _features(spec)
+    if not calibration:
+        return states + acts + 1.0 * GiB
+    return calibration["a"] * states + calibration["b"] * acts + calibration["c"]
+
+
+def calibration_pairs(records: list[dict], gpu: str | None) -> list[tuple[dict, float]]:
+    """(spec, measured peak) from stored ok records of a GPU (the record carries what the spec needs)."""
+    pairs = []
+    for r in records:
+        m = r.get("metrics") or {}
+        if r.get("status") != "ok" or r.get("device") != "cuda" or not m.get("peak_allocated_mib"):
+            continue
+        if gpu and m.get("gpu") != gpu:
+            continue
+        pairs.append((r, max(m["peak_allocated_mib"]) * 2**20))
+    return pairs
+
+
+def parse_size(text: str) -> float:
+    """'80GiB', '80GB', '141 GiB', '8e10' -> bytes."""
+    t = str(text).strip().lower().replace(" ", "")
+    for unit, mult in (("gib", GiB), ("gb", 1e9), ("mib", 2**20), ("mb", 1e6), ("g", GiB)):
+        if t.endswith(unit):
+            return float(t[: -len(unit)]) * mult
+    return float(t)
