@@ -1,15 +1,20 @@
-"""GPU checks of the trial core (issue 2): yardstick rows, engines on Pythia-410M, projection vs a full step.
+"""GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
+calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|all] [--out results.jsonl]
+Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|multi|all] [--out results.jsonl]
+       [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
-table last. The yardstick rows use its settings: one micro-batch per optimizer step, no gradient clipping.
+table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
+store (for `trainscout estimate --calibrate DIR` and bench/memory_error.py). The yardstick rows use its settings:
+one micro-batch per optimizer step, no gradient clipping.
 """
 import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from trainscout.trial import run_trial
+from trainscout.trial import execute, hardware, prepare
 
 YARDSTICK = {  # ../shared/bench/README.md, H200, tokens/s
     ("pythia-160m", 32, False): 291_439, ("pythia-160m", 32, True): 359_212,
@@ -35,39 +40,105 @@ GROUPS = {
         ("410m gb64 mbs8 full step measured", "pythia-410m", {"micro_batch_size": 8},
          dict(global_batch=64, measure_accum=0)),
     ],
+    "memory": [  # one GPU: engines, offload, checkpointing and micro-batches of three sizes
+        (f"{m[7:]} {name}", m, s, {}) for m, name, s in [
+            ("pythia-160m", "mbs8", {"micro_batch_size": 8}),
+            ("pythia-160m", "mbs32", {"micro_batch_size": 32}),
+            ("pythia-160m", "ckpt full mbs64", {"micro_batch_size": 64, "activation_checkpointing": "full"}),
+            ("pythia-410m", "mbs16", {"micro_batch_size": 16}),
+            ("pythia-410m", "zero1 mbs16", {"micro_batch_size": 16, "zero_stage": 1}),
+            ("pythia-410m", "zero3 mbs8", {"micro_batch_size": 8, "zero_stage": 3}),
+            ("pythia-410m", "zero2+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 2, "offload_optimizer": True}),
+            ("pythia-410m", "fsdp mbs8", {"micro_batch_size": 8, "fsdp": "full_shard"}),
+            ("pythia-410m", "ckpt 2 mbs32", {"micro_batch_size": 32, "activation_checkpointing": 2}),
+            ("pythia-1b", "mbs8", {"micro_batch_size": 8}),
+            ("pythia-1b", "zero2 mbs8", {"micro_batch_size": 8, "zero_stage": 2}),
+            ("pythia-1b", "ckpt full mbs32", {"micro_batch_size": 32, "activation_checkpointing": "full"}),
+        ]
+    ],
+    "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
+        (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
+            ("ddp mbs8", {"micro_batch_size": 8}),
+            ("zero1 mbs8", {"micro_batch_size": 8, "zero_stage": 1}),
+            ("zero2 mbs8", {"micro_batch_size": 8, "zero_stage": 2}),
+            ("zero3 mbs8", {"micro_batch_size": 8, "zero_stage": 3}),
+            ("zero2+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 2, "offload_optimizer": True}),
+            ("zero3+offload_params mbs8", {"micro_batch_size": 8, "zero_stage": 3, "offload_params": True}),
+            ("fsdp full_shard mbs8", {"micro_batch_size": 8, "fsdp": "full_shard"}),
+            ("fsdp shard_grad_op mbs16", {"micro_batch_size": 16, "fsdp": "shard_grad_op"}),
+        ] + [(f"pipeline 2 {sch} mbs4x8", {"pipeline_stages": 2, "pipeline_schedule": sch, "micro_batch_size": 4,
+                                           "pipeline_microbatches": 8})
+             for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")]
+    ],
 }
+
+
+def run_case(case, steps, store):
+    label, model, settings, kw = case
+    kw = dict(kw)
+    t = time.time()
+    import torch
+    n = torch.cuda.device_count()
+    workers = n if kw.pop("workers", 1) == "all" else 1
+    label = label.replace("{n}", str(n))
+    try:
+        spec = prepare(model, settings, device="cuda", workers=workers, steps=steps, warmup=2, **kw)
+        r = execute(spec, timeout=600)
+    except Exception as e:  # a bad case must not end the run
+        spec, r = None, {"status": "invalid", "error": str(e), "metrics": None}
+    if store is not None and spec is not None:
+        from trainscout.search.store import measurement_key
+        key = measurement_key(spec, spec["hardware"], hardware.versions())
+        store.replace(key, dict(r, key=key))
+    m = r.get("metrics") or {}
+    row = {"case": label, "workers": workers, "status": r["status"], "error": (r.get("error") or "")[:300],
+           "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"), "step_s": m.get("step_s"),
+           "measured_step_s": m.get("measured_step_s"), "spread": m.get("step_spread"),
+           "peak_gib": m.get("peak_memory_gib"), "reserved_mib": (m.get("peak_reserved_mib") or [None])[0],
+           "projected_days": m.get("projected_days"),
+           "warmup_s": m.get("warmup_s"), "build_s": m.get("build_s"), "wall_s": round(time.time() - t, 1),
+           "yardstick": YARDSTICK.get((model, settings["micro_batch_size"], settings.get("compile", False)))
+           if kw.get("grad_clip") == 0.0 else None, "record": r}
+    print(json.dumps({k: v for k, v in row.items() if k != "record"}), flush=True)
+    return row
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--group", default="all", choices=[*GROUPS, "all"])
+    p.add_argument("--group", default="all", help=f"comma-separated: {', '.join(GROUPS)} or all")
     p.add_argument("--out", default=None, help="append JSON lines here")
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--store", default=None, help="also keep every record in this results store (a folder)")
+    p.add_argument("--parallel", type=int, default=1, help="one-GPU cases run at once (one per GPU)")
     a = p.parse_args()
-    cases = [c for g, cs in GROUPS.items() if a.group in (g, "all") for c in cs]
-    rows = []
-    for label, model, settings, kw in cases:
-        t = time.time()
-        r = run_trial(model, settings, device="cuda", workers=1, steps=a.steps, warmup=2, **kw)
-        m = r.get("metrics") or {}
-        row = {"case": label, "status": r["status"], "error": (r.get("error") or "")[:300],
-               "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"), "step_s": m.get("step_s"),
-               "measured_step_s": m.get("measured_step_s"), "spread": m.get("step_spread"),
-               "peak_gib": m.get("peak_memory_gib"), "reserved_mib": (m.get("peak_reserved_mib") or [None])[0],
-               "warmup_s": m.get("warmup_s"), "build_s": m.get("build_s"), "wall_s": round(time.time() - t, 1),
-               "yardstick": YARDSTICK.get((model, settings["micro_batch_size"], settings.get("compile", False)))
-               if "yardstick" in label or kw.get("grad_clip") == 0.0 else None, "record": r}
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "record"}), flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
+    groups = a.group.split(",")
+    cases = [c for g, cs in GROUPS.items() if "all" in groups or g in groups for c in cs]
+    store = None
+    if a.store:
+        import os
+        from trainscout.search.store import Store, default_url
+        os.makedirs(a.store, exist_ok=True)
+        store = Store(default_url(a.store))
+    from trainscout.trial.runner import ensure_ray
+    ensure_ray()
+    multi = [c for c in cases if c[3].get("workers") == "all"]
+    single = [c for c in cases if c not in multi]
+    rows = [run_case(c, a.steps, store) for c in multi]  # these take every GPU: one at a time
+    with ThreadPoolExecutor(max(1, a.parallel)) as pool:
+        rows += list(pool.map(lambda c: run_case(c, a.steps, store), single))
+    if store is not None:
+        store.checkpoint()
+    if a.out:
+        with open(a.out, "a") as f:
+            for row in rows:
                 f.write(json.dumps(row) + "\n")
-    print(f"\n{'case':48} {'status':7} {'tokens/s':>10} {'MFU':>6} {'step s':>8} {'meas s':>8} {'peak GiB':>8} {'vs yard':>8}")
+    print(f"\n{'case':48} {'status':7} {'tokens/s':>10} {'MFU':>6} {'step s':>8} {'meas s':>8} {'peak GiB':>8} {'vs yard':>8} {'days':>6}")
     for r in rows:
         ok = r["status"] == "ok"
         ratio = f"{r['tokens_per_s'] / r['yardstick']:.3f}" if ok and r["yardstick"] else ""
         print(f"{r['case']:48} {r['status']:7} {r['tokens_per_s'] or 0:>10,.0f} {r['mfu'] or 0:>6.3f} "
-              f"{r['step_s'] or 0:>8.4f} {r['measured_step_s'] or 0:>8.4f} {r['peak_gib'] or 0:>8.1f} {ratio:>8}")
+              f"{r['step_s'] or 0:>8.4f} {r['measured_step_s'] or 0:>8.4f} {r['peak_gib'] or 0:>8.1f} {ratio:>8} "
+              f"{r['projected_days'] or 0:>6.1f}")
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

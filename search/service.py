@@ -228,8 +228,9 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
     _fail_interrupted(ostorage, name)
     sampler = make_sampler(args.seed, args.trials)
+    start = [] if done else start_points(args, space, hw, store)
     searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler,
-                            study_name=name, storage=ostorage)
+                            study_name=name, storage=ostorage, points_to_evaluate=start or None)
     scheduler = ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max",
                               max_t=args.steps + 1, grace_period=1, reduction_factor=2)
     if hw["device"] == "cuda":
@@ -262,6 +263,31 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
           f"store {url}", file=stream, flush=True)
     tuner.fit()
     return summarize(store, name, stream, out=args.out)
+
+
+def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list[dict]:
+    """On a GPU, the first trial is the strong default a person would set by hand: every searched knob at its
+    default, with the largest micro-batch the memory model predicts to fit in 85 % of the GPU's memory."""
+    if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
+        return []
+    from trainscout.spaces import all_knobs
+    from trainscout.trial import memory
+    cal = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
+    point, cfg = {}, dict(space.fixed)
+    for k in all_knobs():
+        dom = space.domains.get(k.name)
+        if dom and k.applies(cfg) and k.name != "micro_batch_size":
+            point[k.name] = k.default if k.default in dom else dom[0]
+        cfg[k.name] = point.get(k.name, space.fixed.get(k.name, k.default))
+    for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
+        try:
+            spec = prepare(args.model, {**space.fixed, **point, "micro_batch_size": mbs}, workers=args.gpus_per_trial,
+                           hw=hw, **args.recipe)
+        except ConfigError:
+            continue
+        if memory.predict(spec, cal) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
+            return [dict(point, micro_batch_size=mbs)]
+    return []
 
 
 def make_sampler(seed: int, trials: int | None):
