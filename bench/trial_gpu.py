@@ -63,9 +63,7 @@ GROUPS = {
             ("zero2 mbs8", {"micro_batch_size": 8, "zero_stage": 2}),
             ("zero3 mbs8", {"micro_batch_size": 8, "zero_stage": 3}),
             ("zero2+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 2, "offload_optimizer": True}),
-            ("zero3+offload_params mbs8", {"micro_batch_size": 8, "zero_stage": 3, "offload_params": True}),
             ("fsdp full_shard mbs8", {"micro_batch_size": 8, "fsdp": "full_shard"}),
-            ("fsdp shard_grad_op mbs16", {"micro_batch_size": 16, "fsdp": "shard_grad_op"}),
         ] + [(f"pipeline 2 {sch} mbs4x8", {"pipeline_stages": 2, "pipeline_schedule": sch, "micro_batch_size": 4,
                                            "pipeline_microbatches": 8})
              for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")]
