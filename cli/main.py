@@ -273,6 +273,15 @@ def cmd_export(a) -> int:
     return 0
 
 
+def cmd_report(a) -> int:
+    from trainscout.analysis.report import analyse, summary, write_html
+    analysis = analyse(a.source, a.prices)
+    print(summary(analysis))
+    out = a.out or (a.source if "://" not in a.source else "report")
+    print(f"report: {write_html(analysis, out)}")
+    return 0
+
+
 def build_parser() -> Parser:
     p = Parser(prog="trainscout", description=__doc__.splitlines()[0].replace("The `trainscout` command line. ", ""))
     sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
@@ -362,6 +371,13 @@ def build_parser() -> Parser:
     e.add_argument("--format", choices=("hf", "deepspeed", "accelerate", "command", "all"), default="all")
     e.add_argument("--out", required=True, help="folder to write into")
     e.set_defaults(func=cmd_export)
+
+    rp = sub.add_parser("report", help="best configurations, cost, failures, knob importance; a self-contained HTML")
+    rp.add_argument("source", help="a search's --out folder or a storage URL")
+    rp.add_argument("--out", default=None, help="folder for report.html (default: the source folder; ./report for a URL)")
+    rp.add_argument("--prices", default=None, metavar="FILE.json",
+                    help="GPU prices over the built-in list-price estimates (format: analysis/prices.json)")
+    rp.set_defaults(func=cmd_report)
     return p
 
 

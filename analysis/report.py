@@ -1,0 +1,552 @@
+"""The report of a results store: the best configurations with tokens/s, MFU, projected days and cost; the
+hardware side by side; what failed and why; which knobs mattered (Optuna's own PED-ANOVA evaluator on a study
+rebuilt in memory from the table). `report.html` is self-contained: plots are inline SVG (matplotlib, Agg),
+no script, no stylesheet or image from anywhere else.
+"""
+from __future__ import annotations
+
+import html
+import io
+import itertools
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from trainscout.spaces import ConfigError, all_knobs, fmt, get
+
+from . import cost, table
+
+STATUS_TEXT = {
+    "oom": "out of memory", "timeout": "ran past its time limit; workers killed", "crash": "a rank crashed",
+    "invalid": "refused before running: the configuration cannot run here (the search stores no reason)",
+    "stopped": "stopped early by ASHA: slower than its peers at the same step",
+    "pruned": "skipped: the memory model predicted it over the GPU's memory",
+}
+STATUS_COLOR = {"ok": "#2e7d32", "oom": "#c62828", "timeout": "#ef6c00", "crash": "#6a1b9a", "invalid": "#757575",
+                "stopped": "#1565c0", "pruned": "#8d6e63"}
+TOP = 10  # best configurations listed
+_PLOT = itertools.count(1)
+
+
+@dataclass
+class Analysis:
+    source: str
+    df: pd.DataFrame                 # the results table (analysis.table.load) with hardware and costs
+    prices: list[cost.Price]
+    prices_path: str | None
+    records: dict                    # measurement key -> stored record (for started_at / wall_s)
+    best: pd.DataFrame               # ok measurements, one row per key, fastest first
+    hardware: pd.DataFrame           # cost.compare_hardware
+    failures: list[dict]             # per status that is not ok: count and one example
+    importance: list[dict]           # per search: PED-ANOVA importances of the knobs it searched
+    varied: list[str]                # knobs with more than one value in the store
+    generated: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+# --- analysis ---------------------------------------------------------------------------------------------------
+def analyse(source, prices_path: str | None = None) -> Analysis:
+    """Everything the summary and report.html show. ConfigError for a bad prices file or an empty store."""
+    prices = cost.load_prices(prices_path)  # checked before anything heavy
+    store = table.store_of(source) if isinstance(source, str) else source
+    df = table.load(store)
+    if df.empty:
+        raise ConfigError("DIR", f"{source} holds no trials: run `trainscout search --out DIR` first, then report")
+    df = cost.with_costs(df, prices)
+    records = {m["key"]: m for m in store.measurements()}
+    knobs = [k.name for k in all_knobs() if k.name in df.columns]
+    varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
+    ok = df[(df["status"] == "ok") & df["tokens_per_s"].notna()]
+    best = ok.sort_values("tokens_per_s", ascending=False).drop_duplicates("key").reset_index(drop=True)
+    failures = []
+    for status, g in df[df["status"] != "ok"].groupby("status", sort=False):
+        with_error = g[g["error"].notna()]
+        ex = (with_error if len(with_error) else g).iloc[0]
+        failures.append({"status": status, "count": len(g), "what": STATUS_TEXT.get(status, status),
+                         "error": _first_line(ex["error"]) if isinstance(ex["error"], str) else None,
+                         "config": config_text(ex, varied, knobs), "key": ex["key"]})
+    failures.sort(key=lambda f: -f["count"])
+    importance = [imp for search, g in df.groupby("search", sort=False) if (imp := knob_importance(g, search))]
+    return Analysis(source=str(source if isinstance(source, str) else getattr(source, "url", source)), df=df,
+                    prices=prices, prices_path=prices_path, records=records, best=best,
+                    hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
+                    varied=varied)
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    line = "".join(ch for ch in (lines[0] if lines else "") if ord(ch) <= 0xFFFF).strip()  # no emoji
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def _native(knob, v):
+    """A table cell as the knob's own value (pandas turns an int column with gaps into floats)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and v.is_integer() and any(type(c) is int for c in knob.choices):
+        return int(v)
+    return v
+
+
+def knob_importance(trials: pd.DataFrame, search: str) -> dict | None:
+    """Which knobs mattered in one search: its trials as an in-memory Optuna study (the objective the search
+    maximised: tokens/s, 0 for an infeasible outcome), evaluated by Optuna's PedAnovaImportanceEvaluator.
+    None when fewer than 3 trials or no knob took two values."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
+
+    knobs = [k for k in all_knobs() if k.name in trials.columns]
+    rows = trials.to_dict("records")
+    cfgs = [{k.name: _native(k, r[k.name]) for k in knobs} for r in rows]
+    searched = {}
+    for k in knobs:
+        seen = {fmt(c[k.name]): c[k.name] for c in cfgs if c[k.name] is not None}
+        if len(seen) > 1:
+            order = [c for c in k.choices if fmt(c) in seen] + [v for f, v in seen.items()
+                                                                  if f not in {fmt(c) for c in k.choices}]
+            searched[k.name] = CategoricalDistribution(order)
+    if len(rows) < 3 or not searched:
+        return None
+    made = []
+    for r, c in zip(rows, cfgs):
+        tps = r["tokens_per_s"]
+        value = float(tps) if r["status"] in ("ok", "stopped") and tps is not None and not pd.isna(tps) else 0.0
+        params = {n: c[n] for n in searched if c[n] is not None and get(n).applies(c)}
+        made.append(optuna.trial.create_trial(params=params, distributions={n: searched[n] for n in params},
+                                              value=value))
+    # PED-ANOVA compares the top quantile of trials with all of them; at least 2 trials on top
+    quantile = min(0.5, max(0.1, 2 / len(made)))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study = optuna.create_study(direction="maximize")
+            study.add_trials(made)
+            values = get_param_importances(study, evaluator=PedAnovaImportanceEvaluator(target_quantile=quantile),
+                                           params=sorted(searched))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return {"search": search, "trials": len(made), "evaluator": f"PED-ANOVA (Optuna), top {quantile:.0%} of trials",
+            "values": {k: float(v) for k, v in sorted(values.items(), key=lambda kv: -kv[1])}}
+
+
+def config_text(row, varied: list[str], knobs: list[str] | None = None) -> str:
+    """The knobs worth reading: those set away from their default and those the store varied."""
+    out = []
+    for name in knobs or [k.name for k in all_knobs()]:
+        if name not in row:
+            continue
+        knob = get(name)
+        v = _native(knob, row[name])
+        if v is None:
+            continue
+        if name in varied or fmt(v) != fmt(knob.default):
+            out.append(f"{name}={fmt(v)}")
+    return " ".join(out)
+
+
+def pareto_front(points: list[tuple[float, float, int]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (both minimised), by the first axis."""
+    front, best_y = [], math.inf
+    for x, y, i in sorted(points):
+        if y < best_y:
+            front.append(i)
+            best_y = y
+    return front
+
+
+# --- formatting -----------------------------------------------------------------------------------------------
+def _na(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
+
+
+def usd(v) -> str:
+    if _na(v):
+        return "n/a"
+    if 0 < v < 0.01:
+        return f"${v:.2g}"  # a tiny model's run: the digits that are there, not $0.00
+    return f"${v:,.2f}" if v < 1000 else f"${v:,.0f}"
+
+
+def days(v) -> str:
+    if _na(v):
+        return "n/a"
+    return f"{v:,.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def num(v, spec: str = ",.0f") -> str:
+    return "n/a" if _na(v) else format(v, spec)
+
+
+def where(row) -> str:
+    n = row.get("world_size")
+    return f"{row.get('hardware') or '?'} x{int(n)}" if not _na(n) else str(row.get("hardware") or "?")
+
+
+# --- terminal summary ------------------------------------------------------------------------------------------
+def summary(a: Analysis, top: int = 5) -> str:
+    df = a.df
+    counts = df["status"].value_counts()
+    cached = int(df["cached"].sum())
+    parts = ", ".join(f"{int(n)} {s}" for s, n in counts.items()) + (f"; {cached} served from the store" if cached else "")
+    searches = df["search"].nunique()
+    lines = [f"report of {a.source}: {searches} search{'es' if searches != 1 else ''}, {len(df)} trials ({parts})"]
+    if len(a.best):
+        lines.append(f"best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
+                     f"the GPUs and machines):")
+        for i, r in a.best.head(top).iterrows():
+            lines.append(f"  #{i + 1} {num(r['tokens_per_s'])} tokens/s  MFU {num(r['mfu'], '.3f')}  "
+                         f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
+                         f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
+                         f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]")
+    else:
+        lines.append("no trial ran to the end: nothing to rank (see what failed below)")
+    if len(a.hardware) > 1:
+        lines.append("hardware side by side (fastest configuration of each):")
+        for _, h in a.hardware.iterrows():
+            lines.append(f"  {h['model']} on {h['hardware']} x{h['world_size']}: {h['ok']}/{h['trials']} ok, "
+                         f"{num(h['tokens_per_s'])} tokens/s, {days(h['projected_days'])} days, rent "
+                         f"{usd(h['rent_usd'])}, box {usd(h['box_usd'])}")
+    unpriced = sorted({str(h) for h, p in zip(a.df["hardware"], a.df["price"]) if h and p is None})
+    if unpriced:
+        lines.append(f"no price for {', '.join(unpriced)}: add it with --prices FILE.json (see analysis/prices.json)")
+    if a.failures:
+        lines.append("did not finish:")
+        for f in a.failures:
+            why = f["error"] or f["what"]
+            why = why if len(why) <= 160 else why[:159] + "…"
+            lines.append(f"  {f['status']} x{f['count']}: {why}" + (f"  (e.g. {f['config']})" if f["config"] else ""))
+    else:
+        lines.append("every trial finished")
+    for imp in a.importance[:3]:
+        vals = ", ".join(f"{k} {v:.2f}" for k, v in imp["values"].items())
+        lines.append(f"knobs that mattered in search {imp['search']} ({imp['trials']} trials, {imp['evaluator']}): "
+                     + (vals if any(imp["values"].values()) else "none separated the fast trials from the rest"))
+    if not a.importance:
+        lines.append("knobs that mattered: too few trials (a search with >= 3 trials and a knob that took two values)")
+    return "\n".join(lines)
+
+
+# --- plots (inline SVG) ----------------------------------------------------------------------------------------
+def _svg(fig) -> str:
+    import matplotlib
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: no glyph definitions per plot
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    s = buf.getvalue()
+    s = s[s.index("<svg"):]
+    s = re.sub(r"<metadata>.*?</metadata>", "", s, flags=re.S)
+    s = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", s, count=2)  # namespaces are implied in HTML
+    # the plots share one document: give each plot's ids (and the references to them) its own prefix
+    p = f"p{next(_PLOT)}-"
+    s = re.sub(r'(\sid=")([^"]+")', rf"\g<1>{p}\2", s)
+    return re.sub(r'(url\(#|href="#)', rf"\g<1>{p}", s)
+
+
+def _figure(w: float, h: float):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
+    return fig
+
+
+def _label(ax, x: float, y: float, text: str, size: float) -> None:
+    """Text just right of a bar's end (an offset, since SVG text drops leading spaces)."""
+    ax.annotate(text, (x, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=size)
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True, color="#555")
+    ax.set_axis_off()
+
+
+def plot_pareto(a: Analysis) -> str:
+    fig = _figure(8, 4.6)
+    ax = fig.subplots()
+    b = a.best[a.best["projected_days"].notna() & a.best["peak_memory_gib"].notna()]
+    if b.empty:
+        _note(ax, "no successful measurement: nothing to plot")
+        return _svg(fig)
+    groups = list(dict.fromkeys(f"{m} on {where(r)}" for m, r in zip(b["model"], b.to_dict("records"))))
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+    for gi, g in enumerate(groups):
+        sel = b[[f"{m} on {where(r)}" == g for m, r in zip(b["model"], b.to_dict("records"))]]
+        ax.scatter(sel["peak_memory_gib"], sel["projected_days"], s=40, color=colors[gi % len(colors)],
+                   alpha=0.75, label=g, zorder=2)
+    for model, g in b.groupby("model"):
+        front = pareto_front(list(zip(g["peak_memory_gib"], g["projected_days"], g.index)))
+        f = g.loc[front]
+        ax.plot(f["peak_memory_gib"], f["projected_days"], "--", color="#c62828", lw=1.2, zorder=1,
+                drawstyle="steps-post", alpha=0.8)
+        ax.scatter(f["peak_memory_gib"], f["projected_days"], s=130, facecolors="none", edgecolors="#c62828",
+                   linewidths=1.8, zorder=3, label=f"Pareto front ({model})")
+        for i, r in f.iterrows():
+            ax.annotate(f"#{i + 1}", (r["peak_memory_gib"], r["projected_days"]), textcoords="offset points",
+                        xytext=(7, 5), fontsize=9, color="#c62828")
+    if b["projected_days"].max() / max(b["projected_days"].min(), 1e-12) > 30:
+        ax.set_yscale("log")
+    ax.set_xlabel("peak memory per rank (GiB)")
+    ax.set_ylabel("projected days of the full run")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _svg(fig)
+
+
+def plot_cost(a: Analysis, top: int = 20) -> str:
+    b = a.best[a.best["rent_usd"].notna()].sort_values("rent_usd").head(top)
+    fig = _figure(8, max(2.2, 0.38 * len(b) + 1.2))
+    ax = fig.subplots()
+    if b.empty:
+        _note(ax, "no rental price for the hardware measured here: add one with --prices FILE.json")
+        return _svg(fig)
+    labels = [f"#{i + 1} {where(r)} [{str(r['key'])[:8]}]" for i, r in b.iterrows()]
+    y = range(len(b))
+    ax.barh(list(y), b["rent_usd"], color="#00897b")
+    for yi, (_, r) in zip(y, b.iterrows()):
+        _label(ax, r["rent_usd"], yi, f"{usd(r['rent_usd'])} · {days(r['projected_days'])} days", 8)
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("renting the projected run (US$, list-price estimate)")
+    ax.set_xlim(0, b["rent_usd"].max() * 1.35)
+    ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
+def plot_importance(imp: dict) -> str:
+    vals = imp["values"]
+    fig = _figure(7, max(1.8, 0.45 * len(vals) + 1))
+    ax = fig.subplots()
+    names = list(vals)
+    ax.barh(names, [vals[n] for n in names], color="#5c6bc0")
+    for i, n in enumerate(names):
+        _label(ax, vals[n], i, f"{vals[n]:.2f}", 9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(1e-9, max(vals.values())) * 1.2 or 1)
+    ax.set_xlabel("importance (normalised, sums to 1)")
+    ax.set_title(f"search {imp['search']}: {imp['trials']} trials, {imp['evaluator']}", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
+def plot_knob_values(a: Analysis) -> str:
+    ok = a.df[(a.df["status"] == "ok") & a.df["tokens_per_s"].notna()].drop_duplicates("key")
+    knobs = [k for k in a.varied if ok[k].dropna().map(fmt).nunique() > 1] or a.varied
+    cols = min(3, max(1, len(knobs)))
+    rows = max(1, math.ceil(len(knobs) / cols))
+    fig = _figure(3.6 * cols, 2.9 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(knobs):]:
+        ax.set_axis_off()
+    if not knobs or ok.empty:
+        _note(axes.flat[0], "no knob took two values among successful trials")
+        return _svg(fig)
+    for ax, name in zip(axes.flat, knobs):
+        knob = get(name)
+        vals = [_native(knob, v) for v in ok[name]]
+        order = [fmt(c) for c in knob.choices if fmt(c) in {fmt(v) for v in vals if v is not None}]
+        order += sorted({fmt(v) for v in vals if v is not None} - set(order))
+        for xi, label in enumerate(order):
+            ys = [t for v, t in zip(vals, ok["tokens_per_s"]) if v is not None and fmt(v) == label]
+            xs = [xi + (j - (len(ys) - 1) / 2) * min(0.08, 0.6 / max(1, len(ys))) for j in range(len(ys))]
+            ax.scatter(xs, ys, s=28, color="#1f77b4", alpha=0.8, zorder=2)
+            med = sorted(ys)[len(ys) // 2]
+            ax.plot([xi - 0.3, xi + 0.3], [med, med], color="#c62828", lw=2, zorder=3)
+        ax.set_xticks(range(len(order)), order, fontsize=8, rotation=20 if len(order) > 3 else 0)
+        ax.set_xlim(-0.6, len(order) - 0.4)
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel("tokens/s", fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    return _svg(fig)
+
+
+def _when(s) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(str(s))
+        return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    except (TypeError, ValueError):
+        return None
+
+
+def plot_timeline(a: Analysis) -> str:
+    """Each measurement from its start for its wall time; trials that ran nothing (invalid, stopped early, served
+    from the store) as a mark at the time the search recorded them."""
+    bars = []
+    for key in dict.fromkeys(a.df["key"].dropna()):
+        rec = a.records.get(key) or {}
+        start = _when(rec.get("started_at"))
+        if start and rec.get("wall_s") is not None:
+            bars.append((start, float(rec["wall_s"]), rec.get("status", "?"), key))
+    marks = [(_when(r["created_at"]), r["status"], bool(r["cached"])) for r in a.df.to_dict("records")
+             if r["cached"] or not r["key"] or r["key"] not in a.records]
+    marks = [m for m in marks if m[0]]
+    fig = _figure(8, max(2.2, 0.32 * (len(bars) + bool(marks)) + 1.2))
+    ax = fig.subplots()
+    if not bars and not marks:
+        _note(ax, "no start times recorded")
+        return _svg(fig)
+    bars.sort()
+    t0 = min([b[0] for b in bars] + [m[0] for m in marks])
+    span = max([(b[0] - t0).total_seconds() + b[1] for b in bars] + [(m[0] - t0).total_seconds() for m in marks] + [1])
+    unit, scale = ("min", 60.0) if span > 600 else ("s", 1.0)
+    for yi, (start, wall, status, key) in enumerate(bars):
+        x = (start - t0).total_seconds() / scale
+        ax.barh(yi, wall / scale, left=x, color=STATUS_COLOR.get(status, "#999"), height=0.6)
+        _label(ax, x + wall / scale, yi, status, 7)
+    labels = [f"{k[:8]}" for *_, k in bars]
+    if marks:
+        y = len(bars)
+        for t, status, cached in marks:
+            ax.scatter((t - t0).total_seconds() / scale, y, marker="o" if cached else "x", s=40,
+                       color=STATUS_COLOR.get(status, "#999"), zorder=3)
+        labels.append("no run (x) / stored (o)")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{unit} since the first trial started ({t0:%Y-%m-%d %H:%M} UTC)")
+    handles = [ax.scatter([], [], color=c, marker="s", label=s) for s, c in STATUS_COLOR.items()
+               if s in {b[2] for b in bars} | {m[1] for m in marks}]
+    ax.legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False,
+              ncols=max(1, len(handles)))
+    ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
+# --- HTML ------------------------------------------------------------------------------------------------------
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#1a1a1a;margin:0;background:#fafafa}
+main{max-width:1180px;margin:0 auto;padding:24px 28px 48px;background:#fff}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555;margin:0 0 16px}.note{color:#555;font-size:13px;margin:6px 0}
+.cards{display:flex;gap:12px;flex-wrap:wrap;margin:16px 0}
+.card{flex:1 1 180px;border:1px solid #e0e0e0;border-radius:6px;padding:10px 14px;background:#f7f9fc}
+.card b{display:block;font-size:20px}.card.small b{font-size:15px}.card span{color:#555;font-size:12px}
+table{border-collapse:collapse;width:100%;font-size:13px;margin:6px 0}
+th,td{border-bottom:1px solid #e6e6e6;padding:5px 8px;text-align:left;vertical-align:top}
+th{background:#f1f3f5;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr:nth-child(even) td{background:#fbfbfb}code,.cfg{font:12px ui-monospace,"DejaVu Sans Mono",monospace;word-break:break-word}
+.plot{margin:10px 0 4px}.plot svg{width:100%;height:auto;max-width:900px;display:block}
+.grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}.grid2 .plot svg{max-width:100%}
+.tag{display:inline-block;padding:0 6px;border-radius:3px;color:#fff;font-size:12px}
+"""
+
+
+def _e(v) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td class=\"n\">{c}</td>" if i in numeric else f"<td>{c}</td>"
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _tag(status: str) -> str:
+    return f'<span class="tag" style="background:{STATUS_COLOR.get(status, "#999")}">{_e(status)}</span>'
+
+
+def render_html(a: Analysis) -> str:
+    df, b = a.df, a.best
+    counts = df["status"].value_counts()
+    out = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trainscout report</title>"
+           f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><style>{CSS}</style></head><body><main>",
+           "<h1>trainscout report</h1>",
+           f"<p class=\"meta\">{_e(a.source)} · {df['search'].nunique()} search(es), {len(df)} trials · "
+           f"models {_e(', '.join(sorted(map(str, df['model'].dropna().unique()))) or 'n/a')} · generated {_e(a.generated)}</p>"]
+    cards = [("trials", " · ".join(f"{int(n)} {s}" for s, n in counts.items()))]
+    if len(b):
+        r = b.iloc[0]
+        cards = [("fastest: tokens/s", num(r["tokens_per_s"])), ("its projected run", f"{days(r['projected_days'])} days"),
+                 ("renting it", usd(r["rent_usd"])), ("buying the box", usd(r["box_usd"])), *cards]
+    out.append("<div class=\"cards\">" + "".join(
+        f"<div class=\"card{' small' if k == 'trials' else ''}\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
+        for k, v in cards) + "</div>")
+
+    out.append("<h2>Best configurations</h2>")
+    if len(b):
+        rows = [[str(i + 1), num(r["tokens_per_s"]), num(r["mfu"], ".3f"), num(r["peak_memory_gib"], ".2f"),
+                 days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]), _e(f"{r['model']} on {where(r)}"),
+                 f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
+                for i, r in b.head(TOP).iterrows()]
+        out.append(_table(["#", "tokens/s", "MFU", "GiB/rank", "days", "rent", "box", "model / hardware",
+                           "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 3, 4, 5, 6}))
+        out.append("<p class=\"note\">days: the recipe's full run projected from the measured optimizer step. rent: "
+                   "days × 24 × $/GPU-hour × GPUs. box: buying the GPUs and the machines that hold them. MFU: "
+                   "against the GPU's bf16 dense peak (n/a on a CPU). Export one with "
+                   "<code>trainscout export DIR --trial KEY --format all --out DIR</code>.</p>")
+    else:
+        out.append("<p>No trial ran to the end: nothing to rank (see what failed below).</p>")
+
+    out.append("<h2>Projected days vs peak memory</h2>"
+               "<p class=\"note\">Each successful measurement; ringed: the Pareto front (no other configuration "
+               "is both faster and lighter), numbered by rank.</p>")
+    out.append(f"<div class=\"plot\">{plot_pareto(a)}</div>")
+
+    out.append("<h2>Hardware and cost</h2>")
+    if len(a.hardware):
+        rows = [[_e(h["model"]), _e(f"{h['hardware']} x{h['world_size']}"), f"{h['ok']}/{h['trials']}",
+                 num(h["tokens_per_s"]), num(h["mfu"], ".3f"), days(h["projected_days"]), usd(h["rent_usd"]),
+                 usd(h["box_usd"]), _e(h["price"] or "no price")] for _, h in a.hardware.iterrows()]
+        out.append(_table(["model", "hardware", "ok/trials", "best tokens/s", "MFU", "days", "rent", "box",
+                           "price entry"], rows, numeric={2, 3, 4, 5, 6, 7}))
+    out.append("<p class=\"note\">Cost of renting each successful configuration's projected run, cheapest first.</p>")
+    out.append(f"<div class=\"plot\">{plot_cost(a)}</div>")
+
+    out.append("<h2>Which knobs mattered</h2>")
+    if a.importance:
+        out.append("<p class=\"note\">Optuna's PED-ANOVA importance evaluator on each search's trials, rebuilt as an "
+                   "in-memory study with the objective the search maximised (tokens/s; 0 for an infeasible or "
+                   "failed trial): how much a knob's values among the fastest trials differ from all trials.</p>")
+        plots = [f"<div class=\"plot\">{plot_importance(imp)}</div>" for imp in a.importance[:4]]
+        out.append("<div class=\"grid2\">" + "".join(plots) + "</div>" if len(plots) > 1 else plots[0])
+    else:
+        out.append("<p>Too few trials: importance needs a search with at least 3 trials and a knob that took two "
+                   "values.</p>")
+    out.append("<h3>Tokens/s per knob value</h3><p class=\"note\">Successful measurements (one per key); red: the "
+               "median.</p>")
+    out.append(f"<div class=\"plot\">{plot_knob_values(a)}</div>")
+
+    out.append("<h2>What failed and why</h2>")
+    if a.failures:
+        rows = [[_tag(f["status"]), str(f["count"]), _e(f["what"]), f"<code>{_e(f['error'] or '—')}</code>",
+                 f"<span class=\"cfg\">{_e(f['config'])}</span>"] for f in a.failures]
+        out.append(_table(["status", "trials", "meaning", "example error", "example configuration"], rows,
+                          numeric={1}))
+    else:
+        out.append("<p>Every trial finished.</p>")
+
+    out.append("<h2>Trial timeline</h2>")
+    out.append(f"<div class=\"plot\">{plot_timeline(a)}</div>")
+
+    out.append("<h2>Prices used</h2><p class=\"note\">List-price estimates, not quotes"
+               + (f"; overridden by <code>{_e(a.prices_path)}</code>" if a.prices_path else "")
+               + ". Override them with <code>trainscout report DIR --prices FILE.json</code>.</p>")
+    used = set(df["price"].dropna())
+    rows = [[_e(p.name) + (" (used)" if p.name in used else ""), f"<code>{_e(p.match)}</code>", usd(p.gpu_usd),
+             f"{usd(p.machine_usd)} / {p.gpus_per_machine}", usd(p.rent_usd_per_gpu_hour), _e(p.source)]
+            for p in a.prices]
+    out.append(_table(["entry", "matches", "GPU", "machine / GPUs", "$/GPU-hour", "source"], rows, numeric={2, 3, 4}))
+    out.append("</main></body></html>")
+    return "\n".join(out)
+
+
+def write_html(a: Analysis, out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "report.html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_html(a))
+    return path
+
+
+def report(source, out_dir: str, prices_path: str | None = None) -> str:
+    """Write out_dir/report.html for a store (a search's --out folder or a storage URL); returns its path."""
+    return write_html(analyse(source, prices_path), out_dir)

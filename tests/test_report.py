@@ -1,0 +1,131 @@
+"""`trainscout report` and the cost model on real measurements (tiny model, 2 gloo workers): three successful
+configurations, a real crash (fault injection) and a configuration refused before running, stored as a search
+stores them."""
+import json
+import re
+
+import pytest
+
+from trainscout.cli.main import main
+from trainscout.search.store import Store, default_url
+from trainscout.trial import run_trial
+
+pytestmark = pytest.mark.timeout(600)
+
+RUNS = [({"precision": "fp32", "micro_batch_size": 4}, None), ({"precision": "fp32", "micro_batch_size": 8}, None),
+        ({"precision": "bf16-mixed", "micro_batch_size": 4}, None), ({"precision": "fp32", "micro_batch_size": 2}, "crash")]
+
+
+def make_store(d: str) -> str:
+    store = Store(default_url(d))
+    store.add_search("s", {"model": "tiny"})
+    first = None
+    for i, (settings, fault) in enumerate(RUNS):
+        rec = run_trial("tiny", settings, device="cpu", workers=2, steps=2, warmup=1, global_batch=32, fault=fault)
+        assert rec["status"] == ("crash" if fault else "ok"), rec["error"]
+        key = f"k{i}" + "0" * 30
+        store.put(key, rec)
+        store.add_trial("s", f"t{i}", key, rec["status"], False, (rec["metrics"] or {}).get("tokens_per_s", 0.0),
+                        rec["config"])
+        first = first or (key, rec)
+    key, rec = first  # a trial the search served from the store
+    store.add_trial("s", "t7", key, "ok", True, rec["metrics"]["tokens_per_s"], rec["config"])
+    refused = run_trial("tiny", {**rec["config"], "precision": "fp16-mixed"}, device="cpu", workers=2, global_batch=32)
+    assert refused["status"] == "invalid"
+    store.add_trial("s", "t9", None, "invalid", False, 0.0, refused["config"])  # the search keeps no reason
+    store.checkpoint()
+    return d
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory, ray_local):
+    return make_store(str(tmp_path_factory.mktemp("out")))
+
+
+@pytest.fixture
+def cpu_prices(tmp_path):
+    """A prices file that prices CPU runs (the built-in table prices GPUs only) and changes one GPU's rate."""
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"gpus": {
+        "cpu-box": {"match": "^CPU$", "gpu_usd": 0, "gpus_per_machine": 2, "machine_usd": 3000,
+                    "rent_usd_per_gpu_hour": 0.05, "source": "test"},
+        "H100": {"rent_usd_per_gpu_hour": 2.0}}}))
+    return str(path)
+
+
+def best_row(store_dir):
+    from trainscout.analysis import table
+    df = table.load(store_dir)
+    return df[df["status"] == "ok"].sort_values("tokens_per_s", ascending=False).iloc[0]
+
+
+def test_report_writes_a_self_contained_html_and_names_the_best_config(store_dir, cpu_prices, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["report", store_dir, "--out", str(out), "--prices", cpu_prices]) == 0
+    text = capsys.readouterr().out
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert not re.search(r"""(src|href|xlink:href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert not re.search(r"""<script|<link|<img|<iframe|@import|url\(\s*["']?(?!#)""", page, re.I)  # url(#id): inside
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # the inline plots share one document
+    assert page.count("<svg") >= 5  # Pareto, cost, importance, tokens/s per knob value, timeline
+    assert "Pareto front" in page and "cpu-box" in page and "What failed and why" in page
+    best = best_row(store_dir)
+    first = next(line for line in text.splitlines() if line.strip().startswith("#1"))
+    assert best["key"][:12] in first and f"micro_batch_size={best['micro_batch_size']}" in first
+    assert f"precision={best['precision']}" in first and "rent $" in first
+    assert re.search(r"crash x1: .*(closed|crash|exit|Error)", text, re.I) and "invalid x1" in text
+    assert "knobs that mattered in search s (6 trials, PED-ANOVA" in text
+    assert str(out / "report.html") in text
+
+
+def test_costs_follow_the_price_table(store_dir, cpu_prices):
+    from trainscout.analysis import cost, report, table
+    prices = cost.load_prices(cpu_prices)
+    df = cost.with_costs(table.load(store_dir), prices)
+    ok = df[df["status"] == "ok"]
+    assert len(ok) == 4 and (ok["price"] == "cpu-box").all()
+    for _, r in ok.iterrows():
+        assert r["rent_usd"] == pytest.approx(r["projected_days"] * 24 * 0.05 * 2)
+        assert r["box_usd"] == pytest.approx(3000)  # 2 ranks: one machine; its GPUs cost nothing here
+    hw = cost.compare_hardware(df, prices)
+    assert len(hw) == 1 and hw.loc[0, "hardware"] == "CPU" and hw.loc[0, "world_size"] == 2
+    assert hw.loc[0, "tokens_per_s"] == pytest.approx(best_row(store_dir)["tokens_per_s"])
+    assert hw.loc[0, "ok"] == 4 and hw.loc[0, "trials"] == 5  # the refused trial ran on nothing
+    # the built-in table: GPU names as torch reports them, with a source for every entry
+    builtin = cost.load_prices()
+    names = {"NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100", "NVIDIA H100 PCIe": "H100-PCIe",
+             "NVIDIA A100-SXM4-40GB": "A100-40GB", "NVIDIA A100-SXM4-80GB": "A100-80GB", "NVIDIA L40S": "L40S",
+             "NVIDIA L4": "L4", "NVIDIA RTX A6000": "A6000", "NVIDIA GeForce RTX 4090": "RTX 4090"}
+    for gpu, entry in names.items():
+        assert cost.price_for(gpu, builtin).name == entry, gpu
+    assert cost.price_for("CPU", builtin) is None and all(p.source and p.gpu_usd > 0 for p in builtin)
+    h100 = cost.price_for("NVIDIA H100 80GB HBM3", prices)
+    assert h100.rent_usd_per_gpu_hour == 2.0 and h100.gpu_usd == cost.price_for("H100", builtin).gpu_usd
+    days = float(ok["projected_days"].iloc[0])
+    assert cost.rent_usd(days, 8, h100) == pytest.approx(days * 24 * 2.0 * 8)
+    assert h100.box_usd(16) == pytest.approx(16 * h100.gpu_usd + 2 * h100.host_usd)
+    # knob importance comes from Optuna's evaluator over the searched knobs
+    imp = report.analyse(store_dir).importance[0]["values"]
+    assert set(imp) == {"micro_batch_size", "precision"} and sum(imp.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("prices, says", [
+    ({"gpus": {"H100": {"rent_usd_per_gpu_hour": -1}}}, "gpus.H100.rent_usd_per_gpu_hour is -1 (negative): give a price >= 0"),
+    ({"gpus": {"H10O": {"gpu_usd": 1}}}, "gpus.H10O: unknown GPU"),
+    ({"gpus": {"A6000": {"gpu_usd": "cheap"}}}, "gpus.A6000.gpu_usd is 'cheap'"),
+    ({"gpus": {"L4": {"price": 1}}}, "gpus.L4.price is not a price field"),
+    ("{not json", "is not JSON"),
+])
+def test_bad_prices_file_exits_2_with_one_line(store_dir, tmp_path, capsys, prices, says):
+    path = tmp_path / "p.json"
+    path.write_text(prices if isinstance(prices, str) else json.dumps(prices))
+    assert main(["report", store_dir, "--out", str(tmp_path / "r"), "--prices", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and "--prices" in err
+    assert not (tmp_path / "r" / "report.html").exists()
+
+
+def test_report_of_a_folder_without_a_store_exits_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
