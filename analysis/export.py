@@ -71,9 +71,10 @@ def accelerate_config(rec: dict, ds_path: str | None) -> dict:
 
 def launch_command(rec: dict, out_dir: str) -> str:
     n = rec["world_size"]
-    return (f"accelerate launch --config_file {shlex.quote(os.path.join(out_dir, 'accelerate.yaml'))} "
-            f"--num_processes {n} your_train.py  # or: torchrun --nproc_per_node {n} your_train.py "
-            f"with TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
+    return (f"trainscout train --config {shlex.quote(out_dir)} --model {shlex.quote(rec['model'])} --steps 1000  "
+            f"# or your own script: accelerate launch --config_file "
+            f"{shlex.quote(os.path.join(out_dir, 'accelerate.yaml'))} --num_processes {n} your_train.py, with "
+            f"TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
 
 
 def export(rec: dict, out_dir: str, formats=FORMATS) -> list[str]:

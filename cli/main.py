@@ -182,6 +182,31 @@ def cmd_verify(a) -> int:
     return 0 if r["status"] == "ok" else 1
 
 
+def cmd_train(a) -> int:
+    from tqdm import tqdm
+
+    from trainscout.trial.train import train
+    bar = tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json)
+
+    def on_step(m):
+        bar.update(m["step"] - bar.n)
+        loss = f"{m['loss']:.3f}" if m.get("loss") is not None else "-"
+        bar.set_postfix_str(f"loss {loss}  {m['tokens_per_s']:,.0f} tok/s")
+    r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype, out=a.out,
+              workers=a.workers, device=a.device, timeout=a.timeout, address=a.address, on_step=on_step,
+              **recipe_kwargs(a))
+    bar.close()
+    if a.json:
+        print(json.dumps(r))
+    elif r["status"] == "ok":
+        m = r["metrics"]
+        print(f"trained {r['model']} for {r['steps']} steps on {r['data'] or 'synthetic tokens'}: final loss "
+              f"{m['loss']:.4f}, {m['tokens_per_s']:,.0f} tokens/s; checkpoint (transformers) in {r['checkpoint']}")
+    else:
+        print(f"training ended {r['status']}: {r['error']}")
+    return 0 if r["status"] == "ok" else 1
+
+
 def duration(s: str) -> float:
     """30m, 2h, 90s or plain seconds."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", s or "")
@@ -341,6 +366,21 @@ def build_parser() -> Parser:
     r.add_argument("--import", dest="import_file", metavar="FILE.jsonl",
                    help="add the measurements of such a file (marked imported, duplicates merged)")
     r.set_defaults(func=cmd_results)
+
+    tr = sub.add_parser("train", help="train with an exported configuration (synthetic tokens or a token file)")
+    tr.add_argument("--config", required=True, help="a folder written by `trainscout export` (or its trainscout.json)")
+    tr.add_argument("--model", default=None, help="model to train (default: the exported one)")
+    tr.add_argument("--steps", type=positive_int("--steps"), default=100, help="optimizer steps")
+    tr.add_argument("--data", default=None, help="flat binary file of token ids (default: synthetic tokens)")
+    tr.add_argument("--data-dtype", default="uint16", help="token id type of --data: uint16, uint32, int32, int64")
+    tr.add_argument("--out", default="runs/train", help="checkpoint folder (config.json + model.safetensors)")
+    tr.add_argument("--workers", type=positive_int("--workers"), default=None, help="ranks (default: as exported)")
+    tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    tr.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit in seconds")
+    tr.add_argument("--address", default=None, help="Ray cluster address")
+    tr.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    add_recipe_flags(tr)
+    tr.set_defaults(func=cmd_train)
 
     v = sub.add_parser("verify", help="train a stored configuration for N full steps: measured vs projected step time")
     v.add_argument("source", help="a search's --out folder or a storage URL")

@@ -117,3 +117,25 @@ def test_verify_runs_full_steps_against_the_projection(store_dir, capsys):
     assert r["ratio"] == pytest.approx(r["measured_step_s"] / r["projected_step_s"])
     assert os.path.exists(os.path.join(store_dir, f"verify-{r['key'][:12]}.json"))
     assert main(["verify", store_dir, "--trial", "nope"]) == 2
+
+
+@pytest.mark.parametrize("key", ["k0", "k1"])  # plain (DDP on 2 ranks) and ZeRO-2
+def test_train_with_an_export_on_a_token_file(store_dir, tmp_path, key, capsys):
+    """search -> export -> train: real tokens from a memmap, a transformers checkpoint at the end that loads."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+    exp, out = tmp_path / "exp", tmp_path / "ckpt"
+    assert main(["export", store_dir, "--trial", key, "--format", "all", "--out", str(exp)]) == 0
+    data = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 512, 64 * 200, dtype=np.uint16).tofile(data)
+    assert main(["train", "--config", str(exp), "--steps", "3", "--data", str(data), "--out", str(out), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["status"] == "ok" and r["metrics"]["loss"] > 0 and r["data"] == str(data)
+    trained = AutoModelForCausalLM.from_pretrained(out)
+    from trainscout.trial.models import build_model
+    torch.manual_seed(0)  # the worker's initial weights: same seed, same builder
+    initial = dict(build_model(resolve_model("tiny").config, "sdpa", 64).named_parameters())
+    moved = [(p - initial[n]).abs().max().item() for n, p in trained.named_parameters()]
+    assert len(moved) == len(initial) and 0 < max(moved) < 0.1  # 3 AdamW steps of lr 1e-4 from the same start
+    assert main(["train", "--config", str(exp), "--data", str(tmp_path / "missing.bin")]) == 2
+    assert main(["train", "--config", str(tmp_path)]) == 2

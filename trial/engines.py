@@ -166,3 +166,30 @@ def build(plan: Plan, model, recipe: dict, device: torch.device, world: int, mea
         from .pipeline import PipelineEngine
         return PipelineEngine(model, plan, recipe, device, world)
     return TorchEngine(model, plan, recipe, device, world)
+
+
+def _clean(name: str) -> str:
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def save(engine, model, names: dict, out_dir: str, rank: int) -> None:
+    """The trained weights as a transformers checkpoint (config.json + safetensors) in out_dir, written by rank 0.
+    Sharded engines gather first with their own APIs (FSDP2: get_model_state_dict; ZeRO-3: DeepSpeed's
+    consolidated 16-bit state dict); pipeline ranks send their stages' parameters to rank 0."""
+    import torch.distributed as dist
+    if isinstance(engine, DeepSpeedEngine):
+        ds = engine.engine
+        sd = ds._zero3_consolidated_16bit_state_dict() if ds.zero_optimization_stage() == 3 else ds.module.state_dict()
+    elif isinstance(engine, FsdpEngine):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        sd = get_model_state_dict(engine.fsdp_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:  # plain and DDP: rank 0 holds every parameter; pipeline ranks send their stages' ones to rank 0
+        sd = {names[id(p)]: p.detach().cpu() for p in engine.params}
+        if getattr(engine, "pp_group", None) is not None:
+            parts = [None] * dist.get_world_size() if rank == 0 else None
+            dist.gather_object(sd, parts, dst=0)
+            sd = {k: v for part in (parts or []) for k, v in part.items()}
+    if rank == 0:
+        sd = {_clean(k): v.detach().cpu().contiguous() for k, v in sd.items()}
+        model.save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
+    dist.barrier()

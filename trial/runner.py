@@ -162,7 +162,7 @@ def _wait(ref, timeout: float, spec: dict, progress, on_step) -> dict:
             while not progress.empty():
                 p = progress.get()
                 step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], spec["grad_accum"])
-                on_step({"step": p["step"], "step_s": step_s,
+                on_step({"step": p["step"], "step_s": step_s, "loss": p.get("loss"),
                          "tokens_per_s": spec["recipe"]["global_batch"] * spec["recipe"]["seq_len"] / step_s})
         if ready:
             return ray.get(ref)

@@ -51,6 +51,21 @@ class Clock:
             self.torch.cuda.synchronize()
 
 
+def _memmap_batches(spec: dict, plan, data_rank: int, data_ranks: int, device):
+    """batch(step, i): micro-batch i of optimizer step `step` for this data rank, read from a flat token file."""
+    import numpy as np
+    import torch
+    seq, rows, accum = spec["recipe"]["seq_len"], plan.sequences_per_call, spec["measured_accum"]
+    tokens = np.memmap(spec["data"], dtype=np.dtype(spec.get("data_dtype", "uint16")), mode="r")
+    n_seq = len(tokens) // seq
+
+    def batch(step: int, i: int):
+        first = ((step * accum + i) * data_ranks + data_rank) * rows
+        idx = [(first + j) % n_seq for j in range(rows)]
+        return torch.from_numpy(np.stack([tokens[k * seq:(k + 1) * seq] for k in idx]).astype(np.int64)).to(device)
+    return batch
+
+
 def train_loop(spec: dict) -> None:
     import ray.train
     import torch
@@ -81,20 +96,28 @@ def train_loop(spec: dict) -> None:
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     accum = spec["measured_accum"]
+    names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
     engine = engines.build(plan, model, recipe, device, world, accum)
     t_built = time.perf_counter()
 
-    vocab = int(spec["model_config"]["vocab_size"])
-    gen = torch.Generator(device="cpu").manual_seed(1000 + getattr(engine, "data_rank", rank))
-    batches = [torch.randint(0, vocab, (plan.sequences_per_call, recipe["seq_len"]), generator=gen).to(device)
-               for _ in range(min(accum, 4))]
+    data_rank = getattr(engine, "data_rank", rank)
+    if spec.get("data"):  # `trainscout train --data`: a tokenized memmap, each rank its own sequences
+        batch = _memmap_batches(spec, plan, data_rank, world // max(1, plan.pipeline.get("stages", 1)), device)
+    else:  # synthetic tokens: the throughput of a step does not depend on their values
+        vocab = int(spec["model_config"]["vocab_size"])
+        gen = torch.Generator(device="cpu").manual_seed(1000 + data_rank)
+        batches = [torch.randint(0, vocab, (plan.sequences_per_call, recipe["seq_len"]), generator=gen).to(device)
+                   for _ in range(min(accum, 4))]
+        batch = lambda step, i: batches[i % len(batches)]  # noqa: E731
     clock = Clock(device)
+    n_steps = [0]
 
     def optimizer_step_marks():
         marks = [clock.mark()]
         for i in range(accum):
-            loss = engine.micro_step(batches[i % len(batches)], is_last=(i == accum - 1), scale=1.0 / accum)
+            loss = engine.micro_step(batch(n_steps[0], i), is_last=(i == accum - 1), scale=1.0 / accum)
             marks.append(clock.mark())
+        n_steps[0] += 1
         engine.optimizer_step()
         marks.append(clock.mark())
         return marks, loss
@@ -115,8 +138,11 @@ def train_loop(spec: dict) -> None:
         d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
         steps.append({"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1])})
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
-            progress.put({"step": s + 1, "micro": d[:-1], "optim": d[-1]})
+            progress.put({"step": s + 1, "micro": d[:-1], "optim": d[-1],
+                          "loss": None if loss is None else float(loss.detach().float().item()) * accum})
     t_timed = time.perf_counter()
+    if spec.get("save_dir"):
+        engines.save(engine, model, names, spec["save_dir"], rank)
 
     mine = {"rank": rank, "steps": steps, "loss": None if loss is None else float(loss.detach().float().item()),
             "build_s": t_built - t0, "warmup_s": t_warm - t_built, "timed_s": t_timed - t_warm,

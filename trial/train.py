@@ -1,0 +1,64 @@
+"""`trainscout train`: train with an exported configuration, on synthetic tokens or a tokenized memmap file, in
+the same fresh worker processes and engines a trial uses, with a progress bar and a transformers checkpoint
+(config.json + safetensors) at the end."""
+from __future__ import annotations
+
+import json
+import os
+
+from trainscout.spaces import ConfigError
+
+DTYPES = ("uint16", "uint32", "int32", "int64")
+
+
+def load_exported(path: str) -> dict:
+    """The provenance file `trainscout export` writes (trainscout.json), given it or its folder."""
+    f = os.path.join(path, "trainscout.json") if os.path.isdir(path) else path
+    try:
+        with open(f, encoding="utf-8") as fh:
+            exp = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise ConfigError("--config", f"--config {path}: cannot read an exported trainscout.json ({e.__class__.__name__}): "
+                                      "give the folder `trainscout export` wrote")
+    if not isinstance(exp, dict) or not isinstance(exp.get("config"), dict) or not exp.get("model"):
+        raise ConfigError("--config", f"--config {path}: not a trainscout export (no model/config): "
+                                      "give the folder `trainscout export` wrote")
+    return exp
+
+
+def check_data(path: str | None, dtype: str, seq_len: int) -> None:
+    if path is None:
+        return
+    if dtype not in DTYPES:
+        raise ConfigError("--data-dtype", f"--data-dtype {dtype} is not allowed: choose one of {'|'.join(DTYPES)}")
+    if not os.path.isfile(path):
+        raise ConfigError("--data", f"--data {path}: no such file: give a flat binary file of token ids")
+    import numpy as np
+    n = os.path.getsize(path) // np.dtype(dtype).itemsize
+    if n < seq_len:
+        raise ConfigError("--data", f"--data {path} holds {n} tokens, fewer than one sequence of {seq_len}: "
+                                    "give more data or a smaller --seq-len")
+
+
+def train(config: str, *, model: str | None = None, steps: int = 100, data: str | None = None, data_dtype: str = "uint16",
+          out: str = "runs/train", workers: int | None = None, device: str = "auto", timeout: float | None = None,
+          address: str | None = None, on_step=None, **recipe) -> dict:
+    from trainscout.trial import execute, prepare
+    exp = load_exported(config)
+    rec = exp.get("recipe") or {}
+    kw = {k: rec.get(k) for k in ("global_batch", "seq_len", "total_steps", "grad_clip")}
+    kw.update({k: v for k, v in recipe.items() if v is not None})
+    workers = workers or (exp.get("hardware") or {}).get("world_size") or 1
+    spec = prepare(model or exp["model"], exp["config"], device=device, workers=workers, steps=steps, warmup=0,
+                   measure_accum=0, **kw)
+    check_data(data, data_dtype, spec["recipe"]["seq_len"])
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    spec.update(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out)
+    record = execute(spec, timeout=timeout or 10**7, address=address, on_step=on_step or (lambda m: None))
+    summary = {k: record.get(k) for k in ("status", "error", "model", "config", "recipe", "world_size", "wall_s")}
+    summary.update(steps=steps, data=spec["data"], checkpoint=out if record["status"] == "ok" else None,
+                   metrics={k: (record.get("metrics") or {}).get(k) for k in ("tokens_per_s", "measured_step_s", "loss", "mfu")})
+    with open(os.path.join(out, "train.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
