@@ -165,7 +165,7 @@ def pareto_front(points: list[tuple[float, float, int]]) -> list[int]:
 
 # --- formatting -----------------------------------------------------------------------------------------------
 def _na(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
+    return v is None or (pd.api.types.is_scalar(v) and bool(pd.isna(v)))
 
 
 def usd(v) -> str:
@@ -200,8 +200,8 @@ def summary(a: Analysis, top: int = 5) -> str:
     searches = df["search"].nunique()
     lines = [f"report of {a.source}: {searches} search{'es' if searches != 1 else ''}, {len(df)} trials ({parts})"]
     if len(a.best):
-        lines.append(f"best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
-                     f"the GPUs and machines):")
+        lines.append("best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
+                     "the GPUs and machines):")
         for i, r in a.best.head(top).iterrows():
             lines.append(f"  #{i + 1} {num(r['tokens_per_s'])} tokens/s  MFU {num(r['mfu'], '.3f')}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
@@ -215,7 +215,7 @@ def summary(a: Analysis, top: int = 5) -> str:
             lines.append(f"  {h['model']} on {h['hardware']} x{h['world_size']}: {h['ok']}/{h['trials']} ok, "
                          f"{num(h['tokens_per_s'])} tokens/s, {days(h['projected_days'])} days, rent "
                          f"{usd(h['rent_usd'])}, box {usd(h['box_usd'])}")
-    unpriced = sorted({str(h) for h, p in zip(a.df["hardware"], a.df["price"]) if h and p is None})
+    unpriced = sorted({str(h) for h, p in zip(a.df["hardware"], a.df["price"]) if not _na(h) and _na(p)})
     if unpriced:
         lines.append(f"no price for {', '.join(unpriced)}: add it with --prices FILE.json (see analysis/prices.json)")
     if a.failures:
@@ -269,19 +269,36 @@ def _note(ax, text: str) -> None:
     ax.set_axis_off()
 
 
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
+def _group(row) -> str:
+    return f"{row.get('model')} on {where(row)}"
+
+
+def _colors(a: Analysis) -> dict:
+    """One colour per model x hardware x world size, the same in every plot."""
+    return {g: COLORS[i % len(COLORS)] for i, g in enumerate(dict.fromkeys(_group(r) for r in a.best.to_dict("records")))}
+
+
+def _thousands(ax) -> None:
+    from matplotlib.ticker import FuncFormatter
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+
+
 def plot_pareto(a: Analysis) -> str:
-    fig = _figure(8, 4.6)
+    fig = _figure(10, 4.6)
     ax = fig.subplots()
     b = a.best[a.best["projected_days"].notna() & a.best["peak_memory_gib"].notna()]
     if b.empty:
         _note(ax, "no successful measurement: nothing to plot")
         return _svg(fig)
-    groups = list(dict.fromkeys(f"{m} on {where(r)}" for m, r in zip(b["model"], b.to_dict("records"))))
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
-    for gi, g in enumerate(groups):
-        sel = b[[f"{m} on {where(r)}" == g for m, r in zip(b["model"], b.to_dict("records"))]]
-        ax.scatter(sel["peak_memory_gib"], sel["projected_days"], s=40, color=colors[gi % len(colors)],
-                   alpha=0.75, label=g, zorder=2)
+    colors = _colors(a)
+    groups = [_group(r) for r in b.to_dict("records")]
+    for g, color in colors.items():
+        sel = b[[x == g for x in groups]]
+        if len(sel):
+            ax.scatter(sel["peak_memory_gib"], sel["projected_days"], s=40, color=color, alpha=0.75, label=g, zorder=2)
     for model, g in b.groupby("model"):
         front = pareto_front(list(zip(g["peak_memory_gib"], g["projected_days"], g.index)))
         f = g.loc[front]
@@ -297,7 +314,7 @@ def plot_pareto(a: Analysis) -> str:
     ax.set_xlabel("peak memory per rank (GiB)")
     ax.set_ylabel("projected days of the full run")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _svg(fig)
 
 
@@ -349,21 +366,30 @@ def plot_knob_values(a: Analysis) -> str:
     if not knobs or ok.empty:
         _note(axes.flat[0], "no knob took two values among successful trials")
         return _svg(fig)
+    colors = _colors(a)
+    groups = [_group(r) for r in ok.to_dict("records")]
+    if len(colors) > 1:
+        fig.legend(handles=[axes.flat[0].scatter([], [], color=c, label=g) for g, c in colors.items()],
+                   loc="outside upper center", ncols=min(3, len(colors)), fontsize=8, frameon=False)
     for ax, name in zip(axes.flat, knobs):
         knob = get(name)
         vals = [_native(knob, v) for v in ok[name]]
         order = [fmt(c) for c in knob.choices if fmt(c) in {fmt(v) for v in vals if v is not None}]
         order += sorted({fmt(v) for v in vals if v is not None} - set(order))
         for xi, label in enumerate(order):
-            ys = [t for v, t in zip(vals, ok["tokens_per_s"]) if v is not None and fmt(v) == label]
+            pts = [(t, colors.get(g, "#1f77b4")) for v, t, g in zip(vals, ok["tokens_per_s"], groups)
+                   if v is not None and fmt(v) == label]
+            ys = [t for t, _ in pts]
             xs = [xi + (j - (len(ys) - 1) / 2) * min(0.08, 0.6 / max(1, len(ys))) for j in range(len(ys))]
-            ax.scatter(xs, ys, s=28, color="#1f77b4", alpha=0.8, zorder=2)
-            med = sorted(ys)[len(ys) // 2]
-            ax.plot([xi - 0.3, xi + 0.3], [med, med], color="#c62828", lw=2, zorder=3)
+            ax.scatter(xs, ys, s=28, c=[c for _, c in pts], alpha=0.8, zorder=2)
+            if len(colors) <= 1:  # a median across different hardware would mean nothing
+                med = sorted(ys)[len(ys) // 2]
+                ax.plot([xi - 0.3, xi + 0.3], [med, med], color="#c62828", lw=2, zorder=3)
         ax.set_xticks(range(len(order)), order, fontsize=8, rotation=20 if len(order) > 3 else 0)
         ax.set_xlim(-0.6, len(order) - 0.4)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("tokens/s", fontsize=8)
+        _thousands(ax)
         ax.tick_params(axis="y", labelsize=8)
         ax.grid(axis="y", alpha=0.3)
     return _svg(fig)
@@ -495,7 +521,7 @@ def render_html(a: Analysis) -> str:
     if len(a.hardware):
         rows = [[_e(h["model"]), _e(f"{h['hardware']} x{h['world_size']}"), f"{h['ok']}/{h['trials']}",
                  num(h["tokens_per_s"]), num(h["mfu"], ".3f"), days(h["projected_days"]), usd(h["rent_usd"]),
-                 usd(h["box_usd"]), _e(h["price"] or "no price")] for _, h in a.hardware.iterrows()]
+                 usd(h["box_usd"]), _e("no price" if _na(h["price"]) else h["price"])] for _, h in a.hardware.iterrows()]
         out.append(_table(["model", "hardware", "ok/trials", "best tokens/s", "MFU", "days", "rent", "box",
                            "price entry"], rows, numeric={2, 3, 4, 5, 6, 7}))
     out.append("<p class=\"note\">Cost of renting each successful configuration's projected run, cheapest first.</p>")
@@ -511,8 +537,8 @@ def render_html(a: Analysis) -> str:
     else:
         out.append("<p>Too few trials: importance needs a search with at least 3 trials and a knob that took two "
                    "values.</p>")
-    out.append("<h3>Tokens/s per knob value</h3><p class=\"note\">Successful measurements (one per key); red: the "
-               "median.</p>")
+    out.append("<h3>Tokens/s per knob value</h3><p class=\"note\">Successful measurements (one per key), coloured by "
+               "hardware; red: the median (when one hardware was measured).</p>")
     out.append(f"<div class=\"plot\">{plot_knob_values(a)}</div>")
 
     out.append("<h2>What failed and why</h2>")
