@@ -117,7 +117,7 @@ def print_trial(r: dict) -> None:
     rows = [
         ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
-                 f"({r['grad_accum']} micro-batches of {r['config']['micro_batch_size']}; measured "
+                 f"({r['grad_accum']} micro-batches of {r['plan']['micro_batch_size']}; measured "
                  f"{r['measured_accum']} per step: {m['measured_step_s']:.4f} s)"),
         ("phases", f"micro-batch {m['micro_batch_s'] * 1e3:.2f} ms, last (syncs) {m['last_micro_batch_s'] * 1e3:.2f} ms, "
                    f"optimizer {m['optimizer_s'] * 1e3:.2f} ms"),

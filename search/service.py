@@ -69,7 +69,7 @@ def _trainable(config: dict, base: dict) -> None:
         tune.report({METRIC: 0.0, "status": "invalid", "error": str(e), "cached": False})
         return
     mem = base.get("memory")
-    if mem:  # predicted clearly over the GPU's memory: not launched, recorded with the prediction
+    if mem and not spec["plan"]["micro_batch_probe"]:  # micro_batch_size=max finds its own fit  # predicted clearly over the GPU's memory: not launched, recorded with the prediction
         from trainscout.trial import memory
         predicted = memory.predict(spec, mem["calibration"])
         if predicted > mem["capacity"] * (1 + mem["margin"]):
@@ -267,7 +267,8 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
 
 def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list[dict]:
     """On a GPU, the first trial is the strong default a person would set by hand: every searched knob at its
-    default, with the largest micro-batch the memory model predicts to fit in 85 % of the GPU's memory."""
+    default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
+    model predicts to fit in 85 % of the GPU's memory)."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
     from trainscout.spaces import all_knobs
@@ -279,7 +280,9 @@ def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list
         if dom and k.applies(cfg) and k.name != "micro_batch_size":
             point[k.name] = k.default if k.default in dom else dom[0]
         cfg[k.name] = point.get(k.name, space.fixed.get(k.name, k.default))
-    for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
+    if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
+        return [dict(point, micro_batch_size="max")]
+    for mbs in sorted((m for m in space.domains["micro_batch_size"] if m != "max"), reverse=True):
         try:
             spec = prepare(args.model, {**space.fixed, **point, "micro_batch_size": mbs}, workers=args.gpus_per_trial,
                            hw=hw, **args.recipe)

@@ -27,6 +27,7 @@ class Plan:
     engine: str = "ddp"                       # ddp (plain on one rank) | deepspeed | fsdp | pipeline
     precision: str = "bf16-mixed"             # fp32 | bf16-mixed | fp16-mixed
     micro_batch_size: int = 1
+    micro_batch_probe: bool = False           # micro_batch_size=max: step down from micro_batch_size on OOM
     grad_accum: int = 1                       # micro-batches per optimizer step and rank
     zero: dict = field(default_factory=dict)  # DeepSpeed "zero_optimization" section
     fsdp: dict = field(default_factory=dict)  # FSDP2 fully_shard settings

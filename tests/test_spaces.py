@@ -38,7 +38,8 @@ def test_knob_contract(knob):
         settings = {knob.name: v}
         for other, allowed in knob.requires.items():
             settings[other] = allowed[-1]
-        if knob.name == "precision" and v == "fp16-mixed" or knob.name == "attention" and v == "flash":
+        if (knob.name == "precision" and v == "fp16-mixed" or knob.name == "attention" and v == "flash"
+                or knob.name == "micro_batch_size" and v == "max"):  # max: one rank
             cfg, plan = resolve(settings, GPU)
         elif knob.name.startswith("pipeline_"):  # stages need ranks and layers to split; micro-batches a batch
             if knob.name == "pipeline_microbatches":

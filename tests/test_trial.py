@@ -80,3 +80,23 @@ def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
     while worker_pids() and time.time() < deadline:
         time.sleep(0.5)
     assert worker_pids() == []
+
+
+def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
+    """micro_batch_size=max: candidates above the (simulated) capacity fail with a real allocator error and the
+    trial steps down without restarting; the largest that fits is measured. TRAINSCOUT_FAKE_CAPACITY_MBS stands
+    in for a smaller GPU (the CPU has no device memory limit to hit)."""
+    monkeypatch.setenv("TRAINSCOUT_FAKE_CAPACITY_MBS", "5")
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": "max"}, device="cpu", workers=1, steps=2,
+                   warmup=1, global_batch=16)
+    assert [c["mbs"] for c in spec["probe"]] == [16, 8, 4, 2, 1]
+    spec["fault"] = None
+    from trainscout.trial.runner import _worker_env
+    monkeypatch.setattr("trainscout.trial.runner._worker_env",
+                        lambda s: dict(_worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="5"))
+    r = execute(spec, timeout=240)
+    assert r["status"] == "ok", (r["error"], r.get("stderr_tail"))
+    assert r["probe"] == [[16, "oom"], [8, "oom"], [4, "ok"]]
+    assert r["plan"]["micro_batch_size"] == 4 and r["grad_accum"] == 4 and r["metrics"]["micro_batch_size"] == 4
+    with pytest.raises(Exception, match="micro_batch_size=max"):
+        prepare("tiny", {"micro_batch_size": "max"}, device="cpu", workers=2)

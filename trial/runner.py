@@ -61,12 +61,15 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
     ctx = Context(world_size=workers, device=device, num_layers=spec.num_layers, global_batch=recipe.global_batch,
                   installed=hardware.installed_optional())
     cfg, plan = resolve(settings, ctx)
+
+    def measured(full: int) -> int:
+        return full if measure_accum == 0 else min(full, measure_accum or max(2, min(full, 4)))
     full = plan.grad_accum
-    accum = full if measure_accum == 0 else min(full, measure_accum or max(2, min(full, 4)))
+    accum = measured(full)
     if full > 1 and accum < 2:
         raise ConfigError("--measure-accum", f"--measure-accum {measure_accum}: a step with accumulation needs >= 2 "
                                              "measured micro-batches to separate the synchronising one: use 2 or more")
-    return {
+    out = {
         "model": spec.name, "model_config": spec.config, "device": device, "world_size": workers,
         "config": cfg, "plan": plan.to_dict(), "recipe": recipe.to_dict(),
         "grad_accum": full, "measured_accum": accum, "timed_steps": steps, "warmup_steps": warmup,
@@ -74,6 +77,25 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
         "threads_per_worker": max(1, (os.cpu_count() or 1) // workers),
         "hardware": dict(hw, world_size=workers),
     }
+    if plan.micro_batch_probe:
+        out["probe"] = _probe_candidates(out, plan, measured)
+    return out
+
+
+def _probe_candidates(spec: dict, plan, measured) -> list[dict]:
+    """micro_batch_size=max: the divisors of the per-rank batch, largest first, starting one above the largest the
+    memory model predicts to fit (so a model error of one step still finds the true largest)."""
+    from . import memory
+    per_rank = plan.micro_batch_size * plan.grad_accum
+    cands = [{"mbs": d, "grad_accum": per_rank // d, "measured_accum": measured(per_rank // d)}
+             for d in sorted((d for d in range(1, plan.micro_batch_size + 1) if per_rank % d == 0), reverse=True)]
+    cap = spec["hardware"].get("gpu_memory_gib")
+    if spec["device"] == "cuda" and cap:
+        fits = [i for i, c in enumerate(cands)
+                if memory.predict({**spec, "plan": dict(spec["plan"], micro_batch_size=c["mbs"])}) <= cap * memory.GiB]
+        if fits:
+            cands = cands[max(0, fits[0] - 1):]
+    return cands
 
 
 def ensure_ray(address: str | None = None) -> None:
@@ -241,6 +263,12 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
               "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),
               "versions": hardware.versions(), "hardware": spec["hardware"]}
     if "ok" in raw:
+        r0 = raw["ok"]["ranks"][0]
+        if spec.get("probe"):  # the micro-batch the probe settled on is the one measured
+            spec = dict(spec, grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
+                        plan=dict(spec["plan"], micro_batch_size=r0["micro_batch_size"], grad_accum=r0["grad_accum"]))
+            record.update(plan=spec["plan"], grad_accum=spec["grad_accum"], measured_accum=spec["measured_accum"],
+                          probe=r0["probe"])
         record.update(status="ok", error=None, metrics=derive(spec, raw["ok"]))
     elif "timeout" in raw:
         record.update(status="timeout", error=f"no result within the {timeout:g} s limit; workers killed",
@@ -296,6 +324,7 @@ def derive(spec: dict, raw: dict) -> dict:
         "warmup_s": max(r["warmup_s"] for r in ranks),
         "timed_s": max(r["timed_s"] for r in ranks),
         "loss": next((r["loss"] for r in ranks if r["loss"] is not None), None),  # a pipeline's last stage
+        "micro_batch_size": spec["plan"]["micro_batch_size"],
     }
     if spec["device"] == "cuda":
         out["peak_allocated_mib"] = [round(r["peak_allocated_mib"], 1) for r in ranks]

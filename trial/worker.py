@@ -7,6 +7,7 @@ with a device synchronisation, so the times are what the GPU really spent.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -66,6 +67,27 @@ def _memmap_batches(spec: dict, plan, data_rank: int, data_ranks: int, device):
     return batch
 
 
+def _is_oom(e: BaseException) -> bool:
+    from .runner import classify
+    return classify(f"{type(e).__name__}: {e}") == "oom"
+
+
+def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
+    """One full optimizer step at this micro-batch (two micro-batches when accumulating: the peak includes the
+    gradients held between them). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller GPU: a
+    micro-batch above N makes a real 64 TiB allocation, which the allocator refuses."""
+    import torch
+    fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
+    if fake and plan.micro_batch_size > int(fake):
+        torch.empty(1 << 46, dtype=torch.uint8, device=device)
+    x = torch.randint(0, int(spec["model_config"]["vocab_size"]), (plan.sequences_per_call, spec["recipe"]["seq_len"]),
+                      device=device)
+    n = min(accum, 2)
+    for i in range(n):
+        engine.micro_step(x, is_last=(i == n - 1), scale=1.0 / n)
+    engine.optimizer_step()
+
+
 def train_loop(spec: dict) -> None:
     import ray.train
     import torch
@@ -91,13 +113,36 @@ def train_loop(spec: dict) -> None:
         torch.set_num_threads(max(1, spec.get("threads_per_worker", 1)))
     torch.manual_seed(spec.get("seed", 0))
 
-    model = build_model(spec["model_config"], plan.attn_implementation, recipe["seq_len"])
-    model.config.use_cache = False
-    model.train()
+    def make(accum):
+        model = build_model(spec["model_config"], plan.attn_implementation, recipe["seq_len"])
+        model.config.use_cache = False
+        model.train()
+        names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
+        return model, names, engines.build(plan, model, recipe, device, world, accum)
+
+    probe = []
+    if spec.get("probe"):  # micro_batch_size=max: the largest candidate that survives a full step, in this process
+        for cand in spec["probe"]:
+            plan.micro_batch_size, plan.grad_accum, accum = cand["mbs"], cand["grad_accum"], cand["measured_accum"]
+            try:
+                model, names, engine = make(accum)
+                _probe_step(engine, plan, spec, accum, device)
+                probe.append([cand["mbs"], "ok"])
+                break
+            except Exception as e:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
+                if not _is_oom(e):
+                    raise
+                probe.append([cand["mbs"], "oom"])
+                model = names = engine = None
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        else:
+            raise torch.OutOfMemoryError(f"micro_batch_size=max: no micro-batch fits (tried {[c for c, _ in probe]})")
+    else:
+        accum = spec["measured_accum"]
+        model, names, engine = make(accum)
     n_params = sum(p.numel() for p in model.parameters())
-    accum = spec["measured_accum"]
-    names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
-    engine = engines.build(plan, model, recipe, device, world, accum)
     t_built = time.perf_counter()
 
     data_rank = getattr(engine, "data_rank", rank)
@@ -145,7 +190,8 @@ def train_loop(spec: dict) -> None:
         engines.save(engine, model, names, spec["save_dir"], rank)
 
     mine = {"rank": rank, "steps": steps, "loss": None if loss is None else float(loss.detach().float().item()),
-            "build_s": t_built - t0, "warmup_s": t_warm - t_built, "timed_s": t_timed - t_warm,
+            "micro_batch_size": plan.micro_batch_size, "grad_accum": plan.grad_accum, "measured_accum": accum,
+            "probe": probe, "build_s": t_built - t0, "warmup_s": t_warm - t_built, "timed_s": t_timed - t_warm,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if device.type == "cuda":
         mine["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20

@@ -8,15 +8,15 @@ def divisors(n: int) -> list[int]:
 
 @register
 class MicroBatchSize(Knob):
-    """Sequences per forward/backward on one rank; gradient accumulation = per-rank batch / micro-batch (exact)."""
+    """Sequences per forward/backward on one rank (max: the largest that fits, probed in one process); accumulation = per-rank batch / micro-batch."""
 
     name = "micro_batch_size"
     default = "auto"  # the largest divisor of the per-rank batch that is <= 8
-    choices = (1, 2, 4, 8, 16, 32, 64, 128)
+    choices = (1, 2, 4, 8, 16, 32, 64, 128, "max")
 
     def parse(self, raw):
-        if isinstance(raw, str) and raw.strip().lower() == "auto":
-            return "auto"
+        if isinstance(raw, str) and raw.strip().lower() in ("auto", "max"):
+            return raw.strip().lower()
         if isinstance(raw, str):
             try:
                 raw = int(raw.strip())
@@ -45,6 +45,11 @@ class MicroBatchSize(Knob):
         return value
 
     def check(self, value, cfg, ctx):
+        if value == "max":
+            if ctx.world_size != 1 or cfg.get("zero_stage", 0):
+                raise ConfigError(self.name, "micro_batch_size=max probes micro-batches in one process, which needs "
+                                             "one rank without DeepSpeed: give a number, or use one rank and zero_stage=0")
+            return
         per_rank, n = self.per_rank_batch(cfg, ctx), self.in_flight(cfg)
         if per_rank % (value * n):
             near = ", ".join(str(d) for d in sorted(divisors(max(1, per_rank // n)), key=lambda d: abs(d - value))[:2])
@@ -54,5 +59,8 @@ class MicroBatchSize(Knob):
                                          f"data-parallel ranks): choose a divisor such as {near}")
 
     def apply(self, plan, value, cfg, ctx):
+        if value == "max":  # start at the largest divisor; the worker steps down on out-of-memory
+            plan.micro_batch_probe = True
+            value = max(d for d in divisors(self.per_rank_batch(cfg, ctx) // self.in_flight(cfg)) if d <= 128)
         plan.micro_batch_size = value
         plan.grad_accum = self.per_rank_batch(cfg, ctx) // (value * self.in_flight(cfg))
