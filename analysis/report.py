@@ -524,8 +524,13 @@ def render_html(a: Analysis) -> str:
                  usd(h["box_usd"]), _e("no price" if _na(h["price"]) else h["price"])] for _, h in a.hardware.iterrows()]
         out.append(_table(["model", "hardware", "ok/trials", "best tokens/s", "MFU", "days", "rent", "box",
                            "price entry"], rows, numeric={2, 3, 4, 5, 6, 7}))
-    out.append("<p class=\"note\">Cost of renting each successful configuration's projected run, cheapest first.</p>")
-    out.append(f"<div class=\"plot\">{plot_cost(a)}</div>")
+    if b["rent_usd"].notna().any():
+        out.append("<p class=\"note\">Cost of renting each successful configuration's projected run, cheapest "
+                   "first.</p>")
+        out.append(f"<div class=\"plot\">{plot_cost(a)}</div>")
+    else:
+        out.append("<p>No rental price for the hardware measured here (the built-in table prices GPUs): add one "
+                   "with <code>--prices FILE.json</code>.</p>")
 
     out.append("<h2>Which knobs mattered</h2>")
     if a.importance:

@@ -126,6 +126,13 @@ def test_bad_prices_file_exits_2_with_one_line(store_dir, tmp_path, capsys, pric
     assert not (tmp_path / "r" / "report.html").exists()
 
 
+def test_report_without_prices_for_the_hardware_says_so(store_dir, tmp_path, capsys):
+    assert main(["report", store_dir, "--out", str(tmp_path)]) == 0
+    assert "no price for CPU: add it with --prices" in capsys.readouterr().out
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "No rental price for the hardware measured here" in page and page.count("<svg") == 4
+
+
 def test_report_of_a_folder_without_a_store_exits_2(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
