@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import threading
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -19,19 +20,24 @@ from .plan import Context, Plan
 __all__ = ["ConfigError", "Context", "Knob", "Plan", "REGISTRY", "all_knobs", "get", "register", "resolve", "fmt"]
 
 _loaded = False
+_lock = threading.RLock()
 
 
 def _load() -> None:
-    """Import every built-in knob file, then the knobs of installed plugins (entry-point group trainscout.knobs)."""
+    """Import every built-in knob file, then the knobs of installed plugins (entry-point group trainscout.knobs).
+    Thread-safe: a second thread waits until the registry is complete (trials started from threads share it)."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    builtin = importlib.import_module(f"{__name__}.knobs")
-    for mod in pkgutil.iter_modules(builtin.__path__):
-        importlib.import_module(f"{builtin.__name__}.{mod.name}")
-    for ep in entry_points(group="trainscout.knobs"):
-        ep.load()  # the plugin module registers its knobs on import
+    with _lock:
+        if _loaded:
+            return
+        builtin = importlib.import_module(f"{__name__}.knobs")
+        for mod in pkgutil.iter_modules(builtin.__path__):
+            importlib.import_module(f"{builtin.__name__}.{mod.name}")
+        for ep in entry_points(group="trainscout.knobs"):
+            ep.load()  # the plugin module registers its knobs on import
+        _loaded = True
 
 
 def all_knobs() -> list[Knob]:

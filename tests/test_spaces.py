@@ -131,3 +131,16 @@ def test_yaml_booleans_read_as_the_domain_words():
     assert [spaces.get("fsdp").parse(v) for v in raw] == ["off", "full_shard"]
     with pytest.raises(ConfigError):
         spaces.get("zero_stage").parse(True)
+
+
+def test_registry_loads_once_for_concurrent_threads():
+    """Found on the GPU box: trials prepared from two threads saw a half-loaded registry ("unknown knob")."""
+    import subprocess
+    import sys
+    code = ("from concurrent.futures import ThreadPoolExecutor\n"
+            "from trainscout.spaces import Context, resolve\n"
+            "ctx = Context(world_size=1, num_layers=4, global_batch=64)\n"
+            "with ThreadPoolExecutor(8) as p:\n"
+            "    print(sum(1 for _ in p.map(lambda i: resolve({'micro_batch_size': 8, 'zero_stage': i % 4}, ctx), range(64))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "64", out.stderr[-2000:]
