@@ -42,19 +42,20 @@ GROUPS = {
     ],
     "memory": [  # one GPU: engines, offload, checkpointing and micro-batches of three sizes
         (f"{m[7:]} {name}", m, s, {}) for m, name, s in [
-            ("pythia-160m", "mbs8", {"micro_batch_size": 8}),
             ("pythia-160m", "mbs32", {"micro_batch_size": 32}),
             ("pythia-160m", "ckpt full mbs64", {"micro_batch_size": 64, "activation_checkpointing": "full"}),
             ("pythia-410m", "mbs16", {"micro_batch_size": 16}),
-            ("pythia-410m", "zero1 mbs16", {"micro_batch_size": 16, "zero_stage": 1}),
             ("pythia-410m", "zero3 mbs8", {"micro_batch_size": 8, "zero_stage": 3}),
-            ("pythia-410m", "zero2+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 2, "offload_optimizer": True}),
             ("pythia-410m", "fsdp mbs8", {"micro_batch_size": 8, "fsdp": "full_shard"}),
             ("pythia-410m", "ckpt 2 mbs32", {"micro_batch_size": 32, "activation_checkpointing": 2}),
             ("pythia-1b", "mbs8", {"micro_batch_size": 8}),
-            ("pythia-1b", "zero2 mbs8", {"micro_batch_size": 8, "zero_stage": 2}),
             ("pythia-1b", "ckpt full mbs32", {"micro_batch_size": 32, "activation_checkpointing": "full"}),
         ]
+    ],
+    "pipeline": [  # Pythia-1B, 2 pipeline stages over 2 GPUs, each schedule
+        (f"1b x{{n}} pipeline 2 {sch} mbs4x8", "pythia-1b", {"pipeline_stages": 2, "pipeline_schedule": sch,
+                                                     "micro_batch_size": 4, "pipeline_microbatches": 8}, {"workers": "all"})
+        for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
     ],
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
@@ -64,9 +65,7 @@ GROUPS = {
             ("zero3 mbs8", {"micro_batch_size": 8, "zero_stage": 3}),
             ("zero2+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 2, "offload_optimizer": True}),
             ("fsdp full_shard mbs8", {"micro_batch_size": 8, "fsdp": "full_shard"}),
-        ] + [(f"pipeline 2 {sch} mbs4x8", {"pipeline_stages": 2, "pipeline_schedule": sch, "micro_batch_size": 4,
-                                           "pipeline_microbatches": 8})
-             for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")]
+        ]
     ],
 }
 

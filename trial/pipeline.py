@@ -32,6 +32,23 @@ def _first_attr(obj, names):
     raise ValueError(f"{type(obj).__name__} has none of {names}")
 
 
+def causal_mask(config, h: torch.Tensor, pos: torch.Tensor):
+    """transformers' own causal mask for a stage's input (None where the kernel applies causality itself). Its
+    keyword names moved between 5.x releases (input_embeds/inputs_embeds, past_key_values/cache)."""
+    import inspect
+
+    from transformers.masking_utils import create_causal_mask
+    params = inspect.signature(create_causal_mask).parameters
+    kw = {"config": config, "attention_mask": None, "position_ids": pos}
+    kw["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = h
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            kw[name] = None
+    if "cache_position" in params:
+        kw["cache_position"] = pos[0]
+    return create_causal_mask(**kw)
+
+
 class StageModule(nn.Module):
     """Layers lo..hi of a decoder-only transformers model, with the embedding on the first part and the final norm
     and LM head on the last. Positions, rotary embeddings and the causal mask are rebuilt on every part the way
@@ -50,12 +67,10 @@ class StageModule(nn.Module):
         self.dtype, self.device_type = dtype, device_type
 
     def forward(self, x):
-        from transformers.masking_utils import create_causal_mask
         with torch.autocast(self.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
             h = self.embed(x) if self.embed is not None else x
             pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-            mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
-                                      position_ids=pos)
+            mask = causal_mask(self.config, h, pos)
             extra = {"position_embeddings": self.rotary(h, position_ids=pos)} if self.rotary is not None else {}
             for layer in self.layers:
                 out = layer(h, attention_mask=mask, position_ids=pos, **extra)
