@@ -336,8 +336,15 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         rec = store.get(t["key"])
         best.append({"key": t["key"], "config": rec["config"], **{k: rec["metrics"].get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
-    summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top]}
+    # orchestration overhead: a measured trial's wall time less its timed steps (start-up, build, warm-up, teardown)
+    overhead = sorted(r["wall_s"] - r["metrics"]["timed_s"] for r in (store.get(t["key"]) for t in trials
+                      if t["status"] == "ok" and t["key"] and not t["cached"]) if r and r.get("wall_s"))
+    summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
+               "overhead_s": overhead}
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)
+    if overhead:
+        print(f"per-trial overhead (wall − timed steps): median {overhead[len(overhead) // 2]:.1f} s, "
+              f"range {overhead[0]:.1f}–{overhead[-1]:.1f} s over {len(overhead)} measured trials", file=stream)
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
