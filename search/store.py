@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
+import sys
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
@@ -71,6 +73,8 @@ def measurement_key(spec: dict, hardware: dict, versions: dict) -> str:
         "hardware": {k: hardware.get(k) for k in ("gpu", "gpu_memory_gib", "cpu", "cpu_count")},
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "deepspeed")},
     }
+    if spec.get("fault"):  # an injected failure is not a measurement of the configuration: never serve it for one
+        ident["fault"] = spec["fault"]
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -78,13 +82,20 @@ class Store:
     """A results database (SQLAlchemy URL)."""
 
     def __init__(self, url: str):
+        self.warning = None  # what was dropped when a damaged SQLite file was repaired on opening
         try:
             self.engine = sa.create_engine(url, future=True, **self._engine_kwargs(url))
             if self.engine.dialect.name == "sqlite":
+                self.warning = repair_sqlite(self.engine.url.database)
                 sa.event.listen(self.engine, "connect", _sqlite_pragmas)
             with self.engine.begin() as c:
                 META.create_all(c)
-        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.OperationalError, ValueError) as e:
+        except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
+            raise ConfigError("--storage", f"cannot open storage {url!r}: its driver is missing ({e}): install it "
+                                           "(e.g. pip install psycopg) or give sqlite:///path/results.db")
+        except ConfigError:
+            raise
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.DatabaseError, ValueError) as e:
             raise ConfigError("--storage", f"cannot open storage {url!r}: {str(e).splitlines()[0][:200]}; "
                                            "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
         self.url = url
@@ -106,27 +117,31 @@ class Store:
             row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
         return json.loads(row[0]) if row else None
 
+    @staticmethod
+    def _row(key: str, record: dict, source: str) -> dict:
+        m = record.get("metrics") or {}
+        return dict(key=key, model=record["model"], device=record.get("device"), world_size=record.get("world_size"),
+                    gpu=(record.get("hardware") or {}).get("gpu"), status=record["status"],
+                    tokens_per_s=m.get("tokens_per_s"), step_s=m.get("step_s"), mfu=m.get("mfu"),
+                    peak_memory_gib=m.get("peak_memory_gib"), projected_days=m.get("projected_days"),
+                    config=json.dumps(record["config"], sort_keys=True), record=json.dumps(record),
+                    source=source, created_at=record.get("started_at") or now())
+
     def put(self, key: str, record: dict, source: str = "local") -> bool:
         """Store a measurement once; False if the key was already there (the first one is kept)."""
-        m = record.get("metrics") or {}
-        row = dict(key=key, model=record["model"], device=record.get("device"), world_size=record.get("world_size"),
-                   gpu=(record.get("hardware") or {}).get("gpu"), status=record["status"],
-                   tokens_per_s=m.get("tokens_per_s"), step_s=m.get("step_s"), mfu=m.get("mfu"),
-                   peak_memory_gib=m.get("peak_memory_gib"), projected_days=m.get("projected_days"),
-                   config=json.dumps(record["config"], sort_keys=True), record=json.dumps(record),
-                   source=source, created_at=record.get("started_at") or now())
         try:
             with self.engine.begin() as c:
-                c.execute(MEASUREMENTS.insert().values(**row))
+                c.execute(MEASUREMENTS.insert().values(**self._row(key, record, source)))
             return True
         except sa.exc.IntegrityError:
             return False
 
     def replace(self, key: str, record: dict) -> None:
-        """A crash or timeout measured again: the newer record wins."""
+        """A crash or timeout measured again: the newer record wins. One transaction: a concurrent reader sees the
+        old record or the new one, never none (it would measure the configuration once more)."""
         with self.engine.begin() as c:
             c.execute(MEASUREMENTS.delete().where(MEASUREMENTS.c.key == key))
-        self.put(key, record)
+            c.execute(MEASUREMENTS.insert().values(**self._row(key, record, "local")))
 
     def measurements(self) -> list[dict]:
         with self.engine.connect() as c:
@@ -136,9 +151,12 @@ class Store:
     def export_jsonl(self, path: str) -> int:
         """Every measurement as one JSON line (record + key + source), to pool results between labs."""
         rows = self.measurements()
-        with open(path, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                for r in rows:
+                    f.write(json.dumps(r, sort_keys=True) + "\n")
+        except OSError as e:
+            raise ConfigError("--export", f"cannot write {path}: {e.strerror}: give a writable file path")
         return len(rows)
 
     def import_jsonl(self, path: str) -> tuple[int, int]:
@@ -202,6 +220,164 @@ def open_store(url: str) -> Store:
     if url not in _OPEN:
         _OPEN[url] = Store(url)
     return _OPEN[url]
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+JSON_COLUMNS = {MEASUREMENTS.name: ("config", "record"), SEARCH_TRIALS.name: ("config",), SEARCHES.name: ("args",)}
+KEY_COLUMNS = {MEASUREMENTS.name: ("key",), SEARCH_TRIALS.name: ("search", "trial"), SEARCHES.name: ("name",)}
+
+
+def repair_sqlite(path: str | None) -> str | None:
+    """Open-time check of a SQLite store. A damaged file (a truncated or overwritten tail: a full disk, a copy cut
+    short, a crash under a lying disk) is replaced by a fresh file holding every row that can still be read; the
+    damaged one is kept beside it (PATH.damaged-TIME). Returns (and prints) the one-line warning of what was
+    dropped, or None when the file is healthy. A torn write-ahead log needs none of this: SQLite drops the torn,
+    uncommitted frames itself. A file that is not SQLite at all is refused, never touched."""
+    if not path or path == ":memory:" or path.startswith("file:") or not os.path.isfile(path):
+        return None
+    if os.path.getsize(path) == 0:
+        return None
+    with open(path, "rb") as f:
+        if f.read(16) != SQLITE_MAGIC:
+            raise ConfigError("--storage", f"{path} is not a SQLite database: give a results.db written by trainscout "
+                                           "or a new path")
+    if _sqlite_healthy(path):
+        return None
+    import fcntl
+    with open(path + ".lock", "w") as lock:  # one process repairs; the others then find the repaired file
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _sqlite_healthy(path):
+            return None
+        warning = _salvage(path)
+    print(f"trainscout: warning: {warning}", file=sys.stderr, flush=True)
+    return warning
+
+
+def _sqlite_healthy(path: str) -> bool:
+    con = sqlite3.connect(path, timeout=60)
+    try:
+        if con.execute("PRAGMA quick_check").fetchall() != [("ok",)]:
+            return False
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table in tables & set(JSON_COLUMNS):  # the b-tree may be intact around damaged values (zeroed bytes)
+            bad = " OR ".join([f"NOT json_valid({c})" for c in JSON_COLUMNS[table]]
+                              + [f"instr({c}, char(0))" for c in KEY_COLUMNS[table]])
+            if con.execute(f'SELECT 1 FROM "{table}" WHERE {bad} LIMIT 1').fetchone():
+                return False
+        return True
+    except sqlite3.OperationalError:  # busy, locked, read-only: not a sign of damage
+        return True
+    except sqlite3.DatabaseError:  # malformed, not a database
+        return False
+    finally:
+        con.close()
+
+
+def _probe(con, table: str, after: int) -> tuple[bool, int | None]:
+    """(readable, rowid of the first row after `after`)."""
+    try:
+        row = con.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1', (after,)).fetchone()
+        return True, (row[0] if row else None)
+    except sqlite3.DatabaseError:
+        return False, None
+
+
+def _readable_rows(con, table: str) -> tuple[list, list, int | None]:
+    """Every row of `table` that can be read, in rowid order, stepping over unreadable pages. Returns (rows,
+    skipped rowid ranges (after, up to], rowid after which nothing could be read or None)."""
+    rows, skipped, last = [], [], -(1 << 63)
+    while True:
+        try:
+            for r in con.execute(f'SELECT rowid, * FROM "{table}" WHERE rowid > ? ORDER BY rowid', (last,)):
+                rows.append(r)
+                last = r[0]
+            return rows, skipped, None
+        except sqlite3.DatabaseError:
+            pass
+        step, hi = 1, None  # the first rowid past the damage: double, then bisect
+        while step < (1 << 62):
+            if _probe(con, table, last + step)[0]:
+                hi = last + step
+                break
+            step *= 2
+        if hi is None:
+            return rows, skipped, last
+        lo = last + step // 2 if step > 1 else last  # lo unreadable (or the failed scan's start), hi readable
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _probe(con, table, mid)[0] else (mid, hi)
+        if _probe(con, table, hi)[1] is None:
+            return rows, skipped, last
+        skipped.append((last, hi))
+        last = hi
+
+
+def _salvage(path: str) -> str:
+    import time
+    src = sqlite3.connect(path, timeout=60)
+    src.execute("PRAGMA writable_schema=ON")  # read past a header that counts more pages than the file holds
+    try:
+        schema = src.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall()
+    except sqlite3.DatabaseError:
+        schema = []
+    tmp = path + ".repairing"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    dst = sqlite3.connect(tmp)
+    kept_all, notes = 0, []
+    for kind, name, sql in schema:
+        if kind != "table" or name.startswith("sqlite_"):
+            continue
+        dst.execute(sql)
+        cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+        rows, skipped, tail = _readable_rows(src, name)
+        json_cols = [cols.index(c) + 1 for c in JSON_COLUMNS.get(name, ()) if c in cols]
+        key_cols = [cols.index(c) + 1 for c in KEY_COLUMNS.get(name, ()) if c in cols]
+        good = []
+        for r in rows:
+            try:
+                for i in json_cols:
+                    json.loads(r[i])
+                if any("\x00" in str(r[i]) for i in key_cols):
+                    raise ValueError(r)
+                good.append(r)
+            except (TypeError, ValueError):
+                pass
+        marks = ", ".join("?" * (len(cols) + 1))
+        names = ", ".join(["rowid"] + [f'"{c}"' for c in cols])
+        dst.executemany(f'INSERT OR IGNORE INTO "{name}" ({names}) VALUES ({marks})', good)
+        kept = dst.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+        kept_all += kept
+        try:  # the original count, from the table or any intact index
+            total = src.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+        except sqlite3.DatabaseError:
+            total = None
+        if total is not None and total != kept:
+            notes.append(f"{name} {total - kept} of {total} rows")
+        elif total is None and (skipped or tail is not None or len(good) < len(rows)):
+            gaps = sum(b - a - 1 for a, b in skipped) + len(rows) - len(good)
+            what = [f"{gaps} rows"] if gaps else []
+            if tail is not None:
+                what.append(f"every row after rowid {tail}")
+            notes.append(f"{name} {' and '.join(what)}")
+    for kind, name, sql in schema:
+        if kind in ("index", "trigger", "view"):
+            try:
+                dst.execute(sql)
+            except sqlite3.DatabaseError:
+                pass
+    dst.commit()
+    dst.close()
+    src.close()
+    damaged = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    os.replace(path, damaged)
+    for suffix in ("-wal", "-shm", "-journal"):  # never pair the new file with the damaged file's log
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, damaged + suffix)
+    os.replace(tmp, path)
+    dropped = "; ".join(notes) if notes else ("everything: its schema was unreadable" if not schema else "no row")
+    return (f"{path} was damaged and has been repaired: kept {kept_all} rows, dropped {dropped}; "
+            f"the damaged file is kept as {damaged}")
 
 
 def _sqlite_pragmas(dbapi_conn, _):
