@@ -33,6 +33,8 @@ def load_space_file(path: str) -> dict:
             data = yaml.safe_load(f)
     except UnicodeDecodeError:
         raise ConfigError("--space", f"{path} is not UTF-8 text: give a YAML file")
+    except OSError as e:  # a directory, a file that vanished, no permission
+        raise ConfigError("--space", f"cannot read {path}: {e.strerror}: give a readable YAML file")
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where else ""

@@ -83,6 +83,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     except (OSError, ValueError) as e:
         raise ConfigError("--model", f"cannot read {name_or_path}: {e.__class__.__name__}: "
                                      f"{str(e).splitlines()[0] if str(e) else ''}; give a readable config.json")
+    except RecursionError:
+        raise ConfigError("--model", f"{name_or_path} nests too deeply: give a transformers config.json")
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise ConfigError("--model", f"{name_or_path} has no \"model_type\": give a transformers config.json")
     from transformers import AutoConfig, AutoModelForCausalLM
