@@ -108,6 +108,12 @@ def ensure_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, **kw)
     else:
+        # Ray turns 127.0.0.1 into the machine's address and binds its gRPC servers to every interface unless it
+        # runs as a one-machine "cluster" (its macOS/Windows mode, this switch): keep it all on the loopback.
+        from ray._private import ray_constants
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's own processes read it at import
+        ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray already
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats process, nothing sent out
         ray.init(_node_ip_address="127.0.0.1", **kw)
 
 
