@@ -222,7 +222,6 @@ def open_store(url: str) -> Store:
     return _OPEN[url]
 
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 JSON_COLUMNS = {MEASUREMENTS.name: ("config", "record"), SEARCH_TRIALS.name: ("config",), SEARCHES.name: ("args",)}
 KEY_COLUMNS = {MEASUREMENTS.name: ("key",), SEARCH_TRIALS.name: ("search", "trial"), SEARCHES.name: ("name",)}
 
@@ -237,10 +236,9 @@ def repair_sqlite(path: str | None) -> str | None:
         return None
     if os.path.getsize(path) == 0:
         return None
-    with open(path, "rb") as f:
-        if f.read(16) != SQLITE_MAGIC:
-            raise ConfigError("--storage", f"{path} is not a SQLite database: give a results.db written by trainscout "
-                                           "or a new path")
+    if not _is_sqlite(path):
+        raise ConfigError("--storage", f"{path} is not a SQLite database: give a results.db written by trainscout "
+                                       "or a new path")
     if _sqlite_healthy(path):
         return None
     import fcntl
@@ -251,6 +249,23 @@ def repair_sqlite(path: str | None) -> str | None:
         warning = _salvage(path)
     print(f"trainscout: warning: {warning}", file=sys.stderr, flush=True)
     return warning
+
+
+def _is_sqlite(path: str) -> bool:
+    """Read the header through SQLite itself. Never open() and close() the database file in a process that may
+    hold SQLite connections to it: closing any descriptor of a file drops every POSIX lock the process holds on it,
+    and SQLite's locks with them (a resumed search corrupted its store this way: 'database disk image is
+    malformed')."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+    try:
+        con.execute("PRAGMA schema_version").fetchone()
+        return True
+    except sqlite3.OperationalError as e:  # busy or locked: it is a database
+        return "not a database" not in str(e)
+    except sqlite3.DatabaseError as e:
+        return "not a database" not in str(e)
+    finally:
+        con.close()
 
 
 def _sqlite_healthy(path: str) -> bool:
