@@ -6,9 +6,11 @@ import time
 import pytest
 
 from trainscout.trial import execute, prepare
+from trainscout.trial.models import build_model, resolve_model
 
 
 pytestmark = pytest.mark.timeout(600)
+TINY_PARAMS = sum(p.numel() for p in build_model(resolve_model("tiny").config, "sdpa", 64).parameters())
 
 
 def run(settings, fault=None, timeout=300, **kw):
@@ -47,6 +49,8 @@ def test_trial_measures_each_engine(ray_local, name):
     assert m["projected_days"] == pytest.approx(1000 * m["step_s"] / 86400)
     assert len(m["peak_rss_mib"]) == 2 and min(m["peak_rss_mib"]) > 100
     assert m["mfu"] is None  # no GPU peak on the CPU
+    # the whole model's parameters, counted before ZeRO-3 partitions them (the GPU run once showed MFU 0.04)
+    assert m["n_params"] == TINY_PARAMS and m["flops_per_token"] > 6 * TINY_PARAMS
     assert math.isfinite(m["loss"]) and 0 < m["loss"] < 2 * math.log(512)
     assert r["config"] == {**r["config"], **ENGINES[name]}
     assert r["hardware"]["device"] == "cpu" and r["versions"]["torch"]

@@ -118,9 +118,10 @@ def train_loop(spec: dict) -> None:
         model.config.use_cache = False
         model.train()
         names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
+        n_params[0] = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them to empty
         return model, names, engines.build(plan, model, recipe, device, world, accum)
 
-    probe = []
+    probe, n_params = [], [0]
     if spec.get("probe"):  # micro_batch_size=max: the largest candidate that survives a full step, in this process
         for cand in spec["probe"]:
             plan.micro_batch_size, plan.grad_accum, accum = cand["mbs"], cand["grad_accum"], cand["measured_accum"]
@@ -142,7 +143,7 @@ def train_loop(spec: dict) -> None:
     else:
         accum = spec["measured_accum"]
         model, names, engine = make(accum)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = n_params[0]
     t_built = time.perf_counter()
 
     data_rank = getattr(engine, "data_rank", rank)
