@@ -8,8 +8,9 @@ stages; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed prec
   master and AdamW states unless offloaded to the CPU, and a reduce bucket of min(N, 5e8) elements;
 - activations of one micro-batch: 34·s·b·h bytes per layer (Korthikanti et al. 2022 with a fused attention
   kernel: no s² term), only the 4·s·b·h layer input for a checkpointed layer plus one layer recomputed in backward;
-  a pipeline rank holds the activations of its layers for every micro-batch in flight (GPipe: all of them,
-  1F1B: the stage count, interleaved: the stage count plus one per extra chunk);
+  a pipeline rank holds the activations of its layers for every micro-batch in flight (GPipe: all of them, and
+  the last stage all their logits; 1F1B: the stage count; interleaved: one more; zero-bubble: stages - 1 more
+  again, for the deferred weight gradients — fitted to the 2-stage Pythia-1B measurements, not derived);
 - logits: 10·b·s·V bytes at the start of backward (fp32 log-softmax output and its gradient, bf16 logits' grad).
 A calibration fitted on measured peaks of the same GPU (least squares: peak = a·states + b·activations + c)
 absorbs what the counts miss (allocator rounding, workspace, temporaries); with fewer than 3 measurements the
@@ -72,13 +73,16 @@ def components(spec: dict) -> dict[str, float]:
     ckpt = math.ceil(layers / every) if every else 0
     act_bytes = 34 if mixed else 60  # fp32 activations hold every tensor in 4 bytes
     per_mb = (layers - ckpt) * act_bytes * s * b * h + ckpt * 4 * s * b * h + (act_bytes * s * b * h if ckpt else 0)
+    logits = (10 if mixed else 12) * b * s * V
     if P > 1:
-        n = pipe.get("microbatches", 1)
-        chunks = pipe.get("chunks", 1)
-        in_flight = n if pipe.get("schedule") == "gpipe" else min(n, P + (P - 1) * (chunks - 1) // chunks + (chunks > 1))
+        n, chunks, schedule = pipe.get("microbatches", 1), pipe.get("chunks", 1), pipe.get("schedule")
+        if schedule == "gpipe":  # every forward before any backward: the last stage keeps every micro-batch's logits
+            in_flight, logits = n, logits * n
+        else:  # 1F1B: the stage count; interleaved: one more; zero-bubble also holds deferred weight-gradient inputs
+            in_flight = min(n, P + (chunks > 1) + (P - 1) * (schedule == "zero_bubble"))
         per_mb *= in_flight
     out["activations"] = per_mb
-    out["logits"] = (10 if mixed else 12) * b * s * V
+    out["logits"] = logits
     return out
 
 
