@@ -67,14 +67,19 @@ def _memmap_batches(spec: dict, plan, data_rank: int, data_ranks: int, device):
     return batch
 
 
+# micro_batch_size=max keeps a candidate only if its probe steps peaked below this share of the GPU's memory: on
+# the H200, Pythia-160M mbs 64 passed a one-step probe (2 micro-batches) and then ran out of memory in warm-up
+# (4 micro-batches; 24.5 GiB reserved but fragmented). The probe now runs what warm-up runs, with this margin.
+PROBE_HEADROOM = 0.90
+
+
 def _is_oom(e: BaseException) -> bool:
     from .runner import classify
     return classify(f"{type(e).__name__}: {e}") == "oom"
 
 
 def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
-    """One full optimizer step at this micro-batch (two micro-batches when accumulating: the peak includes the
-    gradients held between them). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller GPU: a
+    """Two optimizer steps at this micro-batch, as the warm-up runs them. TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller GPU: a
     micro-batch above N makes a real 64 TiB allocation, which the allocator refuses."""
     import torch
     fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
@@ -82,10 +87,10 @@ def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
         torch.empty(1 << 46, dtype=torch.uint8, device=device)
     x = torch.randint(0, int(spec["model_config"]["vocab_size"]), (plan.sequences_per_call, spec["recipe"]["seq_len"]),
                       device=device)
-    n = min(accum, 2)
-    for i in range(n):
-        engine.micro_step(x, is_last=(i == n - 1), scale=1.0 / n)
-    engine.optimizer_step()
+    for _ in range(2):  # what warm-up will run: the measured micro-batches, twice (allocator reuse included)
+        for i in range(accum):
+            engine.micro_step(x, is_last=(i == accum - 1), scale=1.0 / accum)
+        engine.optimizer_step()
 
 
 def train_loop(spec: dict) -> None:
@@ -126,8 +131,15 @@ def train_loop(spec: dict) -> None:
         for cand in spec["probe"]:
             plan.micro_batch_size, plan.grad_accum, accum = cand["mbs"], cand["grad_accum"], cand["measured_accum"]
             try:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
                 model, names, engine = make(accum)
                 _probe_step(engine, plan, spec, accum, device)
+                if device.type == "cuda":  # fits, but too close to the edge: the timed steps would hit it
+                    peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+                    if peak > PROBE_HEADROOM * total:
+                        raise torch.OutOfMemoryError(f"probe peak {peak / 2**30:.1f} GiB is over {PROBE_HEADROOM:.0%} "
+                                                     f"of {total / 2**30:.1f} GiB")
                 probe.append([cand["mbs"], "ok"])
                 break
             except Exception as e:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
@@ -144,6 +156,8 @@ def train_loop(spec: dict) -> None:
         accum = spec["measured_accum"]
         model, names, engine = make(accum)
     n_params = n_params[0]
+    if probe and device.type == "cuda":  # the peak reported is the measured micro-batch's, not a refused one's
+        torch.cuda.reset_peak_memory_stats(device)
     t_built = time.perf_counter()
 
     data_rank = getattr(engine, "data_rank", rank)
