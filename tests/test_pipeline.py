@@ -26,40 +26,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, schedule: str, out: dict) -> None:
+def _rank(rank: int, world: int, port: int, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = build_model(CONFIG, "sdpa", SEQ)
-    ref = copy.deepcopy(model)
-    names = {id(p): n for n, p in model.named_parameters()}
     recipe = TINY_RECIPE.to_dict()
-    _, plan = resolve({"pipeline_stages": 2, "pipeline_schedule": schedule, "pipeline_microbatches": 4,
-                       "micro_batch_size": 2, "precision": "fp32"},
-                      Context(world_size=world, num_layers=4, global_batch=8))
-    engine = engines.build(plan, model, recipe, torch.device("cpu"), world, plan.grad_accum)
     batch = torch.randint(0, 512, (8, SEQ), generator=torch.Generator().manual_seed(1))
-    loss = engine.micro_step(batch, is_last=True, scale=1.0)
-    engine.optimizer_step()
+    for schedule in CHUNKS:  # every schedule in one process group (one spawn: CI time)
+        torch.manual_seed(0)
+        model = build_model(CONFIG, "sdpa", SEQ)
+        ref = copy.deepcopy(model)
+        names = {id(p): n for n, p in model.named_parameters()}
+        _, plan = resolve({"pipeline_stages": 2, "pipeline_schedule": schedule, "pipeline_microbatches": 4,
+                           "micro_batch_size": 2, "precision": "fp32"},
+                          Context(world_size=world, num_layers=4, global_batch=8))
+        engine = engines.build(plan, model, recipe, torch.device("cpu"), world, plan.grad_accum)
+        loss = engine.micro_step(batch, is_last=True, scale=1.0)
+        engine.optimizer_step()
 
-    ref_loss = ref(input_ids=batch, labels=batch).loss  # the unsplit model: one full batch, one step
-    ref_loss.backward()
-    torch.nn.utils.clip_grad_norm_(ref.parameters(), recipe["grad_clip"])
-    opt = engines.adamw(list(ref.parameters()), recipe, torch.device("cpu"))
-    opt.step()
-    ref_params = dict(ref.named_parameters())
-    diff = max((p.detach() - ref_params[names[id(p)]].detach()).abs().max().item() for p in engine.params)
-    out[rank] = {"loss": None if loss is None else loss.item(), "ref_loss": ref_loss.item(), "max_param_diff": diff,
-                 "n_params": len(engine.params)}
+        ref_loss = ref(input_ids=batch, labels=batch).loss  # the unsplit model: one full batch, one step
+        ref_loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), recipe["grad_clip"])
+        opt = engines.adamw(list(ref.parameters()), recipe, torch.device("cpu"))
+        opt.step()
+        ref_params = dict(ref.named_parameters())
+        diff = max((p.detach() - ref_params[names[id(p)]].detach()).abs().max().item() for p in engine.params)
+        out[(schedule, rank)] = {"loss": None if loss is None else loss.item(), "ref_loss": ref_loss.item(),
+                                 "max_param_diff": diff, "n_params": len(engine.params)}
+        dist.barrier()
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("schedule", list(CHUNKS))
-def test_two_stage_pipeline_matches_unsplit_model(schedule):
+@pytest.fixture(scope="module")
+def two_stage_results():
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_rank, args=(2, _free_port(), schedule, out), nprocs=2, join=True)
-        out = dict(out)
+        mp.spawn(_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+        return dict(out)
+
+
+@pytest.mark.parametrize("schedule", list(CHUNKS))
+def test_two_stage_pipeline_matches_unsplit_model(two_stage_results, schedule):
+    out = {rank: two_stage_results[(schedule, rank)] for rank in range(2)}
     losses = [r["loss"] for r in out.values() if r["loss"] is not None]
     assert len(losses) == 1  # the loss lives on the rank holding the last stage
     assert losses[0] == pytest.approx(out[0]["ref_loss"], rel=1e-5)
