@@ -88,8 +88,14 @@ class Store:
             if self.engine.dialect.name == "sqlite":
                 self.warning = repair_sqlite(self.engine.url.database)
                 sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-            with self.engine.begin() as c:
-                META.create_all(c)
+            for attempt in range(5):
+                try:
+                    with self.engine.begin() as c:
+                        META.create_all(c)
+                    break
+                except sa.exc.OperationalError as e:  # another process created a table between check and create
+                    if "already exists" not in str(e) or attempt == 4:
+                        raise
         except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
             raise ConfigError("--storage", f"cannot open storage {url!r}: its driver is missing ({e}): install it "
                                            "(e.g. pip install psycopg) or give sqlite:///path/results.db")
@@ -396,7 +402,18 @@ def _salvage(path: str) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn, _):
+    """WAL once per file (it persists), the busy timeout on every connection. Switching to WAL takes an exclusive
+    lock that SQLite does not wait for: two processes opening a new store at once got 'database is locked'."""
+    import time
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=60000")
+    for attempt in range(600):
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or attempt == 599:
+                raise
+            time.sleep(0.1)
     cur.close()
