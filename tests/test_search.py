@@ -37,7 +37,7 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path):
     trials = store_of(out).trials("s1")
     assert len(trials) == 6 and len({t["trial"] for t in trials}) == 6
     statuses = [t["status"] for t in trials]
-    assert statuses.count("ok") >= 2, statuses
+    assert statuses.count("ok") >= 1, statuses  # trials run one at a time here: a later one must beat the rung
     assert "stopped" in statuses, statuses  # ASHA ended at least one clearly slower trial after a step or two
     assert "best #1:" in res.stdout and "tokens/s" in res.stdout
     # every trial taught the sampler a value (no FAIL, which TPE would ignore)
@@ -89,7 +89,8 @@ def test_driver_killed_then_resumed_completes_exactly_n(tmp_path):
 def test_infeasible_region_is_sampled_less_after_it_failed():
     """Our space + sampler + outcome convention (oom -> value 0, not an exception) with the real Optuna TPE."""
     ctx = Context(world_size=1, device="cuda", num_layers=12, global_batch=1024)
-    space = Space.build({}, {"precision": "bf16-mixed", "zero_stage": 0, "fsdp": "off"}, ctx)
+    space = Space.build({"micro_batch_size": [1, 2, 4, 8, 16, 32, 64, 128]},  # numbers: "max" finds its own fit
+                        {"precision": "bf16-mixed", "zero_stage": 0, "fsdp": "off"}, ctx)
 
     def infeasible(cfg):  # "out of memory" without checkpointing at large micro-batches
         return cfg["activation_checkpointing"] == "none" and cfg["micro_batch_size"] >= 16
