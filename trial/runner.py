@@ -269,13 +269,11 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
               "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),
               "versions": hardware.versions(), "hardware": spec["hardware"]}
     if "ok" in raw:
-        r0 = raw["ok"]["ranks"][0]
-        if spec.get("probe"):  # the micro-batch the probe settled on is the one measured
-            spec = dict(spec, grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
-                        plan=dict(spec["plan"], micro_batch_size=r0["micro_batch_size"], grad_accum=r0["grad_accum"]))
+        spec, result, compared = _settle_probe(spec, raw["ok"])
+        if compared:
             record.update(plan=spec["plan"], grad_accum=spec["grad_accum"], measured_accum=spec["measured_accum"],
-                          probe=r0["probe"])
-        record.update(status="ok", error=None, metrics=derive(spec, raw["ok"]))
+                          probe=raw["ok"]["ranks"][0]["probe"], probe_compared=compared)
+        record.update(status="ok", error=None, metrics=derive(spec, result))
     elif "timeout" in raw:
         record.update(status="timeout", error=f"no result within the {timeout:g} s limit; workers killed",
                       metrics=None)
@@ -288,6 +286,29 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
     if progress is not None:
         progress.shutdown()
     return record
+
+
+def _settle_probe(spec: dict, raw: dict) -> tuple[dict, dict, list]:
+    """micro_batch_size=max: the spec of the micro-batch the probe settled on and, where the worker also measured
+    one candidate below, whichever of the two projects the shorter step. Returns (spec, raw, [[mbs, tokens/s]])."""
+    if not spec.get("probe"):
+        return spec, raw, []
+
+    def at(r0, ranks):
+        s = dict(spec, grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
+                 plan=dict(spec["plan"], micro_batch_size=r0["micro_batch_size"], grad_accum=r0["grad_accum"]))
+        return s, dict(raw, ranks=ranks)
+    ranks = raw["ranks"]
+    options = [at(ranks[0], ranks)]
+    if ranks[0].get("below"):
+        b = ranks[0]["below"]
+        low = {"micro_batch_size": b["mbs"], "grad_accum": b["grad_accum"], "measured_accum": b["measured_accum"]}
+        options.append(at(low, [dict(r, **{k: v for k, v in r["below"].items() if k != "mbs"}) for r in ranks]))
+    scored = [(derive(s, r)["step_s"], s, r) for s, r in options]
+    compared = [[s["plan"]["micro_batch_size"], s["recipe"]["global_batch"] * s["recipe"]["seq_len"] / t]
+                for t, s, _ in scored]
+    _, best_spec, best_raw = min(scored, key=lambda x: x[0])
+    return best_spec, best_raw, compared
 
 
 def derive(spec: dict, raw: dict) -> dict:

@@ -73,6 +73,14 @@ def _memmap_batches(spec: dict, plan, data_rank: int, data_ranks: int, device):
 PROBE_HEADROOM = 0.90
 
 
+def _peaks(device) -> dict:
+    import torch
+    if device.type != "cuda":
+        return {}
+    return {"peak_allocated_mib": torch.cuda.max_memory_allocated(device) / 2**20,
+            "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}
+
+
 def _is_oom(e: BaseException) -> bool:
     from .runner import classify
     return classify(f"{type(e).__name__}: {e}") == "oom"
@@ -201,16 +209,35 @@ def train_loop(spec: dict) -> None:
             progress.put({"step": s + 1, "micro": d[:-1], "optim": d[-1],
                           "loss": None if loss is None else float(loss.detach().float().item()) * accum})
     t_timed = time.perf_counter()
+    peaks = _peaks(device)
+    below = None
+    if probe and not spec.get("data"):  # micro_batch_size=max: also one candidate below (throughput may peak there)
+        nxt = [c for c in spec["probe"] if c["mbs"] < plan.micro_batch_size][:1]
+        chosen = (plan.micro_batch_size, plan.grad_accum, accum)
+        if nxt:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            plan.micro_batch_size, plan.grad_accum, accum = nxt[0]["mbs"], nxt[0]["grad_accum"], nxt[0]["measured_accum"]
+            batches[:] = [b[: plan.sequences_per_call] for b in batches]
+            optimizer_step_marks()  # one untimed step at this size
+            clock.sync()
+            alt = []
+            for _ in range(spec["timed_steps"]):
+                marks, loss = optimizer_step_marks()
+                clock.sync()
+                d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
+                alt.append({"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1])})
+            below = dict(nxt[0], steps=alt, **_peaks(device))
+            plan.micro_batch_size, plan.grad_accum, accum = chosen
     if spec.get("save_dir"):
         engines.save(engine, model, names, spec["save_dir"], rank)
 
     mine = {"rank": rank, "steps": steps, "loss": None if loss is None else float(loss.detach().float().item()),
             "micro_batch_size": plan.micro_batch_size, "grad_accum": plan.grad_accum, "measured_accum": accum,
-            "probe": probe, "build_s": t_built - t0, "warmup_s": t_warm - t_built, "timed_s": t_timed - t_warm,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "probe": probe, "below": below, "build_s": t_built - t0, "warmup_s": t_warm - t_built,
+            "timed_s": t_timed - t_warm, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            **peaks}
     if device.type == "cuda":
-        mine["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
-        mine["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
         mine["device_name"] = torch.cuda.get_device_name(device)
     ranks = [None] * world
     dist.all_gather_object(ranks, mine)
