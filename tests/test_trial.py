@@ -109,3 +109,11 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
     assert r["metrics"]["tokens_per_s"] == pytest.approx(max(t4, t2))
     with pytest.raises(Exception, match="micro_batch_size=max"):
         prepare("tiny", {"micro_batch_size": "max"}, device="cpu", workers=2)
+
+
+def test_bad_fault_switch_is_refused_before_launch(monkeypatch, capsys):
+    from trainscout.cli.main import main
+    monkeypatch.setenv("TRAINSCOUT_FAULT", "meteor@0")
+    assert main(["trial", "--model", "tiny", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "TRAINSCOUT_FAULT" in err and "\n" not in err

@@ -44,10 +44,11 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
             raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
     if measure_accum is not None and (not isinstance(measure_accum, int) or measure_accum < 0):
         raise ConfigError("--measure-accum", f"--measure-accum {measure_accum} is not allowed: give an integer >= 0 (0 = full step)")
+    fault = fault or os.environ.get("TRAINSCOUT_FAULT") or None
     try:
         faults.parse(fault)
-    except ValueError as e:
-        raise ConfigError("--inject-fault", str(e))
+    except ValueError as e:  # checked here, not in the worker, where it would be a crash
+        raise ConfigError("TRAINSCOUT_FAULT" if fault == os.environ.get("TRAINSCOUT_FAULT") else "--inject-fault", str(e))
     if hw is None:
         device = detect_device(device)
         hw = hardware.fingerprint(device, workers)
@@ -73,7 +74,7 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
         "model": spec.name, "model_config": spec.config, "device": device, "world_size": workers,
         "config": cfg, "plan": plan.to_dict(), "recipe": recipe.to_dict(),
         "grad_accum": full, "measured_accum": accum, "timed_steps": steps, "warmup_steps": warmup,
-        "seed": seed, "fault": fault or os.environ.get("TRAINSCOUT_FAULT") or None,
+        "seed": seed, "fault": fault,
         "threads_per_worker": max(1, (os.cpu_count() or 1) // workers),
         "hardware": dict(hw, world_size=workers),
     }
