@@ -42,7 +42,9 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
                    ratio=m["measured_step_s"] / rec["metrics"]["step_s"],
                    projected_tokens_per_s=rec["metrics"]["tokens_per_s"],
                    measured_tokens_per_s=rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / m["measured_step_s"],
-                   spread=m["step_spread"], loss=m["loss"], gpu=m.get("gpu"), wall_s=run["wall_s"])
+                   spread=m["step_spread"], loss=m["loss"], gpu=m.get("gpu"), wall_s=run["wall_s"],
+                   seed_method_step_s=m.get("seed_method_step_s"),  # unsynchronised, one micro-batch x A
+                   seed_method_ratio=(m.get("seed_method_step_s") or 0) / m["measured_step_s"])
     path = source if os.path.isdir(source) else None
     if path:
         with open(os.path.join(path, f"verify-{rec['key'][:12]}.json"), "w") as f:

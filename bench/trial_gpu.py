@@ -92,7 +92,7 @@ def run_case(case, steps, store):
            "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"), "step_s": m.get("step_s"),
            "measured_step_s": m.get("measured_step_s"), "spread": m.get("step_spread"),
            "peak_gib": m.get("peak_memory_gib"), "reserved_mib": (m.get("peak_reserved_mib") or [None])[0],
-           "projected_days": m.get("projected_days"),
+           "projected_days": m.get("projected_days"), "seed_method_step_s": m.get("seed_method_step_s"),
            "warmup_s": m.get("warmup_s"), "build_s": m.get("build_s"), "wall_s": round(time.time() - t, 1),
            "yardstick": YARDSTICK.get((model, settings["micro_batch_size"], settings.get("compile", False)))
            if kw.get("grad_clip") == 0.0 else None, "record": r}

@@ -179,6 +179,9 @@ def cmd_verify(a) -> int:
         print(f"  projected step {r['projected_step_s']:.4f} s   measured median {r['measured_step_s']:.4f} s "
               f"(mean {r['mean_step_s']:.4f} s)   measured/projected {r['ratio']:.3f}")
         print(f"  tokens/s projected {r['projected_tokens_per_s']:,.0f}  measured {r['measured_tokens_per_s']:,.0f}")
+        if r.get("seed_method_step_s"):
+            print(f"  the seed paper's timer (one unsynchronised micro-batch x accumulation) on the same steps: "
+                  f"{r['seed_method_step_s']:.4f} s = {r['seed_method_ratio']:.3f} x measured")
     return 0 if r["status"] == "ok" else 1
 
 

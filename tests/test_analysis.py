@@ -115,6 +115,7 @@ def test_verify_runs_full_steps_against_the_projection(store_dir, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["status"] == "ok" and r["steps"] == 3 and r["measured_step_s"] > 0
     assert r["ratio"] == pytest.approx(r["measured_step_s"] / r["projected_step_s"])
+    assert r["seed_method_ratio"] == pytest.approx(r["seed_method_step_s"] / r["measured_step_s"])
     assert os.path.exists(os.path.join(store_dir, f"verify-{r['key'][:12]}.json"))
     assert main(["verify", store_dir, "--trial", "nope"]) == 2
 

@@ -351,6 +351,9 @@ def derive(spec: dict, raw: dict) -> dict:
         "build_s": max(r["build_s"] for r in ranks),
         "warmup_s": max(r["warmup_s"] for r in ranks),
         "timed_s": max(r["timed_s"] for r in ranks),
+        # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
+        "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0]["steps"]])
+        if "host_first_micro" in ranks[0]["steps"][0] else None,
         "loss": next((r["loss"] for r in ranks if r["loss"] is not None), None),  # a pipeline's last stage
         "micro_batch_size": spec["plan"]["micro_batch_size"],
     }
