@@ -46,3 +46,23 @@ def test_plugin_knob_is_listed_sampled_and_applied(plugin_installed):
     assert res["seen"] == ["default", "expandable_segments"]  # the search samples it
     assert res["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert res["module"] == "trainscout_example_knob"
+
+
+def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
+    """`trainscout search` (Ray Tune + Optuna, tiny model on 2 gloo workers) with everything fixed but the plugin's
+    knob: every trial's configuration carries it, and the stored plans set the worker environment it asks for."""
+    out = tmp_path / "plug"
+    fixed = {"compile": "false", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
+             "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1}
+    sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
+    res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
+                          "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "3", "--seed", "0",
+                          "--global-batch", "16", "--out", str(out), *sets], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    from trainscout.analysis.table import store_of
+    store = store_of(str(out))
+    trials = store.trials("plug")
+    assert len(trials) == 3 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
+    for rec in store.measurements():
+        want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec["config"]["cuda_alloc_conf"] != "default" else {}
+        assert rec["plan"]["env"] == want
