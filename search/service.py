@@ -271,25 +271,24 @@ def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list
     model predicts to fit in 85 % of the GPU's memory)."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
-    from trainscout.spaces import all_knobs
+    import optuna
+
+    from trainscout.spaces import get
     from trainscout.trial import memory
+    defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
+    sizes = space.domains["micro_batch_size"]
+    if "max" in sizes:  # probed in the trial, from the memory model's estimate up
+        return [dict(defaults, micro_batch_size="max")]
     cal = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
-    point, cfg = {}, dict(space.fixed)
-    for k in all_knobs():
-        dom = space.domains.get(k.name)
-        if dom and k.applies(cfg) and k.name != "micro_batch_size":
-            point[k.name] = k.default if k.default in dom else dom[0]
-        cfg[k.name] = point.get(k.name, space.fixed.get(k.name, k.default))
-    if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
-        return [dict(point, micro_batch_size="max")]
-    for mbs in sorted((m for m in space.domains["micro_batch_size"] if m != "max"), reverse=True):
-        try:
-            spec = prepare(args.model, {**space.fixed, **point, "micro_batch_size": mbs}, workers=args.gpus_per_trial,
+    for mbs in sorted(sizes, reverse=True):
+        point = dict(defaults, micro_batch_size=mbs)
+        try:  # the configuration the point means, as the sampler would build it
+            spec = prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
                            hw=hw, **args.recipe)
         except ConfigError:
             continue
         if memory.predict(spec, cal) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
-            return [dict(point, micro_batch_size=mbs)]
+            return [point]
     return []
 
 

@@ -164,3 +164,20 @@ def test_bad_search_flags_exit_2(tmp_path, capsys, args, field):
 def test_resume_of_a_folder_without_a_search(tmp_path, capsys):
     assert main(["search", "--resume", str(tmp_path)]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(tmp_path):
+    """No GPU needed: the start point is computed from the space and the memory model, for an H200-like box."""
+    from trainscout.search.service import SearchArgs, start_points, validate
+    from trainscout.trial import memory, prepare
+    args = SearchArgs(model="pythia-410m", out=str(tmp_path), device="cpu", trials=4)
+    space, _, hw = validate(args)
+    hw = dict(hw, device="cuda", gpu_memory_gib=80.0, gpu="NVIDIA H100", gpu_count=1)
+    [point] = start_points(args, space, hw, Store("sqlite://"))
+    assert point["micro_batch_size"] == "max" and point["zero_stage"] == 0 and point["activation_checkpointing"] == "none"
+    numbers = Space(space.fixed, dict(space.domains, micro_batch_size=(4, 8, 16, 32, 64)))
+    [point] = start_points(args, numbers, hw, Store("sqlite://"))
+    fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
+            for m in (4, 8, 16, 32, 64)}
+    assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
+    assert start_points(args, space, dict(hw, device="cpu"), Store("sqlite://")) == []  # the CPU: TPE alone

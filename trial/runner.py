@@ -270,11 +270,11 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
               "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),
               "versions": hardware.versions(), "hardware": spec["hardware"]}
     if "ok" in raw:
-        spec, result, compared = _settle_probe(spec, raw["ok"])
+        spec, m, compared = _settle_probe(spec, raw["ok"])
         if compared:
             record.update(plan=spec["plan"], grad_accum=spec["grad_accum"], measured_accum=spec["measured_accum"],
                           probe=raw["ok"]["ranks"][0]["probe"], probe_compared=compared)
-        record.update(status="ok", error=None, metrics=derive(spec, result))
+        record.update(status="ok", error=None, metrics=m)
     elif "timeout" in raw:
         record.update(status="timeout", error=f"no result within the {timeout:g} s limit; workers killed",
                       metrics=None)
@@ -290,10 +290,10 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
 
 
 def _settle_probe(spec: dict, raw: dict) -> tuple[dict, dict, list]:
-    """micro_batch_size=max: the spec of the micro-batch the probe settled on and, where the worker also measured
-    one candidate below, whichever of the two projects the shorter step. Returns (spec, raw, [[mbs, tokens/s]])."""
+    """(spec, metrics, compared). micro_batch_size=max: the micro-batch the probe settled on and, where the worker
+    also measured one candidate below, whichever of the two projects the shorter step; compared = [[mbs, tokens/s]]."""
     if not spec.get("probe"):
-        return spec, raw, []
+        return spec, derive(spec, raw), []
 
     def at(r0, ranks):
         s = dict(spec, grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
@@ -305,11 +305,10 @@ def _settle_probe(spec: dict, raw: dict) -> tuple[dict, dict, list]:
         b = ranks[0]["below"]
         low = {"micro_batch_size": b["mbs"], "grad_accum": b["grad_accum"], "measured_accum": b["measured_accum"]}
         options.append(at(low, [dict(r, **{k: v for k, v in r["below"].items() if k != "mbs"}) for r in ranks]))
-    scored = [(derive(s, r)["step_s"], s, r) for s, r in options]
-    compared = [[s["plan"]["micro_batch_size"], s["recipe"]["global_batch"] * s["recipe"]["seq_len"] / t]
-                for t, s, _ in scored]
-    _, best_spec, best_raw = min(scored, key=lambda x: x[0])
-    return best_spec, best_raw, compared
+    scored = [(s, derive(s, r)) for s, r in options]
+    compared = [[s["plan"]["micro_batch_size"], m["tokens_per_s"]] for s, m in scored]
+    best_spec, best = min(scored, key=lambda x: x[1]["step_s"])
+    return best_spec, best, compared
 
 
 def derive(spec: dict, raw: dict) -> dict:
@@ -352,8 +351,7 @@ def derive(spec: dict, raw: dict) -> dict:
         "warmup_s": max(r["warmup_s"] for r in ranks),
         "timed_s": max(r["timed_s"] for r in ranks),
         # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
-        "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0]["steps"]])
-        if "host_first_micro" in ranks[0]["steps"][0] else None,
+        "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0]["steps"]]),
         "loss": next((r["loss"] for r in ranks if r["loss"] is not None), None),  # a pipeline's last stage
         "micro_batch_size": spec["plan"]["micro_batch_size"],
     }

@@ -87,8 +87,8 @@ def _is_oom(e: BaseException) -> bool:
 
 
 def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
-    """Two optimizer steps at this micro-batch, as the warm-up runs them. TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller GPU: a
-    micro-batch above N makes a real 64 TiB allocation, which the allocator refuses."""
+    """Two optimizer steps at this micro-batch, as the warm-up runs them. TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests
+    only) simulates a smaller GPU: a micro-batch above N makes a real 64 TiB allocation, which the allocator refuses."""
     import torch
     fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
     if fake and plan.micro_batch_size > int(fake):
@@ -178,9 +178,7 @@ def train_loop(spec: dict) -> None:
                    for _ in range(min(accum, 4))]
         batch = lambda step, i: batches[i % len(batches)]  # noqa: E731
     clock = Clock(device)
-    n_steps = [0]
-
-    host = [0.0]
+    n_steps, host = [0], [0.0]
 
     def optimizer_step_marks():
         marks = [clock.mark()]
@@ -195,6 +193,14 @@ def train_loop(spec: dict) -> None:
         marks.append(clock.mark())
         return marks, loss
 
+    def timed_step():
+        """One optimizer step, synchronised: its phase times (and the seed paper's host timer beside them)."""
+        marks, loss = optimizer_step_marks()
+        clock.sync()
+        d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
+        return {"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1]),
+                "host_first_micro": host[0]}, loss
+
     for _ in range(spec["warmup_steps"]):  # compile, allocator growth, first-step lazy init: not timed
         optimizer_step_marks()
     clock.sync()
@@ -206,13 +212,10 @@ def train_loop(spec: dict) -> None:
     for s in range(spec["timed_steps"]):
         if s == 0:
             faults.fire(spec.get("fault"), rank, device)
-        marks, loss = optimizer_step_marks()
-        clock.sync()
-        d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
-        steps.append({"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1]),
-                      "host_first_micro": host[0]})
+        step, loss = timed_step()
+        steps.append(step)
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
-            progress.put({"step": s + 1, "micro": d[:-1], "optim": d[-1],
+            progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"],
                           "loss": None if loss is None else float(loss.detach().float().item()) * accum})
     t_timed = time.perf_counter()
     peaks = _peaks(device)
@@ -225,14 +228,8 @@ def train_loop(spec: dict) -> None:
                 torch.cuda.reset_peak_memory_stats(device)
             plan.micro_batch_size, plan.grad_accum, accum = nxt[0]["mbs"], nxt[0]["grad_accum"], nxt[0]["measured_accum"]
             batches[:] = [b[: plan.sequences_per_call] for b in batches]
-            optimizer_step_marks()  # one untimed step at this size
-            clock.sync()
-            alt = []
-            for _ in range(spec["timed_steps"]):
-                marks, loss = optimizer_step_marks()
-                clock.sync()
-                d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
-                alt.append({"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1])})
+            timed_step()  # one untimed step at this size
+            alt = [timed_step()[0] for _ in range(spec["timed_steps"])]
             below = dict(nxt[0], steps=alt, **_peaks(device))
             plan.micro_batch_size, plan.grad_accum, accum = chosen
     if spec.get("save_dir"):
