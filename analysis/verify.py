@@ -10,11 +10,6 @@ from trainscout.spaces import ConfigError
 from .table import measurement, store_of
 
 
-def recipe_kwargs(recipe: dict) -> dict:
-    return {"global_batch": recipe["global_batch"], "seq_len": recipe["seq_len"], "total_steps": recipe["total_steps"],
-            "grad_clip": recipe["grad_clip"]}
-
-
 def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int = 2, timeout: float | None = None,
            address: str | None = None) -> dict:
     """Measure the best (or the keyed) configuration for `steps` full optimizer steps; the comparison as a dict.
@@ -22,6 +17,7 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
     The verification runs in fresh worker processes like a trial, but with the full accumulation in every timed
     step (measure_accum=0), so nothing is extrapolated; it is stored with the search as `verify-KEY.json`."""
     from trainscout.trial import execute, hardware, prepare
+    from trainscout.trial.models import overrides_of
     store = store_of(source)
     rec = measurement(store, key, best=key is None)
     device = rec["device"]
@@ -31,7 +27,7 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
             raise ConfigError("--trial", f"the measurement was taken on {rec['hardware'].get('gpu')} but this box has "
                                          f"{hw.get('gpu') or 'no GPU'}: verify on the same hardware")
     spec = prepare(rec["model"], rec["config"], device=device, workers=rec["world_size"], steps=steps, warmup=warmup,
-                   measure_accum=0, **recipe_kwargs(rec["recipe"]))
+                   measure_accum=0, **overrides_of(rec["recipe"]))
     run = execute(spec, timeout=timeout or max(900.0, 30 * steps * rec["metrics"]["step_s"]), address=address)
     out = {"key": rec["key"], "model": rec["model"], "config": rec["config"], "steps": steps,
            "projected_step_s": rec["metrics"]["step_s"], "status": run["status"], "error": run.get("error")}

@@ -104,6 +104,14 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     return ModelSpec(name, full, replace(PYTHIA_RECIPE, seq_len=min(2048, int(full.get("max_position_embeddings") or 2048))))
 
 
+OVERRIDABLE = ("global_batch", "seq_len", "total_steps", "grad_clip")
+
+
+def overrides_of(recipe: dict) -> dict:
+    """A stored recipe as with_overrides() keywords: re-running it (verify, train) uses the same recipe."""
+    return {k: recipe.get(k) for k in OVERRIDABLE}
+
+
 def with_overrides(recipe: Recipe, *, global_batch=None, seq_len=None, total_steps=None, total_tokens=None,
                    grad_clip=None) -> Recipe:
     """The recipe with CLI overrides; total_tokens sets the step count (rounded up)."""

@@ -44,9 +44,9 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
           out: str = "runs/train", workers: int | None = None, device: str = "auto", timeout: float | None = None,
           address: str | None = None, on_step=None, **recipe) -> dict:
     from trainscout.trial import execute, prepare
+    from trainscout.trial.models import overrides_of
     exp = load_exported(config)
-    rec = exp.get("recipe") or {}
-    kw = {k: rec.get(k) for k in ("global_batch", "seq_len", "total_steps", "grad_clip")}
+    kw = overrides_of(exp.get("recipe") or {})
     kw.update({k: v for k, v in recipe.items() if v is not None})
     workers = workers or (exp.get("hardware") or {}).get("world_size") or 1
     spec = prepare(model or exp["model"], exp["config"], device=device, workers=workers, steps=steps, warmup=0,
