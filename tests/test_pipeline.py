@@ -26,7 +26,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, out: dict) -> None:
+def _rank(rank: int, world: int, port: int, out: dict, save_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     recipe = TINY_RECIPE.to_dict()
@@ -52,16 +52,26 @@ def _rank(rank: int, world: int, port: int, out: dict) -> None:
         diff = max((p.detach() - ref_params[names[id(p)]].detach()).abs().max().item() for p in engine.params)
         out[(schedule, rank)] = {"loss": None if loss is None else loss.item(), "ref_loss": ref_loss.item(),
                                  "max_param_diff": diff, "n_params": len(engine.params)}
+        if schedule == "1f1b":  # `trainscout train`'s checkpoint: rank 0 gathers every stage's parameters
+            engines.save(engine, model, names, save_dir, rank)
+            if rank == 0:
+                from transformers import AutoModelForCausalLM
+                saved = dict(AutoModelForCausalLM.from_pretrained(save_dir).named_parameters())
+                out["saved_vs_unsplit"] = max((saved[n] - p).abs().max().item() for n, p in ref_params.items())
         dist.barrier()
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def two_stage_results():
+def two_stage_results(tmp_path_factory):
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(2, _free_port(), out, str(tmp_path_factory.mktemp("ckpt"))), nprocs=2, join=True)
         return dict(out)
+
+
+def test_pipeline_checkpoint_gathers_every_stage(two_stage_results):
+    assert two_stage_results["saved_vs_unsplit"] < 1e-6  # the saved model is the unsplit model after the same step
 
 
 @pytest.mark.parametrize("schedule", list(CHUNKS))

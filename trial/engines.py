@@ -183,12 +183,12 @@ def save(engine, model, names: dict, out_dir: str, rank: int) -> None:
     elif isinstance(engine, FsdpEngine):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         sd = get_model_state_dict(engine.fsdp_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:  # plain and DDP: rank 0 holds every parameter; pipeline ranks send their stages' ones to rank 0
-        sd = {names[id(p)]: p.detach().cpu() for p in engine.params}
-        if getattr(engine, "pp_group", None) is not None:
-            parts = [None] * dist.get_world_size() if rank == 0 else None
-            dist.gather_object(sd, parts, dst=0)
-            sd = {k: v for part in (parts or []) for k, v in part.items()}
+    elif getattr(engine, "pp_group", None) is not None:  # pipeline ranks send their stages' parameters to rank 0
+        parts = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object({names[id(p)]: p.detach().cpu() for p in engine.params}, parts, dst=0)
+        sd = {k: v for part in (parts or []) for k, v in part.items()}
+    else:  # plain and DDP: rank 0 holds every parameter
+        sd = {names[id(p)]: p for p in engine.params} if rank == 0 else {}
     if rank == 0:
         sd = {_clean(k): v.detach().cpu().contiguous() for k, v in sd.items()}
         model.save_pretrained(out_dir, state_dict=sd, safe_serialization=True)

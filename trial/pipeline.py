@@ -22,7 +22,6 @@ from .engines import DTYPES, adamw, apply_activation_checkpointing, decoder_laye
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
              "zero_bubble": "ScheduleInterleavedZeroBubble"}
-MULTI = {"interleaved_1f1b", "zero_bubble"}
 
 
 def _first_attr(obj, names):
@@ -107,7 +106,7 @@ class PipelineEngine:
         self.has_last = any(s.is_last for s in self.stages)
         cls = getattr(pipelining.schedules, SCHEDULES[plan.pipeline["schedule"]])
         self.scale = 1.0
-        self.schedule = cls(self.stages if plan.pipeline["schedule"] in MULTI else self.stages[0],
+        self.schedule = cls(self.stages if chunks > 1 else self.stages[0],  # multi-stage schedules take a list
                             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=True)
         self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
         self.opt = adamw(self.params, recipe, device)
