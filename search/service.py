@@ -69,7 +69,8 @@ def _trainable(config: dict, base: dict) -> None:
         tune.report({METRIC: 0.0, "status": "invalid", "error": str(e), "cached": False})
         return
     mem = base.get("memory")
-    if mem and not spec["plan"]["micro_batch_probe"]:  # micro_batch_size=max finds its own fit  # predicted clearly over the GPU's memory: not launched, recorded with the prediction
+    # predicted clearly over the GPU's memory: not launched, recorded with the prediction (max finds its own fit)
+    if mem and not spec["plan"]["micro_batch_probe"]:
         from trainscout.trial import memory
         predicted = memory.predict(spec, mem["calibration"])
         if predicted > mem["capacity"] * (1 + mem["margin"]):
@@ -228,7 +229,11 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
     _fail_interrupted(ostorage, name)
     sampler = make_sampler(args.seed, args.trials)
-    start = [] if done else start_points(args, space, hw, store)
+    calibration = None  # the memory model fitted once on this GPU's stored peaks: pruning and the start point use it
+    if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
+        from trainscout.trial import memory
+        calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
+    start = [] if done else start_points(args, space, hw, calibration)
     searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler,
                             study_name=name, storage=ostorage, points_to_evaluate=start or None)
     scheduler = ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max",
@@ -243,9 +248,8 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
             "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(done),
             "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs())}
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
-        from trainscout.trial import memory
         base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
-                          "calibration": memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))}
+                          "calibration": calibration}
     printer = Printer(space, None if stream is sys.stdout else stream)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
@@ -265,7 +269,7 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     return summarize(store, name, stream, out=args.out)
 
 
-def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list[dict]:
+def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None) -> list[dict]:
     """On a GPU, the first trial is the strong default a person would set by hand: every searched knob at its
     default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
     model predicts to fit in 85 % of the GPU's memory)."""
@@ -279,7 +283,6 @@ def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list
     sizes = space.domains["micro_batch_size"]
     if "max" in sizes:  # probed in the trial, from the memory model's estimate up
         return [dict(defaults, micro_batch_size="max")]
-    cal = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
     for mbs in sorted(sizes, reverse=True):
         point = dict(defaults, micro_batch_size=mbs)
         try:  # the configuration the point means, as the sampler would build it
@@ -287,7 +290,7 @@ def start_points(args: SearchArgs, space: Space, hw: dict, store: Store) -> list
                            hw=hw, **args.recipe)
         except ConfigError:
             continue
-        if memory.predict(spec, cal) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
+        if memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
             return [point]
     return []
 

@@ -173,11 +173,11 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     args = SearchArgs(model="pythia-410m", out=str(tmp_path), device="cpu", trials=4)
     space, _, hw = validate(args)
     hw = dict(hw, device="cuda", gpu_memory_gib=80.0, gpu="NVIDIA H100", gpu_count=1)
-    [point] = start_points(args, space, hw, Store("sqlite://"))
+    [point] = start_points(args, space, hw, None)
     assert point["micro_batch_size"] == "max" and point["zero_stage"] == 0 and point["activation_checkpointing"] == "none"
     numbers = Space(space.fixed, dict(space.domains, micro_batch_size=(4, 8, 16, 32, 64)))
-    [point] = start_points(args, numbers, hw, Store("sqlite://"))
+    [point] = start_points(args, numbers, hw, None)
     fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
             for m in (4, 8, 16, 32, 64)}
     assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
-    assert start_points(args, space, dict(hw, device="cpu"), Store("sqlite://")) == []  # the CPU: TPE alone
+    assert start_points(args, space, dict(hw, device="cpu"), None) == []  # the CPU: TPE alone
