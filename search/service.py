@@ -270,9 +270,10 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
 
 
 def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None) -> list[dict]:
-    """On a GPU, the first trial is the strong default a person would set by hand: every searched knob at its
+    """On a GPU, the first trials are the strong defaults a person would set by hand: every searched knob at its
     default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
-    model predicts to fit in 85 % of the GPU's memory)."""
+    model predicts to fit in 85 % of the GPU's memory) - and, where compile is searched, the same with compile on
+    (the yardstick's own best rows are compiled). With two or more trials at once they run side by side."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
     import optuna
@@ -281,18 +282,22 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     from trainscout.trial import memory
     defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
     sizes = space.domains["micro_batch_size"]
+    point = None
     if "max" in sizes:  # probed in the trial, from the memory model's estimate up
-        return [dict(defaults, micro_batch_size="max")]
-    for mbs in sorted(sizes, reverse=True):
-        point = dict(defaults, micro_batch_size=mbs)
+        point = dict(defaults, micro_batch_size="max")
+    for mbs in [] if point else sorted(sizes, reverse=True):
         try:  # the configuration the point means, as the sampler would build it
-            spec = prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
-                           hw=hw, **args.recipe)
+            spec = prepare(args.model, space.sample(optuna.trial.FixedTrial(dict(defaults, micro_batch_size=mbs))),
+                           workers=args.gpus_per_trial, hw=hw, **args.recipe)
         except ConfigError:
             continue
         if memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
-            return [point]
-    return []
+            point = dict(defaults, micro_batch_size=mbs)
+            break
+    if point is None:
+        return []
+    compiled = [dict(point, compile=True)] if True in space.domains.get("compile", ()) and not point["compile"] else []
+    return [point, *compiled]
 
 
 def make_sampler(seed: int, trials: int | None):

@@ -173,9 +173,10 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     args = SearchArgs(model="pythia-410m", out=str(tmp_path), device="cpu", trials=4)
     space, _, hw = validate(args)
     hw = dict(hw, device="cuda", gpu_memory_gib=80.0, gpu="NVIDIA H100", gpu_count=1)
-    [point] = start_points(args, space, hw, None)
+    point, compiled = start_points(args, space, hw, None)
     assert point["micro_batch_size"] == "max" and point["zero_stage"] == 0 and point["activation_checkpointing"] == "none"
-    numbers = Space(space.fixed, dict(space.domains, micro_batch_size=(4, 8, 16, 32, 64)))
+    assert compiled == dict(point, compile=True) and point["compile"] is False  # compile is searched: both defaults
+    numbers = Space(space.fixed, dict(space.domains, micro_batch_size=(4, 8, 16, 32, 64), compile=(False,)))
     [point] = start_points(args, numbers, hw, None)
     fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
             for m in (4, 8, 16, 32, 64)}
