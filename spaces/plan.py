@@ -36,6 +36,7 @@ class Plan:
     compile: bool = False
     tf32: bool = True
     attn_implementation: str = "sdpa"
+    sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)
     env: dict = field(default_factory=dict)    # environment variables of the trial's worker processes
     extra: dict = field(default_factory=dict)  # settings of plugin knobs, read by their own code
 

@@ -39,7 +39,8 @@ def test_knob_contract(knob):
         for other, allowed in knob.requires.items():
             settings[other] = allowed[-1]
         if (knob.name == "precision" and v == "fp16-mixed" or knob.name == "attention" and v == "flash"
-                or knob.name == "micro_batch_size" and v == "max"):  # max: one rank
+                or knob.name == "micro_batch_size" and v == "max"  # max: one rank
+                or knob.name == "sdpa_backend" and v in ("cudnn", "efficient")):
             cfg, plan = resolve(settings, GPU)
         elif knob.name.startswith("pipeline_"):  # stages need ranks and layers to split; micro-batches a batch
             if knob.name == "pipeline_microbatches":
@@ -71,6 +72,8 @@ def test_defaults_resolve_to_plain_ddp():
     ({"precision": "fp8"}, "precision", "choose one of"),
     ({"precision": "fp16-mixed"}, "precision", "needs a CUDA GPU"),
     ({"attention": "flash"}, "attention", "set attention=sdpa"),
+    ({"sdpa_backend": "cudnn"}, "sdpa_backend", "set sdpa_backend=flash, math or auto"),
+    ({"sdpa_backend": "flash", "attention": "eager"}, "sdpa_backend", "attention=sdpa"),
     ({"activation_checkpointing": 9}, "activation_checkpointing", "choose n <= 4"),
     ({"fsdp": "full_shard", "precision": "fp16-mixed"}, "fsdp", "set precision=bf16-mixed or fsdp=off"),
     ({"zero_stagee": 1}, "zero_stagee", "did you mean zero_stage"),

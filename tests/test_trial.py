@@ -31,7 +31,7 @@ ENGINES = {
     "fsdp-grad-op-bf16": {"fsdp": "shard_grad_op", "precision": "bf16-mixed"},
     "ckpt-full": {"activation_checkpointing": "full"},
     "ckpt-every-2-zero2-bf16": {"activation_checkpointing": 2, "zero_stage": 2, "precision": "bf16-mixed"},
-    "compile": {"compile": True},
+    "compile-sdpa-flash": {"compile": True, "sdpa_backend": "flash"},  # the backend flags are traced by compile
 }
 
 
@@ -54,6 +54,24 @@ def test_trial_measures_each_engine(ray_local, name):
     assert math.isfinite(m["loss"]) and 0 < m["loss"] < 2 * math.log(512)
     assert r["config"] == {**r["config"], **ENGINES[name]}
     assert r["hardware"]["device"] == "cpu" and r["versions"]["torch"]
+
+
+@pytest.mark.parametrize("backend, kernel", [("math", "_scaled_dot_product_attention_math"),
+                                             ("flash", "_scaled_dot_product_flash_attention_for_cpu")])
+def test_sdpa_backend_runs_only_its_kernel(backend, kernel):
+    import torch
+    import torch.nn.functional as F
+
+    from trainscout.trial.engines import select_sdpa
+    q = torch.randn(1, 2, 16, 8, requires_grad=True)
+    try:
+        select_sdpa(backend)
+        with torch.profiler.profile() as prof:
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    finally:
+        select_sdpa("auto")
+    ops = {e.key for e in prof.key_averages() if "_scaled_dot_product" in e.key}
+    assert ops and all(kernel in op for op in ops), ops
 
 
 def test_full_step_is_measured_when_asked(ray_local):

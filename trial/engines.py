@@ -34,6 +34,15 @@ def apply_activation_checkpointing(layers: nn.ModuleList, every: int) -> None:
         layers[i] = checkpoint_wrapper(layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
+def select_sdpa(backend: str) -> None:
+    """sdpa_backend: leave only that scaled_dot_product_attention kernel enabled in this process (auto: all, PyTorch
+    picks). Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice."""
+    b = torch.backends.cuda
+    for name, enable in (("flash", b.enable_flash_sdp), ("efficient", b.enable_mem_efficient_sdp),
+                         ("cudnn", b.enable_cudnn_sdp), ("math", b.enable_math_sdp)):
+        enable(backend in ("auto", name))
+
+
 def adamw(params, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),

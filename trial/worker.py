@@ -124,6 +124,7 @@ def train_loop(spec: dict) -> None:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, spec.get("threads_per_worker", 1)))
+    engines.select_sdpa(plan.sdpa_backend)
     torch.manual_seed(spec.get("seed", 0))
 
     def make(accum):

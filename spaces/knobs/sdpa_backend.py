@@ -1,0 +1,24 @@
+from ..errors import ConfigError
+from ..knob import Knob, register
+
+
+@register
+class SdpaBackend(Knob):
+    """Which kernel attention=sdpa runs: auto (PyTorch picks: cuDNN on Hopper), flash, cudnn, efficient or math."""
+
+    name = "sdpa_backend"
+    default = "auto"
+    choices = ("auto", "flash", "cudnn", "efficient", "math")
+    requires = {"attention": ("sdpa",)}
+    # Why: on the H200, cuDNN's flash-attention backward was 26.7 % of a compiled Pythia-160M step (head dim 64),
+    # the largest single kernel (bench/data/gpu-2026-11-30-s3/profile.txt); the other backends are the alternatives.
+
+    def check(self, value, cfg, ctx):
+        if value in ("cudnn", "efficient") and ctx.device != "cuda":
+            raise ConfigError(self.name, f"sdpa_backend={value} runs on a CUDA GPU only: set sdpa_backend=flash, math or auto")
+        if value in ("flash", "cudnn") and ctx.device == "cuda" and cfg["precision"] == "fp32":
+            raise ConfigError(self.name, f"sdpa_backend={value} needs 16-bit activations on a GPU: set precision=bf16-mixed "
+                                         "or sdpa_backend=efficient")
+
+    def apply(self, plan, value, cfg, ctx):
+        plan.sdpa_backend = value
