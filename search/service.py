@@ -220,7 +220,6 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     import optuna
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
     from trainscout.trial.runner import ensure_ray
@@ -236,8 +235,7 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     start = [] if done else start_points(args, space, hw, calibration)
     searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler,
                             study_name=name, storage=ostorage, points_to_evaluate=start or None)
-    scheduler = ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max",
-                              max_t=args.steps + 1, grace_period=1, reduction_factor=2)
+    scheduler = make_scheduler(args.steps)
     if hw["device"] == "cuda":
         concurrent = max(1, int(ray.cluster_resources().get("GPU", 0)) // args.gpus_per_trial)
     else:
@@ -306,6 +304,13 @@ def make_sampler(seed: int, trials: int | None):
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, constant_liar=True,
                                       n_startup_trials=min(10, max(3, (trials or 30) // 3)))
+
+
+def make_scheduler(steps: int):
+    """ASHA on the per-step throughput (a trial reports each of its timed steps, then the record at steps + 1)."""
+    from ray.tune.schedulers import ASHAScheduler
+    return ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max", max_t=steps + 1,
+                         grace_period=1, reduction_factor=2)
 
 
 def space_knobs():
