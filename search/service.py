@@ -277,28 +277,33 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     (the yardstick's own best rows are compiled). With two or more trials at once they run side by side."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
-    import optuna
-
     from trainscout.spaces import get
-    from trainscout.trial import memory
     defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
-    sizes = space.domains["micro_batch_size"]
-    point = None
-    if "max" in sizes:  # probed in the trial, from the memory model's estimate up
+    if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
         point = dict(defaults, micro_batch_size="max")
-    for mbs in [] if point else sorted(sizes, reverse=True):
-        try:  # the configuration the point means, as the sampler would build it
-            spec = prepare(args.model, space.sample(optuna.trial.FixedTrial(dict(defaults, micro_batch_size=mbs))),
-                           workers=args.gpus_per_trial, hw=hw, **args.recipe)
-        except ConfigError:
-            continue
-        if memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
-            point = dict(defaults, micro_batch_size=mbs)
-            break
+    else:
+        point = _largest_fit(args, space, hw, calibration, defaults)
     if point is None:
         return []
     compiled = [dict(point, compile=True)] if True in space.domains.get("compile", ()) and not point["compile"] else []
     return [point, *compiled]
+
+
+def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
+    """The defaults at the largest micro-batch the memory model predicts to fit in 85 % of the GPU (None: none)."""
+    import optuna
+
+    from trainscout.trial import memory
+    for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
+        point = dict(defaults, micro_batch_size=mbs)
+        try:  # the configuration the point means, as the sampler would build it
+            spec = prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
+                           hw=hw, **args.recipe)
+        except ConfigError:
+            continue
+        if memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
+            return point
+    return None
 
 
 def make_sampler(seed: int, trials: int | None):
