@@ -1,7 +1,7 @@
 """GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
 calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|multi|all] [--out results.jsonl]
+Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|multi|all] [--case TEXT] [--out results.jsonl]
        [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
 table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
@@ -64,6 +64,9 @@ GROUPS = {
             ("zero2 mbs8", {"micro_batch_size": 8, "zero_stage": 2}),
             ("zero3 mbs8", {"micro_batch_size": 8, "zero_stage": 3}),
             ("zero2+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 2, "offload_optimizer": True}),
+            ("zero3+offload_opt mbs8", {"micro_batch_size": 8, "zero_stage": 3, "offload_optimizer": True}),
+            ("zero3+offload_opt+params mbs8", {"micro_batch_size": 8, "zero_stage": 3, "offload_optimizer": True,
+                                               "offload_params": True}),
             ("fsdp full_shard mbs8", {"micro_batch_size": 8, "fsdp": "full_shard"}),
         ]
     ],
@@ -104,12 +107,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--group", default="all", help=f"comma-separated: {', '.join(GROUPS)} or all")
     p.add_argument("--out", default=None, help="append JSON lines here")
+    p.add_argument("--case", default=None, help="only the cases whose label contains this text")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--store", default=None, help="also keep every record in this results store (a folder)")
     p.add_argument("--parallel", type=int, default=1, help="one-GPU cases run at once (one per GPU)")
     a = p.parse_args()
     groups = a.group.split(",")
-    cases = [c for g, cs in GROUPS.items() if "all" in groups or g in groups for c in cs]
+    cases = [c for g, cs in GROUPS.items() if "all" in groups or g in groups for c in cs
+             if a.case is None or a.case in c[0]]
     store = None
     if a.store:
         import os
