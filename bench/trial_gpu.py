@@ -1,7 +1,7 @@
 """GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
 calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|multi|all] [--case TEXT] [--out results.jsonl]
+Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|multi|all] [--case TEXT] [--out results.jsonl]
        [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
 table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
@@ -56,6 +56,15 @@ GROUPS = {
         (f"1b x{{n}} pipeline 2 {sch} mbs4x8", "pythia-1b", {"pipeline_stages": 2, "pipeline_schedule": sch,
                                                      "micro_batch_size": 4, "pipeline_microbatches": 8}, {"workers": "all"})
         for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+    ],
+    "kernels": [  # Pythia-160M at the search's best (compiled, mbs 64): attention kernel and compile mode
+        (f"160m compile mbs64 {name}", "pythia-160m", {"micro_batch_size": 64, "compile": True, **s}, {}) for name, s in [
+            ("sdpa auto", {}),
+            ("sdpa flash", {"sdpa_backend": "flash"}),
+            ("sdpa efficient", {"sdpa_backend": "efficient"}),
+            ("reduce-overhead", {"compile_mode": "reduce-overhead"}),
+            ("max-autotune-no-cudagraphs", {"compile_mode": "max-autotune-no-cudagraphs"}),
+        ]
     ],
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [

@@ -43,6 +43,13 @@ def select_sdpa(backend: str) -> None:
         enable(backend in ("auto", name))
 
 
+def compiled(model, plan: Plan):
+    """torch.compile with the plan's mode, or the model itself when compile is off."""
+    if not plan.compile:
+        return model
+    return torch.compile(model, mode=None if plan.compile_mode == "default" else plan.compile_mode)
+
+
 def adamw(params, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
@@ -63,7 +70,8 @@ class TorchEngine:
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
             model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.model = torch.compile(model) if plan.compile else model
+        self.model = compiled(model, plan)
+        self.cudagraphs = plan.compile and plan.compile_mode == "reduce-overhead"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = adamw(self.params, recipe, device)
         self.dtype = DTYPES[plan.precision]
@@ -73,6 +81,8 @@ class TorchEngine:
 
     def micro_step(self, batch, is_last: bool, scale: float):
         sync = contextlib.nullcontext() if (self.ddp is None or is_last) else self.ddp.no_sync()
+        if self.cudagraphs:  # a new graph replay: the previous micro-batch's outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with sync:
             with torch.autocast(self.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
                 loss = _loss(self.model, batch) * scale
@@ -107,7 +117,7 @@ class FsdpEngine(TorchEngine):
             fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
         self.fsdp_model = model
-        self.model = torch.compile(model) if plan.compile else model
+        self.model = compiled(model, plan)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = adamw(self.params, recipe, device)
         self.scaler = None
@@ -132,7 +142,7 @@ class DeepSpeedEngine:
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                optimizer=client_opt, config=self.config)
         if plan.compile:
-            self.engine.compile()
+            self.engine.compile(compile_kwargs={} if plan.compile_mode == "default" else {"mode": plan.compile_mode})
 
     def micro_step(self, batch, is_last: bool, scale: float):
         loss = _loss(self.engine, batch)  # DeepSpeed divides by its accumulation count itself
