@@ -64,8 +64,11 @@ GROUPS = {
             ("sdpa efficient", {"sdpa_backend": "efficient"}),
             ("reduce-overhead", {"compile_mode": "reduce-overhead"}),
             ("max-autotune-no-cudagraphs", {"compile_mode": "max-autotune-no-cudagraphs"}),
+            ("layers", {"compile_scope": "layers"}),
+            ("layers sdpa flash", {"compile_scope": "layers", "sdpa_backend": "flash"}),
         ]
-    ],
+    ] + [("410m compile mbs32 layers", "pythia-410m", {"micro_batch_size": 32, "compile": True,
+                                                        "compile_scope": "layers"}, {})],
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
             ("ddp mbs8", {"micro_batch_size": 8}),

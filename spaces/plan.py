@@ -35,6 +35,7 @@ class Plan:
     checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
     compile: bool = False
     compile_mode: str = "default"             # torch.compile mode (reduce-overhead: CUDA graphs)
+    compile_scope: str = "model"              # model | layers (each decoder layer compiled on its own)
     tf32: bool = True
     attn_implementation: str = "sdpa"
     sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)

@@ -2,7 +2,8 @@
 
 Each engine exposes `micro_step(batch, is_last)` (forward + backward; the last micro-batch of an optimizer step
 is the one that synchronises gradients) and `optimizer_step()` (clip, step, zero the gradients). Knob order
-follows torchtitan: activation checkpointing wraps layers first, then sharding (FSDP2 / DeepSpeed), then compile.
+follows torchtitan: activation checkpointing wraps layers first, then per-layer compile, then sharding (FSDP2 /
+DeepSpeed), then whole-model compile.
 """
 from __future__ import annotations
 
@@ -43,11 +44,20 @@ def select_sdpa(backend: str) -> None:
         enable(backend in ("auto", name))
 
 
+def _compile(module, plan: Plan):
+    return torch.compile(module, mode=None if plan.compile_mode == "default" else plan.compile_mode)
+
+
+def compile_layers(layers: nn.ModuleList, plan: Plan) -> None:
+    """compile_scope=layers: each decoder layer compiled on its own, after checkpointing and before sharding."""
+    if plan.compile and plan.compile_scope == "layers":
+        for i in range(len(layers)):
+            layers[i] = _compile(layers[i], plan)
+
+
 def compiled(model, plan: Plan):
-    """torch.compile with the plan's mode, or the model itself when compile is off."""
-    if not plan.compile:
-        return model
-    return torch.compile(model, mode=None if plan.compile_mode == "default" else plan.compile_mode)
+    """The whole model compiled with the plan's mode (compile_scope=model), or the model itself."""
+    return _compile(model, plan) if plan.compile and plan.compile_scope == "model" else model
 
 
 def adamw(params, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
@@ -65,7 +75,9 @@ class TorchEngine:
 
     def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int):
         model.to(device)
-        apply_activation_checkpointing(decoder_layers(model), plan.checkpoint_every)
+        layers = decoder_layers(model)
+        apply_activation_checkpointing(layers, plan.checkpoint_every)
+        compile_layers(layers, plan)
         self.ddp = None
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -110,6 +122,7 @@ class FsdpEngine(TorchEngine):
         model.to(device)
         layers = decoder_layers(model)
         apply_activation_checkpointing(layers, plan.checkpoint_every)
+        compile_layers(layers, plan)
         dtype = DTYPES[plan.precision]
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         reshard = plan.fsdp.get("reshard_after_forward", True)
