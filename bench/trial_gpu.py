@@ -57,13 +57,10 @@ GROUPS = {
                                                      "micro_batch_size": 4, "pipeline_microbatches": 8}, {"workers": "all"})
         for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
     ],
-    "kernels": [  # Pythia-160M at the search's best (compiled, mbs 64): attention kernel and compile mode
+    "kernels": [  # Pythia-160M at the search's best (compiled, mbs 64): attention kernel and compile scope
         (f"160m compile mbs64 {name}", "pythia-160m", {"micro_batch_size": 64, "compile": True, **s}, {}) for name, s in [
-            ("sdpa auto", {}),
-            ("sdpa flash", {"sdpa_backend": "flash"}),
-            ("sdpa efficient", {"sdpa_backend": "efficient"}),
-            ("reduce-overhead", {"compile_mode": "reduce-overhead"}),
-            ("max-autotune-no-cudagraphs", {"compile_mode": "max-autotune-no-cudagraphs"}),
+            ("model sdpa auto", {"compile_scope": "model"}),
+            ("model sdpa efficient", {"compile_scope": "model", "sdpa_backend": "efficient"}),
             ("layers", {"compile_scope": "layers"}),
             ("layers sdpa flash", {"compile_scope": "layers", "sdpa_backend": "flash"}),
         ]

@@ -82,6 +82,11 @@ def _trainable(config: dict, base: dict) -> None:
     key = measurement_key(spec, base["hardware"], hardware.versions())
     record = store.get(key)
     cached = record is not None and record["status"] in DETERMINISTIC
+    if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
+        # ASHA ended this configuration earlier in the search: TPE proposed it again; it gets the same answer
+        store.add_trial(base["search"], trial_id, None, "stopped", True, value, settings)
+        tune.report({METRIC: value, "status": "stopped", "cached": True})
+        return
     if not cached:
         seen = []
 
@@ -103,6 +108,15 @@ def _trainable(config: dict, base: dict) -> None:
     tune.report({METRIC: value, "status": record["status"], "cached": cached, "error": record.get("error"),
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib")})
+
+
+def _stopped_before(store, search: str, settings: dict) -> float | None:
+    """The best step of an earlier trial of this search that ASHA stopped with the same settings (None: none)."""
+    same = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    for t in store.trials(search):
+        if t["status"] == "stopped" and {k: t["config"].get(k) for k in same} == same:
+            return t["tokens_per_s"] or 0.0
+    return None
 
 
 def _progress_callback(url: str, search: str, printer):
@@ -285,8 +299,10 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
         point = _largest_fit(args, space, hw, calibration, defaults)
     if point is None:
         return []
-    compiled = [dict(point, compile=True)] if True in space.domains.get("compile", ()) and not point["compile"] else []
-    return [point, *compiled]
+    def applicable(p):  # a knob whose requirements do not hold keeps its default (compile_scope without compile)
+        return {k: v for k, v in p.items() if get(k).applies(p)}
+    compiled = [applicable(dict(point, compile=True))] if True in space.domains.get("compile", ()) and not point["compile"] else []
+    return [applicable(point), *compiled]
 
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:

@@ -77,6 +77,8 @@ def test_defaults_resolve_to_plain_ddp():
     ({"activation_checkpointing": 9}, "activation_checkpointing", "choose n <= 4"),
     ({"fsdp": "full_shard", "precision": "fp16-mixed"}, "fsdp", "set precision=bf16-mixed or fsdp=off"),
     ({"zero_stagee": 1}, "zero_stagee", "did you mean zero_stage"),
+    ({"compile_scope": "layers"}, "compile_scope", "set compile=true"),
+    ({"compile": True, "compile_scope": "layers", "zero_stage": 1}, "compile_scope", "set compile_scope=model or zero_stage=0"),
 ])
 def test_constraints_refuse_with_the_fix(settings, field, fix):
     ctx = GPU if settings.get("precision") == "fp16-mixed" and "fsdp" in settings else CTX
@@ -84,6 +86,17 @@ def test_constraints_refuse_with_the_fix(settings, field, fix):
         resolve(settings, ctx)
     msg = str(e.value)
     assert e.value.field == field and field in msg and fix in msg and "\n" not in msg
+
+
+def test_compile_scope_auto_is_layers_on_pytorch_engines_and_model_under_deepspeed():
+    assert resolve({"compile": True}, CTX)[1].compile_scope == "layers"
+    assert resolve({"compile": True, "fsdp": "full_shard"}, CTX)[1].compile_scope == "layers"
+    assert resolve({"compile": True, "zero_stage": 2}, CTX)[1].compile_scope == "model"
+    # measured on the H200: the flash kernel takes no mask, and a model traced whole passes one
+    with pytest.raises(ConfigError, match="set compile_scope=layers or sdpa_backend=auto") as e:
+        resolve({"compile": True, "compile_scope": "model", "sdpa_backend": "flash"}, GPU)
+    assert e.value.field == "sdpa_backend"
+    assert resolve({"compile": True, "sdpa_backend": "flash"}, GPU)[1].compile_scope == "layers"
 
 
 def test_global_batch_must_split_over_ranks():

@@ -31,7 +31,8 @@ ENGINES = {
     "fsdp-grad-op-bf16": {"fsdp": "shard_grad_op", "precision": "bf16-mixed"},
     "ckpt-full": {"activation_checkpointing": "full"},
     "ckpt-every-2-zero2-bf16": {"activation_checkpointing": 2, "zero_stage": 2, "precision": "bf16-mixed"},
-    "compile-sdpa-flash": {"compile": True, "sdpa_backend": "flash"},  # the backend flags are traced by compile
+    "compile-model-sdpa-flash": {"compile": True, "compile_scope": "model", "sdpa_backend": "flash"},  # flags traced
+    "compile-layers-fsdp-ckpt": {"compile": True, "fsdp": "full_shard", "activation_checkpointing": "full"},  # auto
 }
 
 
@@ -74,6 +75,28 @@ def test_sdpa_backend_runs_only_its_kernel(backend, kernel):
     assert ops and all(kernel in op for op in ops), ops
 
 
+def test_compile_scope_layers_compiles_each_layer_and_leaves_the_causal_mask_to_sdpa():
+    """compile_scope=layers (auto on the PyTorch engines): every decoder layer is compiled on its own and the mask is
+    built eagerly, so the layers get no mask tensor and SDPA runs is_causal (a whole-model trace materialises it)."""
+    import torch
+
+    from trainscout.spaces import Context, resolve
+    from trainscout.trial.engines import TorchEngine
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2, "compile": True}, device="cpu")
+    assert spec["config"]["compile_scope"] == "layers"
+    model = build_model(resolve_model("tiny").config, "sdpa", 64)
+    engine = TorchEngine(model, resolve(spec["config"], Context(global_batch=2, num_layers=2))[1], spec["recipe"],
+                         torch.device("cpu"), 1)
+    layers = [m for m in model.modules() if isinstance(m, torch._dynamo.eval_frame.OptimizedModule)]
+    assert engine.model is model and len(layers) == model.config.num_hidden_layers
+    masks = []
+    layers[0].register_forward_pre_hook(lambda mod, args, kw: masks.append(kw.get("attention_mask", "absent")),
+                                        with_kwargs=True)
+    loss = engine.micro_step(torch.randint(0, 512, (2, 64)), is_last=True, scale=1.0)
+    engine.optimizer_step()
+    assert masks == [None] and math.isfinite(loss.item())
+
+
 def test_full_step_is_measured_when_asked(ray_local):
     r = run({}, measure_accum=0, steps=3)
     m = r["metrics"]
@@ -88,12 +111,14 @@ def test_full_step_is_measured_when_asked(ray_local):
     ("oom@1", "oom", "allocate"),
     ("crash@1", "crash", ""),
     ("assert", "crash", "AssertionError: injected assertion failure"),
+    # pickle refuses it (torch.compile's errors hold frames): the message still comes back, not "cannot pickle"
+    ("unpicklable", "crash", "RuntimeError: injected failure that cannot be pickled"),
 ])
 def test_failures_are_classified(ray_local, fault, status, words):
     r = run({}, fault=fault)
     assert r["status"] == status and r["metrics"] is None
     assert words in r["error"]
-    assert "injected fault" in r["stderr_tail"]  # the failing rank's stderr tail comes back
+    assert "injected" in r["stderr_tail"]  # the failing rank's stderr tail comes back
 
 
 def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):

@@ -44,20 +44,16 @@ def select_sdpa(backend: str) -> None:
         enable(backend in ("auto", name))
 
 
-def _compile(module, plan: Plan):
-    return torch.compile(module, mode=None if plan.compile_mode == "default" else plan.compile_mode)
-
-
 def compile_layers(layers: nn.ModuleList, plan: Plan) -> None:
     """compile_scope=layers: each decoder layer compiled on its own, after checkpointing and before sharding."""
     if plan.compile and plan.compile_scope == "layers":
         for i in range(len(layers)):
-            layers[i] = _compile(layers[i], plan)
+            layers[i] = torch.compile(layers[i])
 
 
 def compiled(model, plan: Plan):
-    """The whole model compiled with the plan's mode (compile_scope=model), or the model itself."""
-    return _compile(model, plan) if plan.compile and plan.compile_scope == "model" else model
+    """The whole model compiled (compile_scope=model), or the model itself."""
+    return torch.compile(model) if plan.compile and plan.compile_scope == "model" else model
 
 
 def adamw(params, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
@@ -83,7 +79,6 @@ class TorchEngine:
             from torch.nn.parallel import DistributedDataParallel
             model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         self.model = compiled(model, plan)
-        self.cudagraphs = plan.compile and plan.compile_mode == "reduce-overhead"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = adamw(self.params, recipe, device)
         self.dtype = DTYPES[plan.precision]
@@ -93,8 +88,6 @@ class TorchEngine:
 
     def micro_step(self, batch, is_last: bool, scale: float):
         sync = contextlib.nullcontext() if (self.ddp is None or is_last) else self.ddp.no_sync()
-        if self.cudagraphs:  # a new graph replay: the previous micro-batch's outputs may be overwritten
-            torch.compiler.cudagraph_mark_step_begin()
         with sync:
             with torch.autocast(self.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
                 loss = _loss(self.model, batch) * scale
@@ -155,7 +148,7 @@ class DeepSpeedEngine:
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                optimizer=client_opt, config=self.config)
         if plan.compile:
-            self.engine.compile(compile_kwargs={} if plan.compile_mode == "default" else {"mode": plan.compile_mode})
+            self.engine.compile()
 
     def micro_step(self, batch, is_last: bool, scale: float):
         loss = _loss(self.engine, batch)  # DeepSpeed divides by its accumulation count itself

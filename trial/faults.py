@@ -5,6 +5,7 @@ Set TRAINSCOUT_FAULT (or the hidden CLI flag --inject-fault) to KIND[@RANK] with
   crash   the worker process exits abruptly (exit code 3), as a segfault or a killed process would
   hang    the worker stops making progress (sleeps), as an NCCL hang would; the trial timeout must kill it
   assert  an AssertionError, as a library's failed check would
+  unpicklable  an error holding a stack frame, which pickle refuses (torch.compile's errors do this)
 The fault fires at the first timed step of rank RANK (default 0).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 
-KINDS = ("oom", "crash", "hang", "assert")
+KINDS = ("oom", "crash", "hang", "assert", "unpicklable")
 
 
 def parse(spec: str | None) -> tuple[str, int] | None:
@@ -42,3 +43,7 @@ def fire(spec: str | None, rank: int, device) -> None:
             time.sleep(3600)
     elif kind == "assert":
         raise AssertionError("injected assertion failure")
+    elif kind == "unpicklable":
+        e = RuntimeError("injected failure that cannot be pickled")
+        e.frame = sys._getframe()
+        raise e

@@ -10,10 +10,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pickle
 import resource
 import sys
 import tempfile
 import time
+import traceback
 
 
 def _redirect_stderr(log_dir: str | None, rank: int) -> None:
@@ -102,6 +104,24 @@ def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
 
 
 def train_loop(spec: dict) -> None:
+    """One rank of a trial (Ray Train's training function). An error that pickle refuses (torch.compile's hold
+    stack frames) would reach the driver as "cannot pickle 'frame' object": it goes back as its type and message."""
+    try:
+        _train_loop(spec)
+    except Exception as e:
+        try:
+            pickle.dumps(e)
+            picklable = True
+        except Exception:  # noqa: BLE001 - any pickling failure
+            picklable = False
+        if picklable:
+            raise
+        traceback.print_exc()  # the whole trace stays in the rank's log
+        msg = str(e)[:2000]
+        raise RuntimeError(msg if type(e) is RuntimeError else f"{type(e).__name__}: {msg}") from None
+
+
+def _train_loop(spec: dict) -> None:
     import ray.train
     import torch
     import torch.distributed as dist

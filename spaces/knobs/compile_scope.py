@@ -4,15 +4,30 @@ from ..knob import Knob, register
 
 @register
 class CompileScope(Knob):
-    """What torch.compile wraps: the whole model, or each decoder layer on its own (torchtitan's way)."""
+    """What torch.compile wraps: each decoder layer on its own (torchtitan's way) or the whole model; auto: layers
+    on the PyTorch engines, the model under DeepSpeed."""
 
     name = "compile_scope"
-    default = "model"
-    choices = ("model", "layers")
+    default = "auto"  # layers on the PyTorch engines, model under DeepSpeed
+    choices = ("layers", "model")
     requires = {"compile": (True,)}
     # Why: transformers builds the causal mask inside the model's forward. Traced by torch.compile it is
     # materialised (transformers skips it only outside tracing, before torch 2.14), so SDPA gets a mask tensor
     # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all.
+    # On the H200: +6 % (Pythia-160M), +18 % (410M), +18 % (1B) tokens/s over the whole model compiled.
+
+    def parse(self, raw):
+        if isinstance(raw, str) and raw.strip().lower() == "auto":
+            return "auto"
+        return super().parse(raw)
+
+    def domain_text(self):
+        return "auto|" + super().domain_text()
+
+    def concrete(self, value, cfg, ctx):
+        if value == "auto" and cfg["compile"]:
+            return "model" if cfg["zero_stage"] else "layers"
+        return value
 
     def check(self, value, cfg, ctx):
         if value == "layers" and cfg["zero_stage"]:

@@ -20,5 +20,10 @@ class SdpaBackend(Knob):
             raise ConfigError(self.name, f"sdpa_backend={value} needs 16-bit activations on a GPU: set precision=bf16-mixed "
                                          "or sdpa_backend=efficient")
 
+        if value == "flash" and ctx.device == "cuda" and cfg["compile"] and cfg["compile_scope"] == "model":
+            # measured on the H200: traced whole, the model hands SDPA a causal mask tensor, which flash cannot take
+            raise ConfigError(self.name, "sdpa_backend=flash takes no mask tensor, and a model compiled whole passes "
+                                         "one: set compile_scope=layers or sdpa_backend=auto")
+
     def apply(self, plan, value, cfg, ctx):
         plan.sdpa_backend = value
