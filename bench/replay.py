@@ -26,8 +26,8 @@ import tempfile
 import time
 
 from trainscout.cli.main import EXIT_BAD_INPUT, Parser, positive_int
-from trainscout.search.service import (MEMORY_MARGIN, METRIC, SearchArgs, _trainable, make_sampler, make_scheduler,
-                                       space_knobs, start_points)
+from trainscout.search.service import (MEMORY_MARGIN, METRIC, Printer, SearchArgs, _progress_callback, _trainable,
+                                       make_sampler, make_scheduler, space_knobs, start_points)
 from trainscout.search.space import Space
 from trainscout.search.store import default_url
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
@@ -132,7 +132,7 @@ def ledger_classes():
         def __init__(self, charge, target: float, budget: float, searched: list[str]):
             self.charge, self.target, self.budget, self.searched = charge, target, budget, searched
             self.spent, self.n, self.counts, self.done, self.found, self.error = 0.0, 0, {}, False, None, None
-            self.stopped = set()  # configurations ASHA stopped: proposed again, they are measured again
+            self.stopped = set()  # configurations ASHA stopped: proposed again, the search answers them (0 s)
             self.near_best_stopped, self.log = 0, []
 
         def on_trial_complete(self, iteration, trials, trial, **info):
@@ -201,13 +201,15 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
     ledger = Ledger(charge, target, budget_s, [k for k, vs in space.domains.items() if len(vs) > 1])
     searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=make_sampler(seed, a.trials),
                             points_to_evaluate=start or None)
+    # the search's own callback: it records the trials ASHA stopped, which a later proposal of theirs is answered from
+    progress = _progress_callback(base["storage"], base["search"], Printer(space, open(os.devnull, "w")))
     t0 = time.perf_counter()
     tune.Tuner(
         tune.with_resources(tune.with_parameters(_replay_trainable, base=base, meta=meta, rows=rows), {"CPU": 1}),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=make_scheduler(steps), num_samples=a.max_trials,
                                     max_concurrent_trials=1, reuse_actors=False),
         run_config=tune.RunConfig(name=f"replay-{seed}", storage_path=os.path.join(tmp, "tune"), verbose=0,
-                                  stop=Done(ledger), callbacks=[ledger],
+                                  stop=Done(ledger), callbacks=[progress, ledger],
                                   failure_config=tune.FailureConfig(max_failures=0))).fit()
     if ledger.error:
         raise ConfigError("--csv", f"replay seed {seed}: {ledger.error}: record the grid of this space with bench/grid.py")
