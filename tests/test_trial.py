@@ -112,7 +112,7 @@ def test_full_step_is_measured_when_asked(ray_local):
     ("crash@1", "crash", ""),
     ("assert", "crash", "AssertionError: injected assertion failure"),
     # pickle refuses it (torch.compile's errors hold frames): the message still comes back, not "cannot pickle"
-    ("unpicklable", "crash", "RuntimeError: injected failure that cannot be pickled"),
+    ("unpicklable", "crash", "InjectedCompileError: injected failure that cannot be pickled"),
 ])
 def test_failures_are_classified(ray_local, fault, status, words):
     r = run({}, fault=fault)

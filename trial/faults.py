@@ -17,6 +17,14 @@ import time
 KINDS = ("oom", "crash", "hang", "assert", "unpicklable")
 
 
+class InjectedCompileError(RuntimeError):
+    """Holds a stack frame, as torch.compile's errors do: pickle refuses it."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg)
+        self.frame = sys._getframe(1)
+
+
 def parse(spec: str | None) -> tuple[str, int] | None:
     if not spec:
         return None
@@ -44,6 +52,4 @@ def fire(spec: str | None, rank: int, device) -> None:
     elif kind == "assert":
         raise AssertionError("injected assertion failure")
     elif kind == "unpicklable":
-        e = RuntimeError("injected failure that cannot be pickled")
-        e.frame = sys._getframe()
-        raise e
+        raise InjectedCompileError("injected failure that cannot be pickled")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import pickle
 import resource
 import sys
 import tempfile
@@ -104,21 +103,16 @@ def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
 
 
 def train_loop(spec: dict) -> None:
-    """One rank of a trial (Ray Train's training function). An error that pickle refuses (torch.compile's hold
-    stack frames) would reach the driver as "cannot pickle 'frame' object": it goes back as its type and message."""
+    """One rank of a trial (Ray Train's training function). Ray pickles a rank's error to the driver, and library
+    errors may hold what pickle refuses (torch.compile's hold stack frames: they arrived as "cannot pickle 'frame'
+    object"). So an error of a type outside the builtins goes back as a RuntimeError with its type and message."""
     try:
         _train_loop(spec)
     except Exception as e:
-        try:
-            pickle.dumps(e)
-            picklable = True
-        except Exception:  # noqa: BLE001 - any pickling failure
-            picklable = False
-        if picklable:
+        if type(e).__module__ == "builtins":
             raise
         traceback.print_exc()  # the whole trace stays in the rank's log
-        msg = str(e)[:2000]
-        raise RuntimeError(msg if type(e) is RuntimeError else f"{type(e).__name__}: {msg}") from None
+        raise RuntimeError(f"{type(e).__module__}.{type(e).__qualname__}: {str(e)[:2000]}") from None
 
 
 def _train_loop(spec: dict) -> None:

@@ -14,7 +14,8 @@ class CompileScope(Knob):
     # Why: transformers builds the causal mask inside the model's forward. Traced by torch.compile it is
     # materialised (transformers skips it only outside tracing, before torch 2.14), so SDPA gets a mask tensor
     # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all.
-    # On the H200: +6 % (Pythia-160M), +18 % (410M), +18 % (1B) tokens/s over the whole model compiled.
+    # On the H200, same settings: +6.1 % (Pythia-160M) and +22 % (410M) tokens/s over the whole model compiled;
+    # 1B reached MFU 0.600 (docs/BENCHMARKS.md, "Compile scope").
 
     def parse(self, raw):
         if isinstance(raw, str) and raw.strip().lower() == "auto":
