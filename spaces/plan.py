@@ -34,7 +34,7 @@ class Plan:
     pipeline: dict = field(default_factory=dict)  # stages, schedule, chunks (per rank), microbatches
     checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
     compile: bool = False
-    compile_scope: str = "layers"             # layers (each decoder layer compiled on its own) | model
+    compile_scope: str = "auto"               # with compile: layers (each decoder layer on its own) | model
     tf32: bool = True
     attn_implementation: str = "sdpa"
     sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)
