@@ -104,13 +104,17 @@ def measure(row: dict, store, a, trials_dir: str) -> str:
     if record is None or record["status"] not in DETERMINISTIC:
         record, how = execute(row["spec"], timeout=a.timeout, storage=trials_dir, address=a.address), "measured"
         store.replace(row["key"], record)
+    fill(row, record, a)
+    return how
+
+
+def fill(row: dict, record: dict, a) -> None:
     m, recipe = record.get("metrics") or {}, row["spec"]["recipe"]
     tokens = recipe["global_batch"] * recipe["seq_len"]
     row.update(status=record["status"], error=record.get("error"), tokens_per_s=m.get("tokens_per_s"),
                step_tokens_per_s=";".join(f"{tokens / s:.1f}" for s in m.get("steps_s", [])),
                wall_s=record.get("wall_s"), timed_s=m.get("timed_s"), peak_memory_gib=m.get("peak_memory_gib"),
                gpu_s=(record.get("wall_s") or 0.0) * a.gpus_per_trial)
-    return how
 
 
 def write_csv(path: str, meta: dict, rows: list[dict]) -> None:
@@ -165,6 +169,11 @@ def record_grid(a) -> int:
                 "installed": sorted(hardware.installed_optional()), "versions": hardware.versions(),
                 "recorded_at": now()}
         for i, r in enumerate(valid, 1):
+            if a.stored_only or (i - 1) % a.shard[1] != a.shard[0]:  # another shard's row: shown once stored
+                record = store.get(r["key"])
+                if record is not None:
+                    fill(r, record, a)
+                continue
             how = measure(r, store, a, trials_dir)
             measured += how == "measured"
             write_csv(a.csv, meta, rows)  # after every row: a recording cut short leaves what it measured
@@ -194,6 +203,13 @@ def print_table(rows: list[dict], searched: list[str], measured: int, wall: floa
               "  ".join(fmt(r["config"][k]) for k in searched))
 
 
+def shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--shard {text}: write K/N with 0 <= K < N, e.g. 0/2 and 1/2")
+    return int(k), int(n)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="bench/grid.py", description=__doc__.split("\n\n")[0],
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -212,6 +228,12 @@ def build_parser() -> Parser:
     p.add_argument("--csv", required=True, help="the CSV to write")
     p.add_argument("--max-combinations", type=positive_int("--max-combinations"), default=2000,
                    help="refuse a larger grid (narrow the space instead)")
+    p.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N",
+                   help="measure only every N-th valid row from the K-th (0-based): N processes with one --store and "
+                        "--address fill a grid N trials at a time (each its own --csv; a last run without --shard "
+                        "writes the whole CSV from the store)")
+    p.add_argument("--stored-only", action="store_true",
+                   help="measure nothing: write the CSV from what --store holds (rows not in it stay \"valid\")")
     p.add_argument("--dry-run", action="store_true", help="enumerate and check the combinations, measure nothing")
     add_recipe_flags(p)
     return p

@@ -1,7 +1,7 @@
 """GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
 calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|multi|all] [--case TEXT] [--out results.jsonl]
+Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|loss|multi|pipeline|all] [--case TEXT] [--out results.jsonl]
        [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
 table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
@@ -66,6 +66,12 @@ GROUPS = {
         ]
     ] + [("410m compile mbs32 layers", "pythia-410m", {"micro_batch_size": 32, "compile": True,
                                                         "compile_scope": "layers"}, {})],
+    "loss": [  # the loss compiled on its own (loss_kernel) beside per-layer compile, at the micro-batches above
+        (f"{m[7:]} compile layers mbs{mbs} loss {k}", m, {"micro_batch_size": mbs, "compile": True,
+                                                      "compile_scope": "layers", "loss_kernel": k}, {})
+        for m, mbs, k in [("pythia-160m", 64, "eager"), ("pythia-160m", 64, "compiled"),
+                          ("pythia-410m", 32, "compiled"), ("pythia-1b", 16, "compiled")]
+    ],
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
             ("ddp mbs8", {"micro_batch_size": 8}),

@@ -35,6 +35,7 @@ class Plan:
     checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
     compile: bool = False
     compile_scope: str = "auto"               # with compile: layers (each decoder layer on its own) | model
+    loss_kernel: str = "eager"                # eager | compiled (the loss compiled on its own)
     tf32: bool = True
     attn_implementation: str = "sdpa"
     sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)

@@ -75,6 +75,7 @@ def test_replay_finds_the_dominating_row_within_the_grid_total(tmp_path):
     ("replay.py", ["--csv", __file__], "--csv"),  # not a grid CSV
     ("grid.py", ["--model", "tiny", "--csv", "x.csv", "--space", "/nonexistent.yaml", "--dry-run"], "--space"),
     ("grid.py", ["--model", "tiny", "--csv", "x.csv", "--workers", "0"], "--gpus-per-trial"),
+    ("grid.py", ["--model", "tiny", "--csv", "x.csv", "--shard", "2/2", "--dry-run"], "--shard"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(script, args, flag):
     res = replay(*args, script=script)

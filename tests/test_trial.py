@@ -21,7 +21,7 @@ def run(settings, fault=None, timeout=300, **kw):
 
 ENGINES = {
     "ddp": {},
-    "zero1": {"zero_stage": 1},
+    "zero1-loss-compiled": {"zero_stage": 1, "loss_kernel": "compiled"},
     "zero2": {"zero_stage": 2},
     "zero3": {"zero_stage": 3},
     "zero2-offload-optimizer": {"zero_stage": 2, "offload_optimizer": True},
@@ -32,7 +32,8 @@ ENGINES = {
     "ckpt-full": {"activation_checkpointing": "full"},
     "ckpt-every-2-zero2-bf16": {"activation_checkpointing": 2, "zero_stage": 2, "precision": "bf16-mixed"},
     "compile-model-sdpa-flash": {"compile": True, "compile_scope": "model", "sdpa_backend": "flash"},  # flags traced
-    "compile-layers-fsdp-ckpt": {"compile": True, "fsdp": "full_shard", "activation_checkpointing": "full"},  # auto
+    "compile-layers-fsdp-ckpt-loss": {"compile": True, "fsdp": "full_shard", "activation_checkpointing": "full",
+                                      "loss_kernel": "compiled"},  # compile_scope auto: layers
 }
 
 
@@ -95,6 +96,30 @@ def test_compile_scope_layers_compiles_each_layer_and_leaves_the_causal_mask_to_
     loss = engine.micro_step(torch.randint(0, 512, (2, 64)), is_last=True, scale=1.0)
     engine.optimizer_step()
     assert masks == [None] and math.isfinite(loss.item())
+
+
+def test_compiled_loss_gives_the_eager_loss_and_gradients():
+    """loss_kernel=compiled: the model's loss function runs compiled, with the eager loss and gradients."""
+    import copy
+
+    import torch
+
+    from trainscout.spaces import Context, resolve
+    from trainscout.trial.engines import TorchEngine
+    torch.manual_seed(0)
+    base, batch, out = build_model(resolve_model("tiny").config, "sdpa", 64), torch.randint(0, 512, (2, 64)), {}
+    for kernel in ("eager", "compiled"):
+        spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2, "loss_kernel": kernel}, device="cpu")
+        model = copy.deepcopy(base)
+        engine = TorchEngine(model, resolve(spec["config"], Context(global_batch=2, num_layers=2))[1], spec["recipe"],
+                             torch.device("cpu"), 1)
+        loss = engine.micro_step(batch, is_last=True, scale=1.0)
+        out[kernel] = loss.item(), [p.grad.clone() for p in model.parameters()], model.loss_function
+    assert hasattr(out["compiled"][2], "_torchdynamo_orig_callable")  # the function torch.compile returns
+    assert not hasattr(out["eager"][2], "_torchdynamo_orig_callable")
+    assert out["compiled"][0] == pytest.approx(out["eager"][0], rel=1e-5)
+    for g_eager, g_compiled in zip(out["eager"][1], out["compiled"][1]):
+        torch.testing.assert_close(g_compiled, g_eager, rtol=1e-4, atol=1e-6)
 
 
 def test_full_step_is_measured_when_asked(ray_local):

@@ -56,6 +56,12 @@ def compiled(model, plan: Plan):
     return torch.compile(model) if plan.compile and plan.compile_scope == "model" else model
 
 
+def compile_loss(model, plan: Plan) -> None:
+    """loss_kernel=compiled: the model's own loss function (upcast, shift, cross-entropy) compiled on its own."""
+    if plan.loss_kernel == "compiled":
+        model.loss_function = torch.compile(model.loss_function)
+
+
 def adamw(params, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
@@ -74,6 +80,7 @@ class TorchEngine:
         layers = decoder_layers(model)
         apply_activation_checkpointing(layers, plan.checkpoint_every)
         compile_layers(layers, plan)
+        compile_loss(model, plan)
         self.ddp = None
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -116,6 +123,7 @@ class FsdpEngine(TorchEngine):
         layers = decoder_layers(model)
         apply_activation_checkpointing(layers, plan.checkpoint_every)
         compile_layers(layers, plan)
+        compile_loss(model, plan)
         dtype = DTYPES[plan.precision]
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         reshard = plan.fsdp.get("reshard_after_forward", True)
@@ -142,6 +150,7 @@ class DeepSpeedEngine:
     def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int, measured_accum: int):
         import deepspeed
         apply_activation_checkpointing(decoder_layers(model), plan.checkpoint_every)
+        compile_loss(model, plan)
         self.config = deepspeed_config(plan, recipe, measured_accum)
         offload = "offload_optimizer" in plan.zero
         client_opt = None if offload else adamw([p for p in model.parameters() if p.requires_grad], recipe, device)

@@ -79,6 +79,10 @@ class StageModule(nn.Module):
         return h
 
 
+def causal_cross_entropy(logits, target):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target[:, 1:].flatten())
+
+
 class PipelineEngine:
     def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int):
         from torch.distributed import pipelining
@@ -106,6 +110,7 @@ class PipelineEngine:
         self.has_last = any(s.is_last for s in self.stages)
         cls = getattr(pipelining.schedules, SCHEDULES[plan.pipeline["schedule"]])
         self.scale = 1.0
+        self.cross_entropy = torch.compile(causal_cross_entropy) if plan.loss_kernel == "compiled" else causal_cross_entropy
         self.schedule = cls(self.stages if chunks > 1 else self.stages[0],  # multi-stage schedules take a list
                             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=True)
         self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
@@ -114,8 +119,7 @@ class PipelineEngine:
 
     def _loss(self, logits, target):
         """The model's own causal-LM loss (next-token, mean over tokens), times the accumulation scale."""
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target[:, 1:].flatten())
-        return loss * self.scale
+        return self.cross_entropy(logits, target) * self.scale
 
     def micro_step(self, batch, is_last: bool, scale: float):
         """One schedule step over the pipeline's micro-batches; the loss (mean over them) on the last stage's rank."""
