@@ -137,7 +137,7 @@ def _cell(v) -> str:
         return ""
     if isinstance(v, float):
         return f"{v:.6g}" if abs(v) < 1e6 else f"{v:.1f}"
-    return str(v).splitlines()[0][:300] if isinstance(v, str) else str(v)
+    return (str(v).splitlines() or [""])[0][:300] if isinstance(v, str) else str(v)
 
 
 def record_grid(a) -> int:
