@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from trainscout.cli.main import EXIT_BAD_INPUT, Parser, positive_int
+from trainscout.cli.main import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
 from trainscout.search.service import (MEMORY_MARGIN, METRIC, Printer, SearchArgs, _progress_callback, _trainable,
                                        make_sampler, make_scheduler, space_knobs, start_points)
 from trainscout.search.space import Space
@@ -56,14 +56,10 @@ def load_grid(path: str) -> tuple[dict, list[dict], dict]:
         raise ConfigError("--csv", f"{path} lacks {', '.join(missing) or 'rows'}: give a CSV written by bench/grid.py")
     # a knob registered after the recording: its trials ran what its default runs
     late = [k for k in all_knobs() if k.name not in rows[0]]
-    pending = sum(r["status"] == "valid" for r in rows)
-    if pending:
-        raise ConfigError("--csv", f"{path}: {pending} rows are not measured yet: finish the recording (run "
-                                   "bench/grid.py again with the same --store)")
     try:
         for r in rows:
             r.update({k.name: fmt(k.default) for k in late})
-            if r["status"] not in STATUSES:
+            if r["status"] not in (*STATUSES, "valid"):  # valid: not measured yet
                 raise ValueError(r["status"])
             r["grid"] = r["grid"] == "1"
             for c in ("tokens_per_s", "wall_s", "timed_s", "gpu_s"):
@@ -233,10 +229,28 @@ def run(a) -> int:
         raise ConfigError("--csv", f"{a.csv}: its '{META.strip()}' line lacks {', '.join(missing)}: "
                                    "record it with bench/grid.py")
     try:  # the space the grid was recorded over, as the search built it
-        space = Space({**late, **{k: get(k).parse(v) for k, v in meta["space"]["fixed"].items()}},
-                      {k: tuple(get(k).parse(v) for v in vs) for k, vs in meta["space"]["searched"].items()})
+        fixed = {**late, **{k: get(k).parse(v) for k, v in meta["space"]["fixed"].items()}}
+        searched = {k: tuple(get(k).parse(v) for v in vs) for k, vs in meta["space"]["searched"].items()}
     except (KeyError, TypeError, AttributeError, ConfigError) as e:
         raise ConfigError("--csv", f"{a.csv}: cannot rebuild its space here ({e}): record the grid again with bench/grid.py")
+    for name, value in parse_sets(a.set).items():  # --set: the part of the grid where a searched knob has one value
+        if name not in searched:
+            raise ConfigError("--set", f"--set {name}: not a searched knob of this grid: choose one of "
+                                       f"{', '.join(searched) or '(none)'}")
+        value = get(name).parse(value)
+        if value not in searched[name]:
+            raise ConfigError("--set", f"--set {name}={fmt(value)}: the grid has {name} in "
+                                       f"{'|'.join(map(fmt, searched[name]))}: choose one of those")
+        fixed[name] = value
+        del searched[name]
+        table = [r for r in table if r[name] == fmt(value)]
+    pending = sum(r["status"] == "valid" for r in table)
+    if pending:
+        raise ConfigError("--csv", f"{a.csv}: {pending} rows are not measured yet: finish the recording (run "
+                                   "bench/grid.py again with the same --store) or replay a measured part with --set")
+    if not any(r["status"] == "ok" and r["grid"] for r in table):
+        raise ConfigError("--set", f"{a.csv}: no measured (ok) grid row has {' and '.join(a.set)}: nothing to find")
+    space = Space(fixed, searched)
     rows = {config_id(r): r for r in table if r["status"] != "invalid"}
     grid = [r for r in table if r["grid"]]
     total = sum(r["gpu_s"] for r in grid)
@@ -303,6 +317,8 @@ def build_parser() -> Parser:
     p.add_argument("--trials", type=positive_int("--trials"), default=None,
                    help="build the sampler as a search with --trials N does (N/3 random trials first, 3..10); "
                         "default: as a --time-budget search (10)")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="replay only the part of the grid where this searched knob has this value (repeatable)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every seed's result as JSON")
     return p
 

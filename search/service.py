@@ -288,7 +288,8 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     """On a GPU, the first trials are the strong defaults a person would set by hand: every searched knob at its
     default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
     model predicts to fit in 85 % of the GPU's memory) - and, where compile is searched, the same with compile on
-    (the yardstick's own best rows are compiled). With two or more trials at once they run side by side."""
+    (the yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched. With two or
+    more trials at once they run side by side."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
     from trainscout.spaces import get
@@ -301,7 +302,12 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
         return []
     def applicable(p):  # a knob whose requirements do not hold keeps its default (compile_scope without compile)
         return {k: v for k, v in p.items() if get(k).applies(p)}
-    compiled = [applicable(dict(point, compile=True))] if True in space.domains.get("compile", ()) and not point["compile"] else []
+    compiled = []
+    if True in space.domains.get("compile", ()) and not point["compile"]:
+        on = dict(point, compile=True)
+        if "compiled" in space.domains.get("loss_kernel", ()):  # the loss too, which per-layer compile leaves out
+            on["loss_kernel"] = "compiled"
+        compiled = [applicable(on)]
     return [applicable(point), *compiled]
 
 

@@ -33,6 +33,8 @@ def test_terms_follow_the_engines():
     assert full["activations"] < every2["activations"] < none["activations"]
     big = memory.components(spec({"micro_batch_size": 8}))
     assert big["activations"] == pytest.approx(2 * none["activations"]) and big["logits"] == 2 * none["logits"]
+    fused = memory.components(spec({"micro_batch_size": 4, "loss_kernel": "compiled"}))  # no fp32 copy of the logits
+    assert fused["logits"] == pytest.approx(none["logits"] / 5) and fused["activations"] == none["activations"]
     pp = {"micro_batch_size": 4, "pipeline_stages": 2, "pipeline_microbatches": 8}
     gpipe = memory.components(spec(dict(pp, pipeline_schedule="gpipe"), workers=2))
     one_f1b = memory.components(spec(dict(pp, pipeline_schedule="1f1b"), workers=2))

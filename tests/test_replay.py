@@ -76,6 +76,9 @@ def test_replay_finds_the_dominating_row_within_the_grid_total(tmp_path):
     ("grid.py", ["--model", "tiny", "--csv", "x.csv", "--space", "/nonexistent.yaml", "--dry-run"], "--space"),
     ("grid.py", ["--model", "tiny", "--csv", "x.csv", "--workers", "0"], "--gpus-per-trial"),
     ("grid.py", ["--model", "tiny", "--csv", "x.csv", "--shard", "2/2", "--dry-run"], "--shard"),
+    ("replay.py", ["--csv", "bench/data/grid-h200-160m.csv"], "--csv"),  # 8 rows not measured: names --set
+    ("replay.py", ["--csv", "bench/data/grid-h200-160m.csv", "--set", "tf32=false"], "--set"),  # not searched
+    ("replay.py", ["--csv", "bench/data/grid-h200-160m.csv", "--set", "micro_batch_size=8"], "--set"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(script, args, flag):
     res = replay(*args, script=script)

@@ -195,7 +195,8 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     assert point["micro_batch_size"] == "max" and point["zero_stage"] == 0 and point["activation_checkpointing"] == "none"
     assert point["compile"] is False and "compile_scope" not in point  # compile is searched: both defaults,
     assert compiled["compile"] is True and compiled["compile_scope"] == "layers"  # each layer compiled (auto)
-    assert all(point[k] == v for k, v in compiled.items() if k not in ("compile", "compile_scope"))
+    assert point["loss_kernel"] == "eager" and compiled["loss_kernel"] == "compiled"  # and the loss on its own
+    assert all(point[k] == v for k, v in compiled.items() if k not in ("compile", "compile_scope", "loss_kernel"))
     numbers = Space(space.fixed, dict(space.domains, micro_batch_size=(4, 8, 16, 32, 64), compile=(False,)))
     [point] = start_points(args, numbers, hw, None)
     fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
