@@ -62,6 +62,16 @@ def compile_loss(model, plan: Plan) -> None:
         model.loss_function = torch.compile(model.loss_function)
 
 
+def before_sharding(model, plan: Plan, device: torch.device) -> nn.ModuleList:
+    """The PyTorch engines' first steps: move, checkpoint, compile each layer and the loss; returns the layers."""
+    model.to(device)
+    layers = decoder_layers(model)
+    apply_activation_checkpointing(layers, plan.checkpoint_every)
+    compile_layers(layers, plan)
+    compile_loss(model, plan)
+    return layers
+
+
 def adamw(params, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
@@ -76,11 +86,7 @@ class TorchEngine:
     """Plain PyTorch on one rank, DistributedDataParallel on several; autocast for mixed precision."""
 
     def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int):
-        model.to(device)
-        layers = decoder_layers(model)
-        apply_activation_checkpointing(layers, plan.checkpoint_every)
-        compile_layers(layers, plan)
-        compile_loss(model, plan)
+        before_sharding(model, plan, device)
         self.ddp = None
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -119,11 +125,7 @@ class FsdpEngine(TorchEngine):
 
     def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        model.to(device)
-        layers = decoder_layers(model)
-        apply_activation_checkpointing(layers, plan.checkpoint_every)
-        compile_layers(layers, plan)
-        compile_loss(model, plan)
+        layers = before_sharding(model, plan, device)
         dtype = DTYPES[plan.precision]
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         reshard = plan.fsdp.get("reshard_after_forward", True)
