@@ -229,9 +229,9 @@ def build_parser() -> Parser:
     p.add_argument("--max-combinations", type=positive_int("--max-combinations"), default=2000,
                    help="refuse a larger grid (narrow the space instead)")
     p.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N",
-                   help="measure only every N-th valid row from the K-th (0-based): N processes with one --store and "
-                        "--address fill a grid N trials at a time (each its own --csv; a last run without --shard "
-                        "writes the whole CSV from the store)")
+                   help="measure only every N-th valid row from the K-th (0-based): N processes with one --store "
+                        "(each its own local Ray and GPU, as bench/grid_gpu.sh runs them) fill a grid N trials at a "
+                        "time, each writing its own --csv; --stored-only then writes the whole CSV from the store")
     p.add_argument("--stored-only", action="store_true",
                    help="measure nothing: write the CSV from what --store holds (rows not in it stay \"valid\")")
     p.add_argument("--dry-run", action="store_true", help="enumerate and check the combinations, measure nothing")
