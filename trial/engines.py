@@ -56,10 +56,9 @@ def compiled(model, plan: Plan):
     return torch.compile(model) if plan.compile and plan.compile_scope == "model" else model
 
 
-def compile_loss(model, plan: Plan) -> None:
-    """loss_kernel=compiled: the model's own loss function (upcast, shift, cross-entropy) compiled on its own."""
-    if plan.loss_kernel == "compiled":
-        model.loss_function = torch.compile(model.loss_function)
+def loss_kernel(fn, plan: Plan):
+    """A loss function as loss_kernel says: compiled on its own (upcast, shift, cross-entropy fused), or as is."""
+    return torch.compile(fn) if plan.loss_kernel == "compiled" else fn
 
 
 def before_sharding(model, plan: Plan, device: torch.device) -> nn.ModuleList:
@@ -68,7 +67,7 @@ def before_sharding(model, plan: Plan, device: torch.device) -> nn.ModuleList:
     layers = decoder_layers(model)
     apply_activation_checkpointing(layers, plan.checkpoint_every)
     compile_layers(layers, plan)
-    compile_loss(model, plan)
+    model.loss_function = loss_kernel(model.loss_function, plan)
     return layers
 
 
@@ -152,7 +151,7 @@ class DeepSpeedEngine:
     def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int, measured_accum: int):
         import deepspeed
         apply_activation_checkpointing(decoder_layers(model), plan.checkpoint_every)
-        compile_loss(model, plan)
+        model.loss_function = loss_kernel(model.loss_function, plan)
         self.config = deepspeed_config(plan, recipe, measured_accum)
         offload = "offload_optimizer" in plan.zero
         client_opt = None if offload else adamw([p for p in model.parameters() if p.requires_grad], recipe, device)

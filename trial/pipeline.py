@@ -18,7 +18,7 @@ from torch import nn
 
 from trainscout.spaces import Plan
 
-from .engines import DTYPES, adamw, apply_activation_checkpointing, decoder_layers
+from .engines import DTYPES, adamw, apply_activation_checkpointing, decoder_layers, loss_kernel
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
              "zero_bubble": "ScheduleInterleavedZeroBubble"}
@@ -110,7 +110,7 @@ class PipelineEngine:
         self.has_last = any(s.is_last for s in self.stages)
         cls = getattr(pipelining.schedules, SCHEDULES[plan.pipeline["schedule"]])
         self.scale = 1.0
-        self.cross_entropy = torch.compile(causal_cross_entropy) if plan.loss_kernel == "compiled" else causal_cross_entropy
+        self.cross_entropy = loss_kernel(causal_cross_entropy, plan)
         self.schedule = cls(self.stages if chunks > 1 else self.stages[0],  # multi-stage schedules take a list
                             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=True)
         self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
