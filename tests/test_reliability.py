@@ -35,7 +35,8 @@ from trainscout.search.store import Store, default_url, open_store
 pytestmark = pytest.mark.timeout(900)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST = ["--set", "compile=false", "--set", "zero_stage=0", "--set", "tf32=true", "--set", "attention=sdpa"]
+FAST = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
+        "--set", "attention=sdpa"]
 EXPECTED = {"oom": "oom", "crash": "crash", "hang": "timeout", "assert": "crash"}  # fault kind -> status
 TIMEOUT = 40  # per trial: a clean tiny trial takes 10-15 s on 2 cores, a hang is killed at this limit
 

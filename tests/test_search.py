@@ -19,7 +19,8 @@ from trainscout.spaces import Context, all_knobs
 pytestmark = pytest.mark.timeout(900)
 
 # Fast knobs only (no inductor or DeepSpeed compiles), as the CPU demo.
-FAST = ["--set", "compile=false", "--set", "zero_stage=0", "--set", "tf32=true", "--set", "attention=sdpa"]
+FAST = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
+        "--set", "attention=sdpa"]
 
 
 def search_cli(out, *extra, fast=True):
