@@ -9,20 +9,12 @@ import shlex
 import yaml
 
 from trainscout.spaces import Plan
-from trainscout.trial.engines import deepspeed_config
+from trainscout.trial import engines
 
 FORMATS = ("hf", "deepspeed", "accelerate", "command")
 
 
-def ds_config(rec: dict) -> dict:
-    """The DeepSpeed JSON of a ZeRO measurement, for the recipe's full global batch."""
-    plan = Plan.from_dict(rec["plan"])
-    cfg = deepspeed_config(plan, rec["recipe"], rec["grad_accum"])
-    cfg["train_batch_size"] = rec["recipe"]["global_batch"]
-    return cfg
-
-
-def hf_args(rec: dict, output_dir: str, ds_path: str | None) -> dict:
+def hf_args(rec: dict, output_dir: str, paths: dict[str, str]) -> dict:
     """keyword arguments of transformers.TrainingArguments for the measured configuration and the recipe."""
     plan, recipe, cfg = Plan.from_dict(rec["plan"]), rec["recipe"], rec["config"]
     args = {
@@ -43,27 +35,17 @@ def hf_args(rec: dict, output_dir: str, ds_path: str | None) -> dict:
         args["tf32"] = plan.tf32
     else:
         args["use_cpu"] = True
-    if plan.engine == "deepspeed" and ds_path:
-        args["deepspeed"] = ds_path
-    if plan.engine == "fsdp":
-        args["fsdp"] = "full_shard" if plan.fsdp.get("reshard_after_forward", True) else "shard_grad_op"
-        args["fsdp_config"] = {"fsdp_version": 2, "reshard_after_forward": plan.fsdp.get("reshard_after_forward", True)}
+    args.update(engines.get(plan.engine).hf_args(rec, paths))
     return args
 
 
-def accelerate_config(rec: dict, ds_path: str | None) -> dict:
+def accelerate_config(rec: dict, paths: dict[str, str]) -> dict:
     plan = Plan.from_dict(rec["plan"])
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
     cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
            "num_processes": rec["world_size"], "mixed_precision": mp, "use_cpu": rec["device"] != "cuda",
            "distributed_type": "NO" if rec["world_size"] == 1 else ("MULTI_GPU" if rec["device"] == "cuda" else "MULTI_CPU")}
-    if plan.engine == "deepspeed":
-        cfg["distributed_type"] = "DEEPSPEED"
-        cfg["deepspeed_config"] = {"deepspeed_config_file": ds_path, "zero3_init_flag": plan.zero.get("stage") == 3}
-    elif plan.engine == "fsdp":
-        cfg["distributed_type"] = "FSDP"
-        cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_reshard_after_forward": plan.fsdp.get("reshard_after_forward", True),
-                              "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+    cfg.update(engines.get(plan.engine).accelerate(rec, paths))
     if plan.compile:
         cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     return cfg
@@ -82,7 +64,8 @@ def export(rec: dict, out_dir: str, formats=FORMATS) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     written = []
     plan = Plan.from_dict(rec["plan"])
-    ds_path = os.path.abspath(os.path.join(out_dir, "deepspeed.json")) if plan.engine == "deepspeed" else None
+    files = engines.get(plan.engine).files(rec)  # the engine's own config files (DeepSpeed's JSON)
+    paths = {name: os.path.abspath(os.path.join(out_dir, name)) for name in files}
 
     def write(name, text):
         path = os.path.join(out_dir, name)
@@ -90,12 +73,13 @@ def export(rec: dict, out_dir: str, formats=FORMATS) -> list[str]:
             f.write(text)
         written.append(path)
 
-    if ds_path and ("deepspeed" in formats or "hf" in formats or "accelerate" in formats):
-        write("deepspeed.json", json.dumps(ds_config(rec), indent=2))
+    if "deepspeed" in formats or "hf" in formats or "accelerate" in formats:
+        for name, obj in files.items():
+            write(name, json.dumps(obj, indent=2))
     if "hf" in formats:
-        write("training_args.json", json.dumps(hf_args(rec, os.path.join(out_dir, "run"), ds_path), indent=2))
+        write("training_args.json", json.dumps(hf_args(rec, os.path.join(out_dir, "run"), paths), indent=2))
     if "accelerate" in formats:
-        write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, ds_path), sort_keys=False))
+        write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
     if "command" in formats:
         write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
     write("trainscout.json", json.dumps({k: rec.get(k) for k in ("model", "config", "recipe", "hardware", "versions",

@@ -15,9 +15,9 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from trainscout.spaces import ConfigError, Context, fmt
+from trainscout.spaces import ConfigError, fmt
 from trainscout.trial import execute, hardware, prepare
-from trainscout.trial.runner import remove_orphaned_placement_groups
+from trainscout.trial.runner import context, remove_orphaned_placement_groups
 
 from .space import Space, load_space_file
 from .store import DETERMINISTIC, Store, default_url, measurement_key, open_store
@@ -208,8 +208,7 @@ def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
     workers = args.gpus_per_trial
     # a trial of the defaults validates the model, recipe and worker count
     base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
-    ctx = Context(world_size=workers, device=device, num_layers=int(base["model_config"]["num_hidden_layers"]),
-                  global_batch=base["recipe"]["global_batch"], installed=hardware.installed_optional())
+    ctx = context(base["model_config"], base["recipe"]["global_batch"], workers, hw)
     raw = load_space_file(args.space) if args.space else {}
     return Space.build(raw, args.sets, ctx), base, hw
 

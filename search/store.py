@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 import sqlalchemy as sa
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.status import DETERMINISTIC  # outcomes served from the store
 
 META = sa.MetaData()
 MEASUREMENTS = sa.Table(
@@ -53,8 +54,6 @@ SEARCHES = sa.Table(
     sa.Column("args", sa.Text, nullable=False),
     sa.Column("created_at", sa.String(32), nullable=False),
 )
-
-DETERMINISTIC = ("ok", "oom", "invalid")  # outcomes served from the store; crash and timeout are measured again
 
 
 def now() -> str:

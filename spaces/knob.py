@@ -34,12 +34,19 @@ class Knob:
     `choices` is the search domain (fixed across trials, as Optuna requires). `requires` maps another knob's
     name to the values it must have whenever this knob is set away from its default; a knob whose requirements
     do not hold is not sampled. `check` adds rules that need the context (world size, device, model, recipe).
+
+    The runtime half: a knob that changes how the model trains names its `stage` (one of
+    trainscout.runtime.STAGES, the order transforms are applied in) and implements `transform`, which reads what
+    `apply` wrote into the plan; `memory` adjusts the memory model's terms. `packages` lists the optional
+    packages it needs (Context.installed says which are present).
     """
 
     name: ClassVar[str]
     default: ClassVar[Any]
     choices: ClassVar[tuple]
     requires: ClassVar[dict[str, tuple]] = {}
+    stage: ClassVar[str | None] = None
+    packages: ClassVar[tuple[str, ...]] = ()
 
     @property
     def description(self) -> str:
@@ -101,3 +108,11 @@ class Knob:
     def apply(self, plan: Plan, value: Any, cfg: dict, ctx: Context) -> None:
         """Write this knob's value into the plan."""
         raise NotImplementedError
+
+    # --- runtime ------------------------------------------------------------------------------------------
+    def transform(self, model, plan: Plan):
+        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one)."""
+        return model
+
+    def memory(self, terms: dict, plan: dict, spec: dict) -> None:
+        """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place."""

@@ -13,7 +13,9 @@ class Context:
     device: str = "cpu"            # "cpu" or "cuda"
     num_layers: int = 1            # decoder layers of the model
     global_batch: int = 1          # sequences per optimizer step, all ranks together
-    installed: frozenset = frozenset()  # optional packages present (e.g. "flash_attn")
+    installed: frozenset = frozenset()  # optional packages present (e.g. "flash_attn"), as knobs' `packages` name them
+    capability: str = ""           # the GPU's CUDA compute capability ("9.0" on an H100/H200), "" without a GPU
+    model_config: dict = field(default_factory=dict)  # the transformers config of the model, as a dict
 
     def data_parallel_ranks(self, cfg: dict) -> int:
         """Ranks that each hold a slice of the batch (world size over pipeline stages, where a knob sets them)."""
@@ -40,7 +42,7 @@ class Plan:
     attn_implementation: str = "sdpa"
     sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)
     env: dict = field(default_factory=dict)    # environment variables of the trial's worker processes
-    extra: dict = field(default_factory=dict)  # settings of plugin knobs, read by their own code
+    extra: dict = field(default_factory=dict)  # knobs without a field here (plugins, new knobs): name -> setting
 
     @property
     def sequences_per_call(self) -> int:

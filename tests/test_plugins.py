@@ -1,5 +1,6 @@
-"""A knob from another installed package (examples/knob-plugin): listed by `trainscout knobs`, sampled by the
-search's define-by-run space, and applied to the plan the workers get."""
+"""Knobs from another installed package (examples/knob-plugin): listed by `trainscout knobs`, sampled by the
+search's define-by-run space, applied to the plan the workers get, and (mlp_checkpointing) transforming the model
+through trainscout.runtime.prepare_model, as the trial engines run it."""
 import json
 import os
 import subprocess
@@ -18,11 +19,21 @@ from trainscout.spaces import Context, resolve
 ctx = Context(world_size=1, device="cuda", num_layers=2, global_batch=16)
 space = Space.build({}, {}, ctx)
 study = optuna.create_study(sampler=make_sampler(0, 12))
-seen = set()
+seen, mlp = set(), set()
 for _ in range(12):
-    t = study.ask(); cfg = space.sample(t); seen.add(cfg["cuda_alloc_conf"]); study.tell(t, 1.0)
+    t = study.ask(); cfg = space.sample(t); seen.add(cfg["cuda_alloc_conf"]); mlp.add(cfg["mlp_checkpointing"]); study.tell(t, 1.0)
 cfg, plan = resolve({"cuda_alloc_conf": "expandable_segments"}, ctx)
-print(json.dumps({"seen": sorted(seen), "env": plan.env, "module": type(__import__("trainscout.spaces", fromlist=["get"]).get("cuda_alloc_conf")).__module__}))
+from trainscout.runtime import prepare_model, transforms
+from trainscout.trial.models import build_model, resolve_model
+model = build_model(resolve_model("tiny").config, "sdpa", 64)
+wrapped = {}
+for on in (False, True):
+    model = build_model(resolve_model("tiny").config, "sdpa", 64)
+    prepare_model(model, resolve({"mlp_checkpointing": on, "precision": "fp32"}, ctx)[1])
+    wrapped[str(on)] = sorted({type(layer.mlp).__name__ for layer in model.gpt_neox.layers})
+order = [k.name for k in transforms()]
+print(json.dumps({"seen": sorted(seen), "mlp": sorted(mlp), "env": plan.env, "wrapped": wrapped, "order": order,
+                  "module": type(__import__("trainscout.spaces", fromlist=["get"]).get("cuda_alloc_conf")).__module__}))
 """
 
 
@@ -44,15 +55,21 @@ def test_plugin_knob_is_listed_sampled_and_applied(plugin_installed):
     res = json.loads(subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, check=True,
                                     timeout=300).stdout.strip().splitlines()[-1])
     assert res["seen"] == ["default", "expandable_segments"]  # the search samples it
+    assert res["mlp"] == [False, True]
     assert res["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert res["module"] == "trainscout_example_knob"
+    # the plugin's model transform: each decoder layer's MLP checkpointed, applied in the declared order
+    assert res["wrapped"] == {"False": ["GPTNeoXMLP"], "True": ["CheckpointWrapper"]}
+    order = res["order"]
+    assert order.index("mlp_checkpointing") > order.index("loss_kernel") and order.index("mlp_checkpointing") < order.index("compile_scope")
 
 
 def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
-    """`trainscout search` (Ray Tune + Optuna, tiny model on 2 gloo workers) with everything fixed but the plugin's
-    knob: every trial's configuration carries it, and the stored plans set the worker environment it asks for."""
+    """`trainscout search` (Ray Tune + Optuna, tiny model on 2 gloo workers) with everything fixed but the plugins'
+    knobs: every trial's configuration carries them, every trial ran (the model transform included), and the stored
+    plans set the worker environment and the plugin setting they ask for."""
     out = tmp_path / "plug"
-    fixed = {"compile": "false", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
+    fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
              "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1}
     sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
     res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
@@ -63,6 +80,8 @@ def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
     store = store_of(str(out))
     trials = store.trials("plug")
     assert len(trials) == 3 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
+    assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] == "ok" for t in trials)
     for rec in store.measurements():
         want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec["config"]["cuda_alloc_conf"] != "default" else {}
         assert rec["plan"]["env"] == want
+        assert rec["plan"]["extra"] == ({"mlp_checkpointing": True} if rec["config"]["mlp_checkpointing"] else {})

@@ -8,8 +8,10 @@ from trainscout import spaces
 from trainscout.spaces import ConfigError, Context, Plan, resolve
 
 CTX = Context(world_size=2, device="cpu", num_layers=4, global_batch=256)
-GPU = Context(world_size=1, device="cuda", num_layers=4, global_batch=256, installed=frozenset({"flash_attn"}))
 KNOBS = spaces.all_knobs()
+GPU = Context(world_size=1, device="cuda", num_layers=4, global_batch=256, capability="9.0",
+              installed=frozenset(p for k in KNOBS for p in k.packages))  # an H200 with every optional package
+PIPELINE = Context(world_size=8, num_layers=16, global_batch=256)
 
 
 def test_builtin_knobs_are_registered():
@@ -33,25 +35,31 @@ def test_knob_contract(knob):
     # a value outside the domain is refused with an error that names the knob
     with pytest.raises(ConfigError, match=knob.name):
         knob.parse("surely-not-a-value")
-    # every choice, with its requirements satisfied, resolves and changes the plan only through apply
+    # every choice, with its requirements satisfied, resolves on some box (the CPU, an H200 with every optional
+    # package, 8 ranks for the pipeline) and changes the plan only through apply
     for v in knob.choices:
         settings = {knob.name: v}
         for other, allowed in knob.requires.items():
             settings[other] = allowed[-1]
-        if (knob.name == "precision" and v == "fp16-mixed" or knob.name == "attention" and v == "flash"
-                or knob.name == "micro_batch_size" and v == "max"  # max: one rank
-                or knob.name == "sdpa_backend" and v in ("cudnn", "efficient")):
-            cfg, plan = resolve(settings, GPU)
-        elif knob.name.startswith("pipeline_"):  # stages need ranks and layers to split; micro-batches a batch
-            if knob.name == "pipeline_microbatches":
-                settings["pipeline_stages"] = 2  # every choice >= 2 stages
-            elif settings.get("pipeline_stages", 1) > 1:
-                settings.setdefault("pipeline_microbatches", 8)
-            cfg, plan = resolve(settings, Context(world_size=8, num_layers=16, global_batch=256))
+        if knob.name == "pipeline_microbatches":
+            settings["pipeline_stages"] = 2  # every choice >= 2 stages
+        elif settings.get("pipeline_stages", 1) > 1:
+            settings.setdefault("pipeline_microbatches", 8)
+        errors = []
+        for ctx in (CTX, GPU, PIPELINE):
+            try:
+                cfg, plan = resolve(settings, ctx)
+                break
+            except ConfigError as e:
+                errors.append(str(e))
         else:
-            cfg, plan = resolve(settings, CTX)
+            raise AssertionError(f"{knob.name}={spaces.fmt(v)} resolves nowhere: {errors}")
         assert cfg[knob.name] == v
         assert isinstance(plan, Plan) and Plan.from_dict(plan.to_dict()) == plan
+    # the runtime half: a declared stage of the runtime's order, with its own transform
+    from trainscout.runtime import STAGES
+    assert knob.stage is None or knob.stage in STAGES
+    assert (knob.stage is not None) == (type(knob).transform is not spaces.Knob.transform)
 
 
 def test_defaults_resolve_to_plain_ddp():

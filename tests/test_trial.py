@@ -64,7 +64,7 @@ def test_sdpa_backend_runs_only_its_kernel(backend, kernel):
     import torch
     import torch.nn.functional as F
 
-    from trainscout.trial.engines import select_sdpa
+    from trainscout.spaces.knobs.sdpa_backend import select_sdpa
     q = torch.randn(1, 2, 16, 8, requires_grad=True)
     try:
         select_sdpa(backend)
@@ -82,7 +82,7 @@ def test_compile_scope_layers_compiles_each_layer_and_leaves_the_causal_mask_to_
     import torch
 
     from trainscout.spaces import Context, resolve
-    from trainscout.trial.engines import TorchEngine
+    from trainscout.trial.engines.plain import TorchEngine
     spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2, "compile": True}, device="cpu")
     assert spec["config"]["compile_scope"] == "layers"
     model = build_model(resolve_model("tiny").config, "sdpa", 64)
@@ -105,7 +105,7 @@ def test_compiled_loss_gives_the_eager_loss_and_gradients():
     import torch
 
     from trainscout.spaces import Context, resolve
-    from trainscout.trial.engines import TorchEngine
+    from trainscout.trial.engines.plain import TorchEngine
     torch.manual_seed(0)
     base, batch, out = build_model(resolve_model("tiny").config, "sdpa", 64), torch.randint(0, 512, (2, 64)), {}
     for kernel in ("eager", "compiled"):

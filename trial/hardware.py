@@ -31,6 +31,6 @@ def fingerprint(device: str, world_size: int) -> dict:
 
 
 def installed_optional() -> frozenset:
-    """Optional packages that knobs may depend on."""
-    import importlib.util
-    return frozenset(m for m in ("flash_attn",) if importlib.util.find_spec(m) is not None)
+    """The optional packages knobs name (Knob.packages) that are importable here."""
+    from trainscout.runtime import installed_packages
+    return installed_packages()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 GiB = 2**30
-DS_BUCKET = 5e8  # DeepSpeed's default reduce/allgather bucket, in elements
 
 
 def _counts(config: dict) -> dict:
@@ -37,54 +36,29 @@ def _counts(config: dict) -> dict:
 
 
 def components(spec: dict) -> dict[str, float]:
-    """Bytes per rank by component for a prepared trial spec (the rank that holds the most)."""
+    """Bytes per rank by component for a prepared trial spec (the rank that holds the most): the engine's model
+    states, then one micro-batch's activations and logits (which knobs adjust) scaled to what is in flight."""
+    from trainscout.spaces import all_knobs
+
+    from . import engines
     if "model_config" not in spec:  # a stored record of a named model
         from .models import resolve_model
         spec = dict(spec, model_config=resolve_model(spec["model"]).config)
-    c, plan, recipe, world = _counts(spec["model_config"]), spec["plan"], spec["recipe"], spec["world_size"]
-    pipe = plan.get("pipeline") or {}
-    P = pipe.get("stages", 1)
-    D = max(1, world // P)
-    b, s, h, L, V = plan["micro_batch_size"], recipe["seq_len"], c["h"], c["L"], c["V"]
+    c, plan, recipe = _counts(spec["model_config"]), spec["plan"], spec["recipe"]
+    engine = engines.get(plan["engine"])
     mixed = plan["precision"] != "fp32"
-    # parameters held by the fullest rank: its share of the layers plus the embedding (first stage) or head (last)
-    N = c["N"] if P == 1 else c["per_layer"] * (L // P) + c["embed"]
-    zero = plan.get("zero") or {}
-    stage = zero.get("stage", 0)
-    out = {}
-    if plan["engine"] == "deepspeed":
-        w = 2 if mixed else 4
-        live = min(N, float(zero.get("stage3_max_live_parameters", 1e9)))
-        off_p, off_o = "offload_param" in zero, "offload_optimizer" in zero
-        out["weights"] = 0 if off_p else (w * N / D + w * live * (D > 1) if stage == 3 else w * N)
-        out["gradients"] = w * N / D if stage >= 2 else w * N
-        out["optimizer"] = 0 if off_o else (4 * (mixed) + 8) * N / D
-        out["buffers"] = w * min(N, DS_BUCKET) + (w * min(N, 5e7) if stage == 3 else 0)
-    elif plan["engine"] == "fsdp":
-        out["weights"] = 4 * N / D + (2 if mixed else 4) * 2 * c["per_layer"]
-        out["gradients"] = 4 * N / D
-        out["optimizer"] = 8 * N / D
-        out["buffers"] = 0.0
-    else:  # plain / DDP / pipeline stage
-        out["weights"] = 4 * N + (2 * (N - c["embed"]) if mixed else 0)  # autocast's bf16 copies of the linears
-        out["gradients"] = 4 * N
-        out["optimizer"] = 8 * N
-        out["buffers"] = 4 * N if D > 1 else 0.0
+    N, layers = engine.held(c, plan)
+    out = engine.model_states(c, plan, N, engine.data_ranks(plan, spec["world_size"]), mixed)
+    b, s, h, V = plan["micro_batch_size"], recipe["seq_len"], c["h"], c["V"]
     every = plan.get("checkpoint_every", 0)
-    layers = L // P
     ckpt = math.ceil(layers / every) if every else 0
     act_bytes = 34 if mixed else 60  # fp32 activations hold every tensor in 4 bytes
-    per_mb = (layers - ckpt) * act_bytes * s * b * h + ckpt * 4 * s * b * h + (act_bytes * s * b * h if ckpt else 0)
-    logits = ((10 if mixed else 12) - (8 if plan.get("loss_kernel") == "compiled" else 0)) * b * s * V
-    if P > 1:
-        n, chunks, schedule = pipe.get("microbatches", 1), pipe.get("chunks", 1), pipe.get("schedule")
-        if schedule == "gpipe":  # every forward before any backward: the last stage keeps every micro-batch's logits
-            in_flight, logits = n, logits * n
-        else:  # 1F1B: the stage count; interleaved: one more; zero-bubble also holds deferred weight-gradient inputs
-            in_flight = min(n, P + (chunks > 1) + (P - 1) * (schedule == "zero_bubble"))
-        per_mb *= in_flight
-    out["activations"] = per_mb
-    out["logits"] = logits
+    terms = {"activations": (layers - ckpt) * act_bytes * s * b * h + ckpt * 4 * s * b * h
+                            + (act_bytes * s * b * h if ckpt else 0),
+             "logits": (10 if mixed else 12) * b * s * V}
+    for knob in all_knobs():
+        knob.memory(terms, plan, spec)
+    out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
     return out
 
 

@@ -15,8 +15,9 @@ from trainscout.spaces import ConfigError, Context, resolve
 
 from . import faults, hardware, metrics
 from .models import resolve_model, with_overrides
+from .status import MEASURED, classify
 
-STATUSES = ("ok", "oom", "timeout", "crash", "invalid")
+STATUSES = tuple(s.value for s in MEASURED)
 DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 900.0}
 
 
@@ -59,8 +60,7 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
     spec = resolve_model(model)
     recipe = with_overrides(spec.recipe, global_batch=global_batch, seq_len=seq_len, total_steps=total_steps,
                             total_tokens=total_tokens, grad_clip=grad_clip)
-    ctx = Context(world_size=workers, device=device, num_layers=spec.num_layers, global_batch=recipe.global_batch,
-                  installed=hardware.installed_optional())
+    ctx = context(spec.config, recipe.global_batch, workers, hw)
     cfg, plan = resolve(settings, ctx)
 
     def measured(full: int) -> int:
@@ -81,6 +81,13 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
     if plan.micro_batch_probe:
         out["probe"] = _probe_candidates(out, plan, measured)
     return out
+
+
+def context(model_config: dict, global_batch: int, workers: int, hw: dict) -> Context:
+    """What knobs are checked against: the box (hardware fingerprint), the model and the recipe's batch."""
+    return Context(world_size=workers, device=hw["device"], num_layers=int(model_config["num_hidden_layers"]),
+                   global_batch=global_batch, installed=hardware.installed_optional(),
+                   capability=str(hw.get("capability") or ""), model_config=model_config)
 
 
 def _probe_candidates(spec: dict, plan, measured) -> list[dict]:
@@ -151,14 +158,6 @@ def _fit(spec: dict, storage: str, name: str) -> dict:
         return {"error": f"{type(result.error).__name__}: {result.error}"}
     with result.checkpoint.as_directory() as d, open(os.path.join(d, "result.json")) as f:
         return {"ok": json.load(f)}
-
-
-_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory|DefaultCPUAllocator|"
-                  r"CUBLAS_STATUS_ALLOC_FAILED|out of memory", re.I)
-
-
-def classify(error: str) -> str:
-    return "oom" if _OOM.search(error) else "crash"
 
 
 def _log_tail(log_dir: str, n: int = 20) -> str:

@@ -83,8 +83,8 @@ def _peaks(device) -> dict:
 
 
 def _is_oom(e: BaseException) -> bool:
-    from .runner import classify
-    return classify(f"{type(e).__name__}: {e}") == "oom"
+    from .status import Status, classify
+    return classify(f"{type(e).__name__}: {e}") == Status.OOM
 
 
 def _probe_step(engine, plan, spec: dict, accum: int, device) -> None:
@@ -133,12 +133,9 @@ def _train_loop(spec: dict) -> None:
         import ray.train.torch
         device = ray.train.torch.get_device()
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = plan.tf32
-        torch.backends.cudnn.allow_tf32 = plan.tf32
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, spec.get("threads_per_worker", 1)))
-    engines.select_sdpa(plan.sdpa_backend)
     torch.manual_seed(spec.get("seed", 0))
 
     def make(accum):

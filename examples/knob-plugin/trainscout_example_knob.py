@@ -1,5 +1,7 @@
-"""An example knob from another package, found through the entry-point group `trainscout.knobs`."""
+"""Example knobs from another package, found through the entry-point group `trainscout.knobs`: one sets the
+workers' environment, one transforms the model (the runtime half of a knob, applied by trainscout.runtime)."""
 from trainscout.spaces import Knob, register
+from trainscout.spaces.layers import decoder_layers
 
 
 @register
@@ -13,3 +15,25 @@ class CudaAllocConf(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value == "expandable_segments":
             plan.env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+
+
+@register
+class MlpCheckpointing(Knob):
+    """Selective activation checkpointing: recompute only each decoder layer's MLP in backward (attention kept)."""
+
+    name = "mlp_checkpointing"
+    default = False
+    choices = (False, True)
+    requires = {"activation_checkpointing": ("none",)}  # whole layers checkpointed already hold no MLP activations
+    stage = "checkpoint"  # where trainscout.runtime applies it: after module swaps, before per-layer compile
+
+    def apply(self, plan, value, cfg, ctx):
+        if value:
+            plan.extra[self.name] = True  # a plugin's setting: Plan.extra, read back by its own transform
+
+    def transform(self, model, plan):
+        if plan.extra.get(self.name):
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+            for layer in decoder_layers(model):
+                layer.mlp = checkpoint_wrapper(layer.mlp, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        return model

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..layers import decoder_layers
 
 
 @register
@@ -9,6 +10,7 @@ class ActivationCheckpointing(Knob):
     name = "activation_checkpointing"
     default = "none"
     choices = ("none", "full", 2, 3, 4)
+    stage = "checkpoint"
 
     def parse(self, raw):
         if isinstance(raw, str) and raw.strip().isdigit():
@@ -27,3 +29,13 @@ class ActivationCheckpointing(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.checkpoint_every = {"none": 0, "full": 1}.get(value, value)
+
+    def transform(self, model, plan):
+        """Wrap every n-th decoder layer (1 = all) in PyTorch's non-reentrant checkpoint."""
+        if plan.checkpoint_every:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+            layers = decoder_layers(model)
+            for i in range(0, len(layers), plan.checkpoint_every):
+                layers[i] = checkpoint_wrapper(layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        return model

@@ -9,6 +9,7 @@ class Attention(Knob):
     name = "attention"
     default = "sdpa"
     choices = ("eager", "sdpa", "flash")
+    packages = ("flash_attn",)
 
     def check(self, value, cfg, ctx):
         if value == "flash" and (ctx.device != "cuda" or "flash_attn" not in ctx.installed):

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..layers import decoder_layers
 
 
 @register
@@ -11,6 +12,7 @@ class CompileScope(Knob):
     default = "auto"  # layers on the PyTorch engines, model under DeepSpeed
     choices = ("layers", "model")
     requires = {"compile": (True,)}
+    stage = "compile_layers"  # after checkpointing wraps the layers, before sharding
     # Why: transformers builds the causal mask inside the model's forward. Traced by torch.compile it is
     # materialised (transformers skips it only outside tracing, before torch 2.14), so SDPA gets a mask tensor
     # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all.
@@ -37,3 +39,12 @@ class CompileScope(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.compile_scope = value
+
+    def transform(self, model, plan):
+        if plan.compile and plan.compile_scope == "layers":
+            import torch
+
+            layers = decoder_layers(model)
+            for i in range(len(layers)):
+                layers[i] = torch.compile(layers[i])
+        return model

@@ -10,6 +10,7 @@ class SdpaBackend(Knob):
     default = "auto"
     choices = ("auto", "flash", "cudnn", "efficient", "math")
     requires = {"attention": ("sdpa",)}
+    stage = "process"
     # Why: on the H200, cuDNN's flash-attention backward was 26.7 % of a compiled Pythia-160M step (head dim 64),
     # the largest single kernel (bench/data/gpu-2026-11-30-s3/profile.txt); the other backends are the alternatives.
 
@@ -27,3 +28,17 @@ class SdpaBackend(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.sdpa_backend = value
+
+    def transform(self, model, plan):
+        """Leave only that scaled_dot_product_attention kernel enabled in this process (auto: all, PyTorch picks).
+        Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice."""
+        select_sdpa(plan.sdpa_backend)
+        return model
+
+
+def select_sdpa(backend: str) -> None:
+    import torch
+    b = torch.backends.cuda
+    for name, enable in (("flash", b.enable_flash_sdp), ("efficient", b.enable_mem_efficient_sdp),
+                         ("cudnn", b.enable_cudnn_sdp), ("math", b.enable_math_sdp)):
+        enable(backend in ("auto", name))

@@ -11,82 +11,23 @@ r + stages). One `micro_step` is one schedule step over `microbatches` micro-bat
 """
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+from trainscout.runtime import decoder_layers, prepare_model
 
-from trainscout.spaces import Plan
-
-from .engines import DTYPES, adamw, apply_activation_checkpointing, decoder_layers, loss_kernel
-
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
-             "zero_bubble": "ScheduleInterleavedZeroBubble"}
+from .base import Engine, adamw, autocast_dtype, register_engine
+from .plain import TorchEngine
 
 
-def _first_attr(obj, names):
-    for n in names:
-        if getattr(obj, n, None) is not None:
-            return getattr(obj, n)
-    raise ValueError(f"{type(obj).__name__} has none of {names}")
+@register_engine
+class PipelineEngine(Engine):
+    """torch.distributed.pipelining stages, DDP over the data-parallel ranks."""
 
+    name = "pipeline"
 
-def causal_mask(config, h: torch.Tensor, pos: torch.Tensor):
-    """transformers' own causal mask for a stage's input (None where the kernel applies causality itself). Its
-    keyword names moved between 5.x releases (input_embeds/inputs_embeds, past_key_values/cache)."""
-    import inspect
-
-    from transformers.masking_utils import create_causal_mask
-    params = inspect.signature(create_causal_mask).parameters
-    kw = {"config": config, "attention_mask": None, "position_ids": pos}
-    kw["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = h
-    for name in ("cache", "past_key_values"):
-        if name in params:
-            kw[name] = None
-    if "cache_position" in params:
-        kw["cache_position"] = pos[0]
-    return create_causal_mask(**kw)
-
-
-class StageModule(nn.Module):
-    """Layers lo..hi of a decoder-only transformers model, with the embedding on the first part and the final norm
-    and LM head on the last. Positions, rotary embeddings and the causal mask are rebuilt on every part the way
-    the model's own forward builds them."""
-
-    def __init__(self, model: nn.Module, lo: int, hi: int, n_layers: int, dtype, device_type: str):
-        super().__init__()
-        base = model.base_model
-        self.config = model.config
-        self.embed = model.get_input_embeddings() if lo == 0 else None
-        self.layers = nn.ModuleList(decoder_layers(model)[lo:hi])
-        self.rotary = getattr(base, "rotary_emb", None)
-        last = hi == n_layers
-        self.norm = _first_attr(base, ("final_layer_norm", "norm", "ln_f")) if last else None
-        self.head = model.get_output_embeddings() if last else None
-        self.dtype, self.device_type = dtype, device_type
-
-    def forward(self, x):
-        with torch.autocast(self.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
-            h = self.embed(x) if self.embed is not None else x
-            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-            mask = causal_mask(self.config, h, pos)
-            extra = {"position_embeddings": self.rotary(h, position_ids=pos)} if self.rotary is not None else {}
-            for layer in self.layers:
-                out = layer(h, attention_mask=mask, position_ids=pos, **extra)
-                h = out[0] if isinstance(out, tuple) else out
-            if self.head is not None:
-                h = self.head(self.norm(h))
-        return h
-
-
-def causal_cross_entropy(logits, target):
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target[:, 1:].flatten())
-
-
-class PipelineEngine:
-    def __init__(self, model, plan: Plan, recipe: dict, device: torch.device, world: int):
+    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
+
+        from .pipeline_stage import SCHEDULES, StageModule
         pp, chunks, n_micro = plan.pipeline["stages"], plan.pipeline["chunks"], plan.pipeline["microbatches"]
         dp = world // pp
         mesh = init_device_mesh(device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
@@ -94,12 +35,13 @@ class PipelineEngine:
         self.data_rank = mesh["dp"].get_local_rank()  # pipeline ranks of one replica read the same batch
         n_layers, parts = len(decoder_layers(model)), pp * chunks
         per = n_layers // parts
-        dtype = DTYPES[plan.precision]
+        dtype = autocast_dtype(plan.precision)
+        prepare_model(model, plan)  # on the whole model: each part takes its layers as the transforms left them
+        self.loss_function, self.vocab = model.loss_function, model.config.vocab_size
         self.stages, mods = [], []
         for c in range(chunks):
             idx = pp_rank + c * pp  # looped placement (interleaved schedules)
             mod = StageModule(model, idx * per, (idx + 1) * per, n_layers, dtype, device.type).to(device)
-            apply_activation_checkpointing(mod.layers, plan.checkpoint_every)
             mods.append(mod)
             if dp > 1:
                 from torch.nn.parallel import DistributedDataParallel
@@ -110,7 +52,6 @@ class PipelineEngine:
         self.has_last = any(s.is_last for s in self.stages)
         cls = getattr(pipelining.schedules, SCHEDULES[plan.pipeline["schedule"]])
         self.scale = 1.0
-        self.cross_entropy = loss_kernel(causal_cross_entropy, plan)
         self.schedule = cls(self.stages if chunks > 1 else self.stages[0],  # multi-stage schedules take a list
                             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=True)
         self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
@@ -118,8 +59,9 @@ class PipelineEngine:
         self.clip = recipe["grad_clip"]
 
     def _loss(self, logits, target):
-        """The model's own causal-LM loss (next-token, mean over tokens), times the accumulation scale."""
-        return self.cross_entropy(logits, target) * self.scale
+        """The model's own causal-LM loss function (next-token, mean over tokens; compiled where loss_kernel says),
+        times the accumulation scale."""
+        return self.loss_function(logits, target, self.vocab) * self.scale
 
     def micro_step(self, batch, is_last: bool, scale: float):
         """One schedule step over the pipeline's micro-batches; the loss (mean over them) on the last stage's rank."""
@@ -127,9 +69,12 @@ class PipelineEngine:
         losses = [] if self.has_last else None
         args = (batch,) if self.has_first else ()
         self.schedule.step(*args, target=batch if self.has_last else None, losses=losses)
+        import torch
         return torch.stack(losses).mean() if losses else None
 
     def optimizer_step(self):
+        import torch
+        import torch.distributed as dist
         if self.clip:  # the global norm: each pipeline rank holds only its parts' gradients
             grads = [p.grad for p in self.params if p.grad is not None]
             local = torch.nn.utils.get_total_norm(grads, 2.0) if grads else torch.zeros((), device=self.params[0].device)
@@ -138,3 +83,30 @@ class PipelineEngine:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip, sq.sqrt())
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+    def full_state_dict(self, names, rank):
+        """Pipeline ranks send their stages' parameters to rank 0."""
+        import torch.distributed as dist
+        parts = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object({names[id(p)]: p.detach().cpu() for p in self.params}, parts, dst=0)
+        return {k: v for part in (parts or []) for k, v in part.items()}
+
+    @classmethod
+    def data_ranks(cls, plan, world):
+        return max(1, world // plan["pipeline"]["stages"])
+
+    @classmethod
+    def held(cls, c, plan):
+        P = plan["pipeline"]["stages"]  # the fullest rank: its share of the layers plus the embedding or the head
+        return c["per_layer"] * (c["L"] // P) + c["embed"], c["L"] // P
+
+    model_states = TorchEngine.model_states  # each stage holds its parameters as plain PyTorch / DDP does
+
+    @classmethod
+    def in_flight(cls, plan, activations, logits):
+        pipe = plan["pipeline"]
+        P, n, chunks, schedule = pipe["stages"], pipe.get("microbatches", 1), pipe.get("chunks", 1), pipe.get("schedule")
+        if schedule == "gpipe":  # every forward before any backward: the last stage keeps every micro-batch's logits
+            return activations * n, logits * n
+        # 1F1B: the stage count; interleaved: one more; zero-bubble also holds deferred weight-gradient inputs
+        return activations * min(n, P + (chunks > 1) + (P - 1) * (schedule == "zero_bubble")), logits

@@ -1,0 +1,61 @@
+"""The runtime half of the knobs: apply a configuration's model transforms to a model, in one declared order.
+
+A knob that changes how the model trains (checkpointing, compile, the loss kernel, FP8 linears, process-wide
+kernel settings) declares its transform and its stage in its own file; `prepare_model` applies them. The trial
+engines call it, and so can a training script of your own:
+
+    from trainscout.runtime import plan_of, prepare_model
+    plan = plan_of(json.load(open("out/trainscout.json")))    # the exported configuration
+    model = prepare_model(model.to("cuda"), plan)              # before DDP / FSDP wraps it
+    model = prepare_model(model, plan, after_sharding=True)    # whole-model compile, where the plan asks for it
+
+The order is torchtitan's `parallelize` order: process-wide settings first; then module swaps (FP8 linears, so
+that everything after sees the final modules); the loss; activation checkpointing wraps layers; per-layer compile
+"after AC wrapping and before FSDP"; then the engine shards the model; then the whole model may be compiled.
+Importing this module imports no torch.
+"""
+from __future__ import annotations
+
+from trainscout.spaces import Knob, Plan, all_knobs
+from trainscout.spaces.layers import decoder_layers
+
+# stage -> what runs there, in this order
+STAGES = ("process", "modules", "loss", "checkpoint", "compile_layers", "sharded")
+BEFORE_SHARDING = STAGES[:-1]
+
+__all__ = ["BEFORE_SHARDING", "STAGES", "decoder_layers", "plan_of", "prepare_model", "transforms"]
+
+
+def transforms(stages=STAGES) -> list[Knob]:
+    """The knobs with a model transform at one of these stages, in the order they are applied."""
+    out = [k for k in all_knobs() if k.stage is not None]
+    for k in out:
+        if k.stage not in STAGES:
+            raise ValueError(f"knob {k.name!r} declares stage {k.stage!r}: use one of {', '.join(STAGES)}")
+    return sorted((k for k in out if k.stage in stages), key=lambda k: STAGES.index(k.stage))
+
+
+def prepare_model(model, plan: Plan, *, after_sharding: bool = False):
+    """Apply the plan's model transforms: those before sharding (default), or the one after it. Returns the model
+    to train (the same object unless a transform wraps it)."""
+    for knob in transforms(("sharded",) if after_sharding else BEFORE_SHARDING):
+        model = knob.transform(model, plan)
+    return model
+
+
+def plan_of(exported: dict, *, world_size: int | None = None, device: str = "cuda") -> Plan:
+    """The plan of an exported configuration (trainscout.json: model config, knob config, recipe, hardware)."""
+    from trainscout.spaces import Context, resolve
+    mc = exported.get("model_config") or {}
+    recipe, hw = exported.get("recipe") or {}, exported.get("hardware") or {}
+    ctx = Context(world_size=world_size or hw.get("world_size") or 1, device=device,
+                  num_layers=int(mc.get("num_hidden_layers", 1)), global_batch=int(recipe.get("global_batch", 1)),
+                  installed=installed_packages(), capability=hw.get("capability", ""), model_config=mc)
+    return resolve(exported["config"], ctx)[1]
+
+
+def installed_packages() -> frozenset:
+    """The optional packages knobs name (`Knob.packages`) that are importable here."""
+    import importlib.util
+    names = {p for k in all_knobs() for p in k.packages}
+    return frozenset(p for p in names if importlib.util.find_spec(p) is not None)

@@ -1,0 +1,95 @@
+"""The engine contract and its registry. An engine runs one rank's training under a plan: it builds (the knobs'
+model transforms through trainscout.runtime, then its own sharding), takes a micro-step and an optimizer step, and
+gathers the full state dict for a checkpoint. Its class also holds what the memory model and the exports need to
+know of it, so nothing outside trial/engines/ branches on an engine's name. Importing it imports no torch."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+REGISTRY: dict[str, type["Engine"]] = {}
+
+
+def register_engine(cls: type["Engine"]) -> type["Engine"]:
+    """Class decorator: add an engine under its `name` (the value knobs write into Plan.engine)."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get(name: str) -> type["Engine"]:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown engine {name!r}: registered are {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def autocast_dtype(precision: str):
+    """The autocast dtype of a precision (None: fp32, no autocast)."""
+    import torch
+    return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
+
+
+def adamw(params, recipe: dict, device):
+    import torch
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
+                             weight_decay=recipe["weight_decay"], fused=fused, foreach=None if fused else True)
+
+
+def causal_lm_loss(model, batch):
+    return model(input_ids=batch, labels=batch).loss
+
+
+class Engine:
+    """One rank's training under a plan. Subclasses register with @register_engine."""
+
+    name: ClassVar[str]
+
+    def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int):
+        raise NotImplementedError
+
+    def micro_step(self, batch, is_last: bool, scale: float):
+        """Forward + backward of one micro-batch (the last of a step synchronises gradients); returns the loss."""
+        raise NotImplementedError
+
+    def optimizer_step(self) -> None:
+        """Clip, step and zero the gradients."""
+        raise NotImplementedError
+
+    def full_state_dict(self, names: dict, rank: int) -> dict:
+        """The model's full state dict on rank 0 ({} on the other ranks), keyed by parameter name."""
+        raise NotImplementedError
+
+    # --- the memory model's terms (bytes per rank; see trial/memory.py) -----------------------------------
+    @classmethod
+    def data_ranks(cls, plan: dict, world: int) -> int:
+        return world
+
+    @classmethod
+    def held(cls, c: dict, plan: dict) -> tuple[float, int]:
+        """(parameters, decoder layers) on the rank that holds the most."""
+        return c["N"], c["L"]
+
+    @classmethod
+    def model_states(cls, c: dict, plan: dict, N: float, D: int, mixed: bool) -> dict:
+        """weights, gradients, optimizer and buffers: the model states one rank holds."""
+        raise NotImplementedError
+
+    @classmethod
+    def in_flight(cls, plan: dict, activations: float, logits: float) -> tuple[float, float]:
+        """Activations and logits held at the peak, from those of one micro-batch."""
+        return activations, logits
+
+    # --- exports ------------------------------------------------------------------------------------------
+    @classmethod
+    def files(cls, rec: dict) -> dict[str, dict]:
+        """Extra config files an export writes for this engine (name -> JSON object)."""
+        return {}
+
+    @classmethod
+    def hf_args(cls, rec: dict, paths: dict[str, str]) -> dict:
+        """transformers.TrainingArguments fields for this engine (paths: the files() written, by name)."""
+        return {}
+
+    @classmethod
+    def accelerate(cls, rec: dict, paths: dict[str, str]) -> dict:
+        """accelerate config fields for this engine."""
+        return {}

@@ -1,0 +1,89 @@
+"""DeepSpeed ZeRO 1/2/3 with optional CPU offload; DeepSpeed's own mixed precision and accumulation."""
+from __future__ import annotations
+
+from trainscout.runtime import prepare_model
+
+from .base import Engine, adamw, causal_lm_loss, register_engine
+
+DS_BUCKET = 5e8  # DeepSpeed's default reduce/allgather bucket, in elements
+
+
+def deepspeed_config(plan: dict, recipe: dict, grad_accum: int) -> dict:
+    """The DeepSpeed JSON config of a plan (also what `trainscout export --format deepspeed` writes)."""
+    zero = dict(plan["zero"])
+    cfg = {
+        "train_micro_batch_size_per_gpu": plan["micro_batch_size"],
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": recipe["grad_clip"],
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+    }
+    if plan["precision"] == "bf16-mixed":
+        cfg["bf16"] = {"enabled": True}
+    elif plan["precision"] == "fp16-mixed":
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if "offload_optimizer" in zero:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": recipe["lr"], "betas": list(recipe["betas"]),
+                                                        "weight_decay": recipe["weight_decay"]}}
+    return cfg
+
+
+@register_engine
+class DeepSpeedEngine(Engine):
+    """DeepSpeed ZeRO: the model's transforms first, then deepspeed.initialize, then (compile) engine.compile()."""
+
+    name = "deepspeed"
+
+    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
+        import deepspeed
+        prepare_model(model, plan)
+        self.config = deepspeed_config(plan.to_dict(), recipe, measured_accum)
+        offload = "offload_optimizer" in plan.zero
+        client_opt = None if offload else adamw([p for p in model.parameters() if p.requires_grad], recipe, device)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               optimizer=client_opt, config=self.config)
+        prepare_model(self.engine, plan, after_sharding=True)
+
+    def micro_step(self, batch, is_last: bool, scale: float):
+        loss = causal_lm_loss(self.engine, batch)  # DeepSpeed divides by its accumulation count itself
+        self.engine.backward(loss)
+        if not is_last:
+            self.engine.step()  # not a boundary: only advances DeepSpeed's micro-step counter
+        return loss
+
+    def optimizer_step(self):
+        self.engine.step()
+
+    def full_state_dict(self, names, rank):
+        ds = self.engine  # ZeRO-3: DeepSpeed's consolidated 16-bit state dict (a collective)
+        return ds._zero3_consolidated_16bit_state_dict() if ds.zero_optimization_stage() == 3 else ds.module.state_dict()
+
+    @classmethod
+    def model_states(cls, c, plan, N, D, mixed):
+        # 16-bit weights (stage 3: a shard + the live gathered layers) and gradients (stages 2-3: a shard), fp32
+        # master weights and AdamW states sharded unless offloaded to the CPU, and the reduce bucket
+        zero = plan.get("zero") or {}
+        stage, w = zero.get("stage", 0), 2 if mixed else 4
+        live = min(N, float(zero.get("stage3_max_live_parameters", 1e9)))
+        return {"weights": 0 if "offload_param" in zero else (w * N / D + w * live * (D > 1) if stage == 3 else w * N),
+                "gradients": w * N / D if stage >= 2 else w * N,
+                "optimizer": 0 if "offload_optimizer" in zero else (4 * mixed + 8) * N / D,
+                "buffers": w * min(N, DS_BUCKET) + (w * min(N, 5e7) if stage == 3 else 0)}
+
+    @classmethod
+    def files(cls, rec):
+        cfg = deepspeed_config(rec["plan"], rec["recipe"], rec["grad_accum"])
+        cfg["train_batch_size"] = rec["recipe"]["global_batch"]  # the recipe's full global batch
+        return {"deepspeed.json": cfg}
+
+    @classmethod
+    def hf_args(cls, rec, paths):
+        return {"deepspeed": paths["deepspeed.json"]}
+
+    @classmethod
+    def accelerate(cls, rec, paths):
+        return {"distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"deepspeed_config_file": paths["deepspeed.json"],
+                                     "zero3_init_flag": rec["plan"]["zero"].get("stage") == 3}}

@@ -1,0 +1,61 @@
+"""FSDP2: fully_shard each decoder layer, then the root; gradients reduce-scattered on the last micro-batch."""
+from __future__ import annotations
+
+from trainscout.runtime import decoder_layers, prepare_model
+
+from .base import adamw, autocast_dtype, causal_lm_loss, register_engine
+from .plain import TorchEngine
+
+
+@register_engine
+class FsdpEngine(TorchEngine):
+    """PyTorch FSDP2 (fully_shard) per decoder layer and at the root."""
+
+    name = "fsdp"
+
+    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        model.to(device)
+        prepare_model(model, plan)
+        dtype = autocast_dtype(plan.precision)
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        reshard = plan.fsdp.get("reshard_after_forward", True)
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+        self.fsdp_model = model
+        self.model = prepare_model(model, plan, after_sharding=True)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = adamw(self.params, recipe, device)
+        self.scaler = None
+        self.clip = recipe["grad_clip"]
+
+    def micro_step(self, batch, is_last: bool, scale: float):
+        self.fsdp_model.set_requires_gradient_sync(is_last)
+        loss = causal_lm_loss(self.model, batch) * scale
+        loss.backward()
+        return loss
+
+    def full_state_dict(self, names, rank):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(self.fsdp_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    @classmethod
+    def model_states(cls, c, plan, N, D, mixed):
+        # fp32 shards of weights, gradients and AdamW states; the gathered 16-bit copies of two layers
+        return {"weights": 4 * N / D + (2 if mixed else 4) * 2 * c["per_layer"], "gradients": 4 * N / D,
+                "optimizer": 8 * N / D, "buffers": 0.0}
+
+    @classmethod
+    def hf_args(cls, rec, paths):
+        reshard = rec["plan"]["fsdp"].get("reshard_after_forward", True)
+        return {"fsdp": "full_shard" if reshard else "shard_grad_op",
+                "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": reshard}}
+
+    @classmethod
+    def accelerate(cls, rec, paths):
+        return {"distributed_type": "FSDP",
+                "fsdp_config": {"fsdp_version": 2,
+                                "fsdp_reshard_after_forward": rec["plan"]["fsdp"].get("reshard_after_forward", True),
+                                "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}}
