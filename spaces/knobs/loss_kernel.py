@@ -1,18 +1,44 @@
+from ..errors import ConfigError
 from ..knob import Knob, register
+
+# config fields of models whose logits are more than the head's product: a fused linear cross-entropy would skip them
+_LOGIT_EXTRAS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
 @register
 class LossKernel(Knob):
-    """How the cross-entropy loss runs: eager (PyTorch ops, fp32 copy of the logits) or compiled on its own by
-    torch.compile (upcast, log-softmax and NLL fused into one kernel each way)."""
+    """How the cross-entropy loss runs: eager (PyTorch ops, fp32 copy of the logits), compiled on its own by
+    torch.compile, or fused_linear (liger-kernel: the head's matmul and the loss in chunks, no logits kept)."""
 
     name = "loss_kernel"
     default = "eager"
-    choices = ("eager", "compiled")
+    choices = ("eager", "compiled", "fused_linear")
     stage = "loss"
+    packages = ("liger_kernel",)
     # Why: with compile_scope=layers the loss runs outside every compiled graph. Eager, it copies the logits to fp32
     # (seq x vocab x 4 bytes per sequence: 26 GB at Pythia-160M micro-batch 64) and reads them several times;
     # torchtitan compiles its loss for the same reason. The model compiled whole already fuses it (no change).
+
+    # fused_linear: the logits are most of the activation memory at a large vocabulary (Llama-3's 128,256 at
+    # micro-batch 16, seq 2048: 16.8 GB in fp32 alone); liger computes them chunk by chunk, with the gradients of the
+    # hidden states and the head in the same pass, and never keeps them.
+
+    def check(self, value, cfg, ctx):
+        if value != "fused_linear":
+            return
+        if ctx.device != "cuda" or "liger_kernel" not in ctx.installed:
+            raise ConfigError(self.name, "loss_kernel=fused_linear runs liger-kernel's Triton kernels: it needs a CUDA "
+                                         "GPU and pip install liger-kernel; set loss_kernel=compiled or eager")
+        if cfg["pipeline_stages"] > 1:
+            raise ConfigError(self.name, "loss_kernel=fused_linear replaces the model's forward, which the pipeline's "
+                                         "stages do not run: set loss_kernel=compiled or pipeline_stages=1")
+        if cfg["zero_stage"] == 3:
+            raise ConfigError(self.name, "loss_kernel=fused_linear reads the head's weight outside its forward, where "
+                                         "ZeRO-3 has not gathered it: set zero_stage=2 or loss_kernel=compiled")
+        extras = [k for k in _LOGIT_EXTRAS if ctx.model_config.get(k) not in (None, 1, 1.0)]
+        if extras:
+            raise ConfigError(self.name, f"loss_kernel=fused_linear computes plain head logits, but the model scales "
+                                         f"them ({', '.join(extras)}): set loss_kernel=compiled")
 
     def apply(self, plan, value, cfg, ctx):
         plan.loss_kernel = value
@@ -21,9 +47,39 @@ class LossKernel(Knob):
         if plan.loss_kernel == "compiled":  # the HF model's loss; the pipeline engine calls the same function
             import torch
             model.loss_function = torch.compile(model.loss_function)
+        elif plan.loss_kernel == "fused_linear":
+            model.forward = _fused_linear_forward(model)
         return model
 
     def memory(self, terms, plan, spec):
+        b, s, V = plan["micro_batch_size"], spec["recipe"]["seq_len"], int(spec["model_config"]["vocab_size"])
         if plan.get("loss_kernel") == "compiled":  # no fp32 copy of the logits: 8·b·s·V bytes fewer (measured)
-            b, s, V = plan["micro_batch_size"], spec["recipe"]["seq_len"], int(spec["model_config"]["vocab_size"])
             terms["logits"] -= 8 * b * s * V
+        elif plan.get("loss_kernel") == "fused_linear":  # one chunk of logits (fp32 and 16-bit) and the head's fp32 grad
+            h = int(spec["model_config"]["hidden_size"])
+            chunk = min(b * s, 2 ** max(0, (-(-b * s // -(-V // h)) - 1).bit_length()))  # liger's chunk size
+            terms["logits"] = 6 * chunk * V + 4 * V * h
+
+
+def _fused_linear_forward(model, fused=None):
+    """The model's forward with the head and the loss fused (liger-kernel): the decoder's hidden states go to
+    LigerFusedLinearCrossEntropyLoss with the head's weight, shifted as transformers' causal-LM loss shifts them.
+    Without labels it returns the logits as before; with num_items_in_batch (HF Trainer's accumulation) it sums.
+    `fused(reduction)` builds the loss (liger's by default; the CPU tests pass PyTorch's, as liger needs Triton)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    if fused is None:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss as fused
+    decoder, head = model.base_model, model.get_output_embeddings()
+    mean, total = fused(reduction="mean"), fused(reduction="sum")
+
+    def forward(input_ids=None, labels=None, num_items_in_batch=None, **kwargs):
+        kwargs.pop("logits_to_keep", None)
+        hidden = decoder(input_ids=input_ids, **kwargs)[0]
+        if labels is None:
+            return CausalLMOutputWithPast(logits=head(hidden))
+        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        y = labels[:, 1:].reshape(-1).to(h.device)
+        if num_items_in_batch is None:
+            return CausalLMOutputWithPast(loss=mean(head.weight, h, y, head.bias))
+        return CausalLMOutputWithPast(loss=total(head.weight, h, y, head.bias) / num_items_in_batch)
+    return forward
