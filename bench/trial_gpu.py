@@ -1,7 +1,7 @@
 """GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
 calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|loss|multi|pipeline|all] [--case TEXT] [--out results.jsonl]
+Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|loss|fp8_lce|multi|pipeline|all] [--case TEXT] [--out results.jsonl]
        [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
 table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
@@ -10,12 +10,14 @@ one micro-batch per optimizer step, no gradient clipping.
 """
 import argparse
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from trainscout.trial import execute, hardware, prepare
 
+LLAMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "llama-1b.json")
 YARDSTICK = {  # ../shared/bench/README.md, H200, tokens/s
     ("pythia-160m", 32, False): 291_439, ("pythia-160m", 32, True): 359_212,
     ("pythia-410m", 16, False): 120_700, ("pythia-1b", 16, False): 69_690,
@@ -71,6 +73,24 @@ GROUPS = {
                                                       "compile_scope": "layers", "loss_kernel": k}, {})
         for m, mbs, k in [("pythia-160m", 64, "eager"), ("pythia-160m", 64, "compiled"),
                           ("pythia-410m", 32, "compiled"), ("pythia-1b", 16, "compiled")]
+    ],
+    # fp8 (torchao float8 linears) and loss_kernel=fused_linear (liger-kernel) against the best without them (each
+    # layer and the loss compiled), on Pythia-1B and on a Llama-3.2-1B-shaped config.json (GQA, SwiGLU, 128k tied vocab)
+    "fp8_lce": [
+        (f"{name} mbs{mbs} {label}", model, {"micro_batch_size": mbs, "compile": True, "compile_scope": "layers",
+                                             "loss_kernel": "compiled", **s}, {})
+        for name, model, mbs, label, s in [
+            ("pythia-1b", "pythia-1b", 16, "loss compiled", {}),
+            ("pythia-1b", "pythia-1b", 16, "fused_linear", {"loss_kernel": "fused_linear"}),
+            ("pythia-1b", "pythia-1b", 16, "fp8 tensorwise", {"fp8": "tensorwise"}),
+            ("pythia-1b", "pythia-1b", 16, "fp8 rowwise", {"fp8": "rowwise"}),
+            ("pythia-1b", "pythia-1b", 32, "fused_linear", {"loss_kernel": "fused_linear"}),
+            ("llama-1b", LLAMA, 16, "loss compiled", {}),
+            ("llama-1b", LLAMA, 16, "fused_linear", {"loss_kernel": "fused_linear"}),
+            ("llama-1b", LLAMA, 16, "fp8 tensorwise", {"fp8": "tensorwise"}),
+            ("llama-1b", LLAMA, 32, "fused_linear", {"loss_kernel": "fused_linear"}),
+            ("llama-1b", LLAMA, 32, "fp8 tensorwise + fused_linear", {"fp8": "tensorwise", "loss_kernel": "fused_linear"}),
+        ]
     ],
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
@@ -132,7 +152,6 @@ def main():
              if a.case is None or a.case in c[0]]
     store = None
     if a.store:
-        import os
         from trainscout.search.store import Store, default_url
         os.makedirs(a.store, exist_ok=True)
         store = Store(default_url(a.store))
