@@ -1,0 +1,87 @@
+"""Run an exported configuration in a stock HF Trainer: `prepare` applies the model transforms trainscout measured
+(per-layer compile, the loss kernel, checkpointing every n-th layer, FP8 linears, the SDPA backend, TF32) to your
+model, and `training_arguments` builds transformers.TrainingArguments of the installed version from the export,
+with the fields the hook now owns switched off (so nothing is applied twice):
+
+    from transformers import AutoModelForCausalLM, Trainer
+    from trainscout.runtime import hf
+    model = AutoModelForCausalLM.from_config(hf.model_config("out"))   # or your own model of that shape
+    model = hf.prepare(model, "out")                                    # before Trainer wraps it
+    args = hf.training_arguments("out", output_dir="run", max_steps=1000)
+    Trainer(model=model, args=args, train_dataset=dataset).train()
+
+`out` is the folder `trainscout export` wrote (trainscout.json + training_args.json). Importing this module imports
+neither torch nor transformers.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from . import plan_of, prepare_model
+
+# TrainingArguments fields whose name changed between transformers versions: ours -> the older spelling
+RENAMED = {"activation_checkpointing": "gradient_checkpointing"}
+
+
+def load(export: str | dict) -> dict:
+    """trainscout.json of an export folder (or the file, or the dict itself)."""
+    if isinstance(export, dict):
+        return export
+    path = os.path.join(export, "trainscout.json") if os.path.isdir(export) else export
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def model_config(export: str | dict):
+    """The exported model's transformers config (the model the measurement ran)."""
+    from transformers import AutoConfig
+    return AutoConfig.for_model(**load(export)["model_config"])
+
+
+def prepare(model, export: str | dict, *, world_size: int | None = None):
+    """The model with every measured transform applied before sharding, as the trial engines apply them. A
+    whole-model compile (compile_scope=model) is left to TrainingArguments(torch_compile=True), HF's own."""
+    exp = load(export)
+    model.config.use_cache = False
+    return prepare_model(model, plan_of(exp, world_size=world_size, device=(exp.get("hardware") or {}).get("device", "cuda")))
+
+
+def hook_owned(export: str | dict) -> dict:
+    """TrainingArguments fields `prepare` takes over: off in the arguments, applied to the model instead."""
+    plan = load(export).get("plan") or {}
+    owned = {"activation_checkpointing": False}  # prepare checkpoints every n-th layer itself
+    if plan.get("compile") and plan.get("compile_scope") == "layers":
+        owned["torch_compile"] = False  # prepare compiled each layer; HF would compile the whole model again
+    return owned
+
+
+def installed_fields() -> set[str]:
+    import dataclasses
+
+    from transformers import TrainingArguments
+    return {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def for_installed(args: dict) -> dict:
+    """Arguments spelled for the installed transformers (activation_checkpointing is gradient_checkpointing before
+    5.2x); a field this version does not know raises ValueError naming it."""
+    fields, out = installed_fields(), {}
+    for k, v in args.items():
+        name = k if k in fields else RENAMED.get(k)
+        if name not in fields:
+            import transformers
+            raise ValueError(f"TrainingArguments of transformers {transformers.__version__} has no field {k!r}")
+        out[name] = v
+    return out
+
+
+def training_arguments(export: str, **overrides):
+    """transformers.TrainingArguments from the export's training_args.json, for the installed version, with the
+    hook's fields off (hook_owned) and your overrides (output_dir, max_steps, ...) on top."""
+    from transformers import TrainingArguments
+    with open(os.path.join(export, "training_args.json"), encoding="utf-8") as f:
+        args = json.load(f)
+    args.update(hook_owned(export))
+    args.update(overrides)
+    return TrainingArguments(**for_installed(args))
