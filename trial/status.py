@@ -15,6 +15,7 @@ class Status(StrEnum):
     INVALID = "invalid"    # refused before launch: an impossible combination
     PRUNED = "pruned"      # search only: not launched, the memory model predicts it does not fit
     STOPPED = "stopped"    # search only: ended early by ASHA
+    RUNNING = "running"    # search only: a trial's report after a timed step, before its outcome
 
 
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASH, Status.INVALID)  # a measurement record's outcomes
