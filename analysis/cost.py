@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.status import Status
 
 BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prices.json")
 NUMBERS = ("gpu_usd", "machine_usd", "rent_usd_per_gpu_hour")
@@ -186,7 +187,7 @@ def compare_hardware(df: pd.DataFrame, prices: list[Price]) -> pd.DataFrame:
     df = df[df["hardware"].notna() & df["model"].notna()]
     rows = []
     for (model, hw, n), g in df.groupby(["model", "hardware", "world_size"], sort=False, dropna=True):
-        ok = g[(g["status"] == "ok") & g["tokens_per_s"].notna()]
+        ok = g[(g["status"] == Status.OK) & g["tokens_per_s"].notna()]
         best = ok.loc[ok["tokens_per_s"].idxmax()] if len(ok) else None
         p = price_for(hw, prices)
         rows.append({"model": model, "hardware": hw, "world_size": int(n), "trials": len(g), "ok": len(ok),

@@ -10,17 +10,18 @@ import yaml
 
 from trainscout.spaces import Plan
 from trainscout.trial import engines
+from trainscout.trial.records import Record
 
 FORMATS = ("hf", "deepspeed", "accelerate", "command")
 
 
-def hf_args(rec: dict, output_dir: str, paths: dict[str, str]) -> dict:
+def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     """keyword arguments of transformers.TrainingArguments for the measured configuration and the recipe."""
-    plan, recipe, cfg = Plan.from_dict(rec["plan"]), rec["recipe"], rec["config"]
+    plan, recipe = Plan.from_dict(rec.plan), rec.recipe
     args = {
         "output_dir": output_dir,
         "per_device_train_batch_size": plan.micro_batch_size,
-        "gradient_accumulation_steps": rec["grad_accum"],
+        "gradient_accumulation_steps": rec.grad_accum,
         "max_steps": recipe["total_steps"],
         "learning_rate": recipe["lr"], "adam_beta1": recipe["betas"][0], "adam_beta2": recipe["betas"][1],
         "weight_decay": recipe["weight_decay"], "max_grad_norm": recipe["grad_clip"],
@@ -28,43 +29,43 @@ def hf_args(rec: dict, output_dir: str, paths: dict[str, str]) -> dict:
         "bf16": plan.precision == "bf16-mixed", "fp16": plan.precision == "fp16-mixed",
         "activation_checkpointing": plan.checkpoint_every == 1,  # every n-th layer has no TrainingArguments field
         "torch_compile": plan.compile,
-        "optim": "adamw_torch_fused" if rec["device"] == "cuda" else "adamw_torch",
+        "optim": "adamw_torch_fused" if rec.device == "cuda" else "adamw_torch",
         "report_to": "none", "save_strategy": "no",
     }
-    if rec["device"] == "cuda":
+    if rec.device == "cuda":
         args["tf32"] = plan.tf32
     else:
         args["use_cpu"] = True
-    args.update(engines.get(plan.engine).hf_args(rec, paths))
+    args.update(engines.get(plan.engine).hf_args(rec.to_dict(), paths))  # the engines read it by key
     return args
 
 
-def accelerate_config(rec: dict, paths: dict[str, str]) -> dict:
-    plan = Plan.from_dict(rec["plan"])
+def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
+    plan = Plan.from_dict(rec.plan)
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
     cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
-           "num_processes": rec["world_size"], "mixed_precision": mp, "use_cpu": rec["device"] != "cuda",
-           "distributed_type": "NO" if rec["world_size"] == 1 else ("MULTI_GPU" if rec["device"] == "cuda" else "MULTI_CPU")}
-    cfg.update(engines.get(plan.engine).accelerate(rec, paths))
+           "num_processes": rec.world_size, "mixed_precision": mp, "use_cpu": rec.device != "cuda",
+           "distributed_type": "NO" if rec.world_size == 1 else ("MULTI_GPU" if rec.device == "cuda" else "MULTI_CPU")}
+    cfg.update(engines.get(plan.engine).accelerate(rec.to_dict(), paths))
     if plan.compile:
         cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     return cfg
 
 
-def launch_command(rec: dict, out_dir: str) -> str:
-    n = rec["world_size"]
-    return (f"trainscout train --config {shlex.quote(out_dir)} --model {shlex.quote(rec['model'])} --steps 1000  "
+def launch_command(rec: Record, out_dir: str) -> str:
+    n = rec.world_size
+    return (f"trainscout train --config {shlex.quote(out_dir)} --model {shlex.quote(rec.model)} --steps 1000  "
             f"# or your own script: accelerate launch --config_file "
             f"{shlex.quote(os.path.join(out_dir, 'accelerate.yaml'))} --num_processes {n} your_train.py, with "
             f"TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
 
 
-def export(rec: dict, out_dir: str, formats=FORMATS) -> list[str]:
+def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
     """Write the chosen formats into out_dir; returns the files written."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    plan = Plan.from_dict(rec["plan"])
-    files = engines.get(plan.engine).files(rec)  # the engine's own config files (DeepSpeed's JSON)
+    plan = Plan.from_dict(rec.plan)
+    files = engines.get(plan.engine).files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
     paths = {name: os.path.abspath(os.path.join(out_dir, name)) for name in files}
 
     def write(name, text):
@@ -82,8 +83,8 @@ def export(rec: dict, out_dir: str, formats=FORMATS) -> list[str]:
         write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
     if "command" in formats:
         write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
-    write("trainscout.json", json.dumps({k: rec.get(k) for k in ("model", "config", "recipe", "hardware", "versions",
-                                                                  "key", "started_at")}
-                                        | {"metrics": {k: (rec.get("metrics") or {}).get(k) for k in
+    provenance = {"model": rec.model, "config": rec.config, "recipe": rec.recipe, "hardware": rec.hardware,
+                  "versions": rec.versions, "key": rec.key, "started_at": rec.started_at}
+    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
                                                        ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))
     return written

@@ -18,17 +18,19 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
+from trainscout.trial.status import Status
 
 from . import cost, table
 
 STATUS_TEXT = {
-    "oom": "out of memory", "timeout": "ran past its time limit; workers killed", "crash": "a rank crashed",
-    "invalid": "refused before running: the configuration cannot run here (the search stores no reason)",
-    "stopped": "stopped early by ASHA: slower than its peers at the same step",
-    "pruned": "skipped: the memory model predicted it over the GPU's memory",
+    Status.OOM: "out of memory", Status.TIMEOUT: "ran past its time limit; workers killed",
+    Status.CRASH: "a rank crashed",
+    Status.INVALID: "refused before running: the configuration cannot run here (the search stores no reason)",
+    Status.STOPPED: "stopped early by ASHA: slower than its peers at the same step",
+    Status.PRUNED: "skipped: the memory model predicted it over the GPU's memory",
 }
-STATUS_COLOR = {"ok": "#2e7d32", "oom": "#c62828", "timeout": "#ef6c00", "crash": "#6a1b9a", "invalid": "#757575",
-                "stopped": "#1565c0", "pruned": "#8d6e63"}
+STATUS_COLOR = {Status.OK: "#2e7d32", Status.OOM: "#c62828", Status.TIMEOUT: "#ef6c00", Status.CRASH: "#6a1b9a",
+                Status.INVALID: "#757575", Status.STOPPED: "#1565c0", Status.PRUNED: "#8d6e63"}
 TOP = 10  # best configurations listed
 _PLOT = itertools.count(1)
 
@@ -39,7 +41,7 @@ class Analysis:
     df: pd.DataFrame                 # the results table (analysis.table.load) with hardware and costs
     prices: list[cost.Price]
     prices_path: str | None
-    records: dict                    # measurement key -> stored record (for started_at / wall_s)
+    records: dict                    # measurement key -> stored Record (for started_at / wall_s)
     best: pd.DataFrame               # ok measurements, one row per key, fastest first
     hardware: pd.DataFrame           # cost.compare_hardware
     failures: list[dict]             # per status that is not ok: count and one example
@@ -57,13 +59,13 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     if df.empty:
         raise ConfigError("DIR", f"{source} holds no trials: run `trainscout search --out DIR` first, then report")
     df = cost.with_costs(df, prices)
-    records = {m["key"]: m for m in store.measurements()}
+    records = {m.key: m for m in store.measurements()}
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
-    ok = df[(df["status"] == "ok") & df["tokens_per_s"].notna()]
+    ok = df[(df["status"] == Status.OK) & df["tokens_per_s"].notna()]
     best = ok.sort_values("tokens_per_s", ascending=False).drop_duplicates("key").reset_index(drop=True)
     failures = []
-    for status, g in df[df["status"] != "ok"].groupby("status", sort=False):
+    for status, g in df[df["status"] != Status.OK].groupby("status", sort=False):
         with_error = g[g["error"].notna()]
         ex = (with_error if len(with_error) else g).iloc[0]
         failures.append({"status": status, "count": len(g), "what": STATUS_TEXT.get(status, status),
@@ -117,7 +119,7 @@ def knob_importance(trials: pd.DataFrame, search: str) -> dict | None:
     made = []
     for r, c in zip(rows, cfgs):
         tps = r["tokens_per_s"]
-        value = float(tps) if r["status"] in ("ok", "stopped") and tps is not None and not pd.isna(tps) else 0.0
+        value = float(tps) if r["status"] in (Status.OK, Status.STOPPED) and tps is not None and not pd.isna(tps) else 0.0
         params = {n: c[n] for n in searched if c[n] is not None and get(n).applies(c)}
         made.append(optuna.trial.create_trial(params=params, distributions={n: searched[n] for n in params},
                                               value=value))
@@ -355,7 +357,7 @@ def plot_importance(imp: dict) -> str:
 
 
 def plot_knob_values(a: Analysis) -> str:
-    ok = a.df[(a.df["status"] == "ok") & a.df["tokens_per_s"].notna()].drop_duplicates("key")
+    ok = a.df[(a.df["status"] == Status.OK) & a.df["tokens_per_s"].notna()].drop_duplicates("key")
     knobs = [k for k in a.varied if ok[k].dropna().map(fmt).nunique() > 1] or a.varied
     cols = min(3, max(1, len(knobs)))
     rows = max(1, math.ceil(len(knobs) / cols))
@@ -408,10 +410,10 @@ def plot_timeline(a: Analysis) -> str:
     from the store) as a mark at the time the search recorded them."""
     bars = []
     for key in dict.fromkeys(a.df["key"].dropna()):
-        rec = a.records.get(key) or {}
-        start = _when(rec.get("started_at"))
-        if start and rec.get("wall_s") is not None:
-            bars.append((start, float(rec["wall_s"]), rec.get("status", "?"), key))
+        rec = a.records.get(key)
+        start = _when(rec.started_at) if rec else None
+        if start and rec.wall_s is not None:
+            bars.append((start, float(rec.wall_s), rec.status, key))
     marks = [(_when(r["created_at"]), r["status"], bool(r["cached"])) for r in a.df.to_dict("records")
              if r["cached"] or not r["key"] or r["key"] not in a.records]
     marks = [m for m in marks if m[0]]

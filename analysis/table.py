@@ -7,7 +7,9 @@ import os
 import pandas as pd
 
 from trainscout.spaces import ConfigError, all_knobs
-from trainscout.search.store import Store, default_url
+from trainscout.store import Store, default_url
+from trainscout.trial.records import Record
+from trainscout.trial.status import Status
 
 METRICS = ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
            "optimizer_s", "step_spread")
@@ -28,42 +30,42 @@ def load(source: str) -> pd.DataFrame:
     """One row per trial (failures included, with their reason): search, status, knobs, metrics, hardware."""
     store = store_of(source) if isinstance(source, str) else source
     knobs = [k.name for k in all_knobs()]
-    records = {m["key"]: m for m in store.measurements()}
+    records = {m.key: m for m in store.measurements()}
     with store.engine.connect() as c:
         searches = [r[0] for r in c.exec_driver_sql("SELECT name FROM trainscout_searches")]
     rows = []
     for search in searches:
         for t in store.trials(search):
-            rec = records.get(t["key"]) or {}
-            m = rec.get("metrics") or {}
-            hw = rec.get("hardware") or {}
+            rec = records.get(t["key"])
+            m = rec.m if rec else {}
+            hw = (rec.hardware if rec else None) or {}
             row = {"search": search, "trial": t["trial"], "status": t["status"], "cached": bool(t["cached"]),
-                   "error": rec.get("error"), "model": rec.get("model"), "device": rec.get("device"),
-                   "world_size": rec.get("world_size"), "gpu": hw.get("gpu"), "key": t["key"],
-                   "created_at": t["created_at"]}
+                   "error": rec.error if rec else None, "model": rec.model if rec else None,
+                   "device": rec.device if rec else None, "world_size": rec.world_size if rec else None,
+                   "gpu": hw.get("gpu"), "key": t["key"], "created_at": t["created_at"]}
             row.update({k: t["config"].get(k) for k in knobs})
-            row.update({k: (m.get(k) if t["status"] == "ok" else None) for k in METRICS})
-            if t["status"] == "stopped":
+            row.update({k: (m.get(k) if t["status"] == Status.OK else None) for k in METRICS})
+            if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(row)
     return pd.DataFrame(rows, columns=["search", "trial", "status", "cached", "error", "model", "device", "world_size",
                                        "gpu", *knobs, *METRICS, "key", "created_at"])
 
 
-def measurement(source: str, key: str | None = None, best: bool = False) -> dict:
+def measurement(source: str, key: str | None = None, best: bool = False) -> Record:
     """One stored record: by key (a prefix is enough), or the fastest ok one."""
     store = store_of(source) if isinstance(source, str) else source
-    ok = [m for m in store.measurements() if m["status"] == "ok"]
+    ok = [m for m in store.measurements() if m.ok]
     if best:
         if not ok:
             raise ConfigError("--best", "no successful measurement in this store: run a search first")
-        return max(ok, key=lambda m: m["metrics"]["tokens_per_s"])
-    hits = [m for m in store.measurements() if key and m["key"].startswith(key)]
+        return max(ok, key=lambda m: m.metrics["tokens_per_s"])
+    hits = [m for m in store.measurements() if key and m.key.startswith(key)]
     if len(hits) != 1:
         raise ConfigError("--trial", f"--trial {key}: {'no' if not hits else 'more than one'} measurement matches: "
                                      "give a longer key (see `trainscout results --format csv`) or --best")
-    if hits[0]["status"] != "ok":
-        raise ConfigError("--trial", f"--trial {key} ended {hits[0]['status']}: export a measurement that ran")
+    if not hits[0].ok:
+        raise ConfigError("--trial", f"--trial {key} ended {hits[0].status}: export a measurement that ran")
     return hits[0]
 
 

@@ -33,9 +33,10 @@ import time
 from trainscout.cli.main import (EXIT_BAD_INPUT, Parser, add_recipe_flags, nonneg_float, parse_sets, positive_int,
                                  recipe_kwargs)
 from trainscout.search.service import SearchArgs, validate
-from trainscout.search.store import DETERMINISTIC, default_url, measurement_key, now, open_store
 from trainscout.spaces import ConfigError, all_knobs, fmt
+from trainscout.store import default_url, measurement_key, now, open_store
 from trainscout.trial import execute, hardware, memory, prepare
+from trainscout.trial.status import DETERMINISTIC, Status
 
 META = "# trainscout-grid "
 COLUMNS = ["grid", "sampler", "status", "tokens_per_s", "step_tokens_per_s", "wall_s", "timed_s", "gpu_s",
@@ -86,11 +87,11 @@ def enumerate_rows(space, model: str, hw: dict, kw: dict) -> list[dict]:
             try:
                 spec = prepare(model, combo, **kw)
                 ident = measurement_key(spec, hw, versions)
-                row = {"config": spec["config"], "spec": spec, "key": ident, "status": "valid",
+                row = {"config": spec.config, "spec": spec, "key": ident, "status": "valid",
                        "predicted_gib": memory.predict(spec) / memory.GiB}
             except ConfigError as e:
                 ident = ("invalid", *map(fmt, combo.values()))
-                row = {"config": combo, "status": "invalid", "error": str(e), "gpu_s": 0.0}
+                row = {"config": combo, "status": Status.INVALID, "error": str(e), "gpu_s": 0.0}
             if ident not in index:
                 index[ident] = dict(row, grid=0, sampler=0)
                 rows.append(index[ident])
@@ -101,20 +102,19 @@ def enumerate_rows(space, model: str, hw: dict, kw: dict) -> list[dict]:
 def measure(row: dict, store, a, trials_dir: str) -> str:
     """Fill a valid row from the store or a new trial; returns how ("stored" or "measured")."""
     record, how = store.get(row["key"]), "stored"
-    if record is None or record["status"] not in DETERMINISTIC:
+    if record is None or record.status not in DETERMINISTIC:
         record, how = execute(row["spec"], timeout=a.timeout, storage=trials_dir, address=a.address), "measured"
         store.replace(row["key"], record)
     fill(row, record, a)
     return how
 
 
-def fill(row: dict, record: dict, a) -> None:
-    m, recipe = record.get("metrics") or {}, row["spec"]["recipe"]
-    tokens = recipe["global_batch"] * recipe["seq_len"]
-    row.update(status=record["status"], error=record.get("error"), tokens_per_s=m.get("tokens_per_s"),
+def fill(row: dict, record, a) -> None:
+    m, tokens = record.m, row["spec"].tokens_per_step
+    row.update(status=record.status, error=record.error, tokens_per_s=m.get("tokens_per_s"),
                step_tokens_per_s=";".join(f"{tokens / s:.1f}" for s in m.get("steps_s", [])),
-               wall_s=record.get("wall_s"), timed_s=m.get("timed_s"), peak_memory_gib=m.get("peak_memory_gib"),
-               gpu_s=(record.get("wall_s") or 0.0) * a.gpus_per_trial)
+               wall_s=record.wall_s, timed_s=m.get("timed_s"), peak_memory_gib=m.get("peak_memory_gib"),
+               gpu_s=(record.wall_s or 0.0) * a.gpus_per_trial)
 
 
 def write_csv(path: str, meta: dict, rows: list[dict]) -> None:
@@ -154,7 +154,7 @@ def record_grid(a) -> int:
                                      f"{a.max_combinations:,}): narrow it with --space or --set")
     kw = dict(workers=a.gpus_per_trial, steps=a.steps, warmup=a.warmup, hw=hw, seed=a.seed, **recipe)
     rows = enumerate_rows(space, a.model, hw, kw)
-    valid = [r for r in rows if r["status"] != "invalid"]
+    valid = [r for r in rows if r["status"] != Status.INVALID]
     searched = [k for k, vs in space.domains.items() if len(vs) > 1]
     print(f"grid of {a.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}) x{a.gpus_per_trial}: "
           f"{sum(r['grid'] for r in rows)} combinations + {sum(not r['grid'] for r in rows)} more the sampler can "
@@ -186,7 +186,7 @@ def record_grid(a) -> int:
 
 
 def print_table(rows: list[dict], searched: list[str], measured: int, wall: float, csv_path: str | None) -> None:
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] == Status.OK]
     total = sum(r.get("gpu_s") or 0.0 for r in rows if r["grid"])
     best = max(ok, key=lambda r: r["tokens_per_s"], default=None)
     by_status = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
@@ -194,7 +194,7 @@ def print_table(rows: list[dict], searched: list[str], measured: int, wall: floa
           f"; {measured} measured now; grid total {total:,.1f} GPU-seconds (CPU: worker-seconds); "
           f"best {best['tokens_per_s'] if best else 0:,.0f} tokens/s; wall {wall:.0f} s" +
           (f"; CSV {csv_path}" if csv_path else " (dry run: nothing measured)"))
-    order = sorted(rows, key=lambda r: (r["status"] != "ok", -(r.get("tokens_per_s") or 0)))
+    order = sorted(rows, key=lambda r: (r["status"] != Status.OK, -(r.get("tokens_per_s") or 0)))
     print(f"{'status':8} {'tokens/s':>10} {'GPU-s':>7} {'peak GiB':>8} {'pred GiB':>8}  " + "  ".join(searched))
     for r in order:
         pred = r.get("predicted_gib")

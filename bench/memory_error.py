@@ -11,9 +11,9 @@ from trainscout.analysis.table import store_of
 from trainscout.trial import memory
 
 
-def label(r: dict) -> str:
-    c = r["config"]
-    parts = [r["model"].replace("pythia-", ""), f"x{r['world_size']}"]
+def label(r) -> str:
+    c = r.config
+    parts = [r.model.replace("pythia-", ""), f"x{r.world_size}"]
     if c.get("zero_stage"):
         parts.append(f"zero{c['zero_stage']}")
     for k, short in (("offload_optimizer", "off_opt"), ("offload_params", "off_par")):
@@ -40,7 +40,7 @@ def main() -> int:
         return 1
     rows = []
     for i, (rec, peak) in enumerate(pairs):
-        others = [q for j, q in enumerate(pairs) if j != i and q[0]["metrics"].get("gpu") == rec["metrics"].get("gpu")]
+        others = [q for j, q in enumerate(pairs) if j != i and q[0].metrics.get("gpu") == rec.metrics.get("gpu")]
         cal = memory.fit(others)
         ana, loo = memory.predict(rec), memory.predict(rec, cal)
         rows.append((label(rec), peak, ana, loo))

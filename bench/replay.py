@@ -29,9 +29,11 @@ from trainscout.cli.main import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
 from trainscout.search.service import (MEMORY_MARGIN, METRIC, Printer, SearchArgs, _progress_callback, _trainable,
                                        make_sampler, make_scheduler, space_knobs, start_points)
 from trainscout.search.space import Space
-from trainscout.search.store import default_url
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
+from trainscout.store import default_url
 from trainscout.trial import STATUSES, hardware, memory, prepare
+from trainscout.trial.records import Record
+from trainscout.trial.status import Status
 
 META = "# trainscout-grid "
 
@@ -67,7 +69,7 @@ def load_grid(path: str) -> tuple[dict, list[dict], dict]:
             r["steps"] = [float(v) for v in r["step_tokens_per_s"].split(";") if v]
     except ValueError as e:
         raise ConfigError("--csv", f"{path}: a row has a bad value ({e}): give a CSV written by bench/grid.py")
-    if not any(r["status"] == "ok" and r["grid"] for r in rows):
+    if not any(r["status"] == Status.OK and r["grid"] for r in rows):
         raise ConfigError("--csv", f"{path} has no measured (ok) grid row: nothing to find")
     return meta, rows, {k.name: k.default for k in late}
 
@@ -79,7 +81,7 @@ def shuffled_grid(grid: list[dict], target: float, seed: int) -> float:
     spent = 0.0
     for r in order:
         spent += r["gpu_s"]
-        if r["status"] == "ok" and r["tokens_per_s"] >= target:
+        if r["status"] == Status.OK and r["tokens_per_s"] >= target:
             break
     return spent
 
@@ -93,15 +95,15 @@ def as_recorded(meta: dict) -> None:
     hardware.installed_optional = lambda: frozenset(meta.get("installed", ()))
 
 
-def played(row: dict, spec: dict, on_step) -> dict:
+def played(row: dict, spec, on_step) -> Record:
     """The recorded trial: each timed step's throughput reported as measured, then its record."""
-    tokens = spec["recipe"]["global_batch"] * spec["recipe"]["seq_len"]
+    tokens = spec.tokens_per_step
     for i, v in enumerate(row["steps"], 1):
         on_step({"step": i, "step_s": tokens / v, "tokens_per_s": v})
-    ok = row["status"] == "ok"
-    return {"model": spec["model"], "config": spec["config"], "device": spec["device"], "world_size": spec["world_size"],
-            "hardware": spec["hardware"], "status": row["status"], "error": row.get("error") or None,
-            "wall_s": row["wall_s"], "metrics": {METRIC: row["tokens_per_s"]} if ok else None}
+    ok = row["status"] == Status.OK
+    return Record(model=spec.model, config=spec.config, device=spec.device, world_size=spec.world_size,
+                  hardware=spec.hardware, status=row["status"], error=row.get("error") or None,
+                  wall_s=row["wall_s"], metrics={METRIC: row["tokens_per_s"]} if ok else None)
 
 
 def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
@@ -110,9 +112,9 @@ def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
     as_recorded(meta)
 
     def execute(spec, on_step=None, **_):
-        row = rows.get(config_id(spec["config"]))
+        row = rows.get(config_id(spec.config))
         if row is None:
-            raise LookupError("not in the grid: " + " ".join(f"{k}={fmt(v)}" for k, v in spec["config"].items()))
+            raise LookupError("not in the grid: " + " ".join(f"{k}={fmt(v)}" for k, v in spec.config.items()))
         return played(row, spec, on_step)
     service.execute = execute
     _trainable(config, base)
@@ -135,11 +137,11 @@ def ledger_classes():
             if self.done:
                 return
             r = trial.last_result or {}
-            kind = "stopped" if r.get("status") == "running" else "stored" if r.get("cached") else r.get("status")
+            kind = Status.STOPPED if r.get("status") == Status.RUNNING else "stored" if r.get("cached") else r.get("status")
             self.n += 1
             cost, row = self.charge(trial.config, r, kind)
             self.spent += cost
-            if kind == "stopped":
+            if kind == Status.STOPPED:
                 ident = tuple(sorted((k, fmt(v)) for k, v in trial.config.items()))
                 kind = "stopped again" if ident in self.stopped else kind
                 self.stopped.add(ident)
@@ -147,7 +149,7 @@ def ledger_classes():
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self.log.append({"kind": kind, METRIC: r.get(METRIC), "steps": r.get("training_iteration"), "gpu_s": cost,
                              "config": " ".join(f"{k}={fmt(trial.config[k])}" for k in self.searched)})
-            if kind == "ok" and r[METRIC] >= self.target:
+            if kind == Status.OK and r[METRIC] >= self.target:
                 self.found, self.done = r[METRIC], True
             self.done = self.done or self.spent >= self.budget
 
@@ -182,11 +184,11 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
 
     def charge(config: dict, r: dict, kind: str) -> tuple[float, dict | None]:
         """(GPU-seconds, recorded row) of a finished trial."""
-        if kind in ("invalid", "pruned", "stored"):
+        if kind in (Status.INVALID, Status.PRUNED, "stored"):
             return 0.0, None
         settings = {k: v for k, v in config.items() if k in base["knob_names"]}
-        row = rows[config_id(prepare(meta["model"], settings, **kw)["config"])]
-        if kind != "stopped" or not row["wall_s"]:  # ran in full (ok, oom, crash, timeout)
+        row = rows[config_id(prepare(meta["model"], settings, **kw).config)]
+        if kind != Status.STOPPED or not row["wall_s"]:  # ran in full (ok, oom, crash, timeout)
             return row["gpu_s"], row
         ran = min(1.0, r.get("training_iteration", 0) / max(1, len(row["steps"])))
         return row["gpu_s"] * (1 - row["timed_s"] / row["wall_s"] * (1 - ran)), row
@@ -248,15 +250,15 @@ def run(a) -> int:
     if pending:
         raise ConfigError("--csv", f"{a.csv}: {pending} rows are not measured yet: finish the recording (run "
                                    "bench/grid.py again with the same --store) or replay a measured part with --set")
-    if not any(r["status"] == "ok" and r["grid"] for r in table):
+    if not any(r["status"] == Status.OK and r["grid"] for r in table):
         raise ConfigError("--set", f"{a.csv}: no measured (ok) grid row has {' and '.join(a.set)}: nothing to find")
     space = Space(fixed, searched)
-    rows = {config_id(r): r for r in table if r["status"] != "invalid"}
+    rows = {config_id(r): r for r in table if r["status"] != Status.INVALID}
     grid = [r for r in table if r["grid"]]
     total = sum(r["gpu_s"] for r in grid)
-    best = max(r["tokens_per_s"] for r in grid if r["status"] == "ok")
+    best = max(r["tokens_per_s"] for r in grid if r["status"] == Status.OK)
     target = (1 - a.tolerance) * best
-    near = sum(r["status"] == "ok" and r["tokens_per_s"] >= target for r in grid)
+    near = sum(r["status"] == Status.OK and r["tokens_per_s"] >= target for r in grid)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import optuna
 

@@ -8,6 +8,7 @@ import re
 import sys
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.status import Status
 
 EXIT_BAD_INPUT = 2
 
@@ -98,35 +99,36 @@ def cmd_trial(a) -> int:
                    measure_accum=a.measure_accum, fault=a.inject_fault, **recipe_kwargs(a))
     record = execute(spec, timeout=a.timeout, address=a.address)
     if a.json:
-        print(json.dumps(record))
+        print(json.dumps(record.to_dict()))
     else:
         print_trial(record)
-    return 0 if record["status"] == "ok" else 1
+    return 0 if record.ok else 1
 
 
-def print_trial(r: dict) -> None:
-    cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
-    print(f"trial {r['trial_id']}  model {r['model']}  device {r['device']} x{r['world_size']}  status {r['status']}")
+def print_trial(r) -> None:
+    """A trial's Record, as the `trial` command prints it."""
+    cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
+    print(f"trial {r.trial_id}  model {r.model}  device {r.device} x{r.world_size}  status {r.status}")
     print(f"config   {cfg}")
-    m = r.get("metrics")
+    m = r.metrics
     if not m:
-        print(f"error    {r['error']}")
+        print(f"error    {r.error}")
         return
-    rec = r["recipe"]
+    rec = r.recipe
     mfu = f"{m['mfu']:.3f}" if m["mfu"] is not None else "n/a (no GPU peak known)"
     rows = [
         ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
-                 f"({r['grad_accum']} micro-batches of {r['plan']['micro_batch_size']}; measured "
-                 f"{r['measured_accum']} per step: {m['measured_step_s']:.4f} s)"),
+                 f"({r.grad_accum} micro-batches of {r.plan['micro_batch_size']}; measured "
+                 f"{r.measured_accum} per step: {m['measured_step_s']:.4f} s)"),
         ("phases", f"micro-batch {m['micro_batch_s'] * 1e3:.2f} ms, last (syncs) {m['last_micro_batch_s'] * 1e3:.2f} ms, "
                    f"optimizer {m['optimizer_s'] * 1e3:.2f} ms"),
-        ("spread", f"{m['step_spread'] * 100:.1f} % over {r['timed_steps']} steps, {m['rank_spread'] * 100:.1f} % "
+        ("spread", f"{m['step_spread'] * 100:.1f} % over {r.timed_steps} steps, {m['rank_spread'] * 100:.1f} % "
                    f"between ranks (slowest rank {m['slowest_rank']})"),
         ("memory", f"{m['peak_memory_gib']:.2f} GiB peak per rank"),
         ("MFU", mfu),
         ("run", f"{m['projected_days']:.2f} days for {rec['total_steps']:,} steps"),
-        ("overhead", f"build {m['build_s']:.1f} s, warm-up {m['warmup_s']:.1f} s, trial wall {r['wall_s']:.1f} s"),
+        ("overhead", f"build {m['build_s']:.1f} s, warm-up {m['warmup_s']:.1f} s, trial wall {r.wall_s:.1f} s"),
     ]
     for k, v in rows:
         print(f"{k:9}{v}")
@@ -150,11 +152,11 @@ def cmd_estimate(a) -> int:
     comp = memory.components(spec)
     total = memory.predict(spec, cal)
     if a.json:
-        print(json.dumps({"config": spec["config"], "components_gib": {k: v / memory.GiB for k, v in comp.items()},
+        print(json.dumps({"config": spec.config, "components_gib": {k: v / memory.GiB for k, v in comp.items()},
                           "predicted_gib": total / memory.GiB, "calibration": cal,
                           "capacity_gib": capacity / memory.GiB if capacity else None}))
         return 0
-    print(f"model {spec['model']}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec["config"].items()))
+    print(f"model {spec.model}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec.config.items()))
     for k, v in comp.items():
         print(f"  {k:12} {v / memory.GiB:8.2f} GiB")
     how = (f"calibrated on {cal['n']} measured peaks: {cal['a']:.2f}·states + {cal['b']:.2f}·activations + "
@@ -172,7 +174,7 @@ def cmd_verify(a) -> int:
     r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address)
     if a.json:
         print(json.dumps(r))
-    elif r["status"] != "ok":
+    elif r["status"] != Status.OK:
         print(f"verify {r['key'][:12]} ended {r['status']}: {r['error']}")
     else:
         print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps  ({r['gpu'] or 'cpu'})")
@@ -182,7 +184,7 @@ def cmd_verify(a) -> int:
         if r.get("seed_method_step_s"):
             print(f"  the seed paper's timer (one unsynchronised micro-batch x accumulation) on the same steps: "
                   f"{r['seed_method_step_s']:.4f} s = {r['seed_method_ratio']:.3f} x measured")
-    return 0 if r["status"] == "ok" else 1
+    return 0 if r["status"] == Status.OK else 1
 
 
 def cmd_train(a) -> int:
@@ -201,13 +203,13 @@ def cmd_train(a) -> int:
     bar.close()
     if a.json:
         print(json.dumps(r))
-    elif r["status"] == "ok":
+    elif r["status"] == Status.OK:
         m = r["metrics"]
         print(f"trained {r['model']} for {r['steps']} steps on {r['data'] or 'synthetic tokens'}: final loss "
               f"{m['loss']:.4f}, {m['tokens_per_s']:,.0f} tokens/s; checkpoint (transformers) in {r['checkpoint']}")
     else:
         print(f"training ended {r['status']}: {r['error']}")
-    return 0 if r["status"] == "ok" else 1
+    return 0 if r["status"] == Status.OK else 1
 
 
 def duration(s: str) -> float:
@@ -226,7 +228,7 @@ DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1,
 def cmd_search(a) -> int:
     from trainscout.search.service import SearchArgs, run_search
     if a.resume:
-        from trainscout.search.store import Store, default_url
+        from trainscout.store import Store, default_url
         if not os.path.isdir(a.resume):
             raise ConfigError("--resume", f"--resume {a.resume}: no such folder: give the --out folder of a search")
         store = Store(a.storage or default_url(a.resume))

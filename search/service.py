@@ -14,13 +14,18 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, fmt
+from trainscout.store import Store, default_url, measurement_key, open_store
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.runner import context, remove_orphaned_placement_groups
+from trainscout.trial.status import DETERMINISTIC, Status
 
 from .space import Space, load_space_file
-from .store import DETERMINISTIC, Store, default_url, measurement_key, open_store
+
+if TYPE_CHECKING:
+    from trainscout.trial.records import TrialSpec
 
 METRIC = "tokens_per_s"
 MEMORY_MARGIN = 0.10  # a configuration predicted over the GPU's memory by more than this is not launched
@@ -65,47 +70,46 @@ def _trainable(config: dict, base: dict) -> None:
         spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
                        hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
     except ConfigError as e:
-        store.add_trial(base["search"], trial_id, None, "invalid", False, 0.0, settings)
-        tune.report({METRIC: 0.0, "status": "invalid", "error": str(e), "cached": False})
+        store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings)
+        tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
     mem = base.get("memory")
     # predicted clearly over the GPU's memory: not launched, recorded with the prediction (max finds its own fit)
-    if mem and not spec["plan"]["micro_batch_probe"]:
+    if mem and not spec.plan["micro_batch_probe"]:
         from trainscout.trial import memory
         predicted = memory.predict(spec, mem["calibration"])
         if predicted > mem["capacity"] * (1 + mem["margin"]):
             gib = predicted / memory.GiB
-            store.add_trial(base["search"], trial_id, None, "pruned", False, 0.0, dict(spec["config"], predicted_gib=round(gib, 2)))
-            tune.report({METRIC: 0.0, "status": "pruned", "cached": False, "predicted_gib": gib,
+            store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0,
+                            dict(spec.config, predicted_gib=round(gib, 2)))
+            tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "predicted_gib": gib,
                          "error": f"predicted {gib:.1f} GiB per rank > {mem['capacity'] / memory.GiB:.0f} GiB"})
             return
     key = measurement_key(spec, base["hardware"], hardware.versions())
     record = store.get(key)
-    cached = record is not None and record["status"] in DETERMINISTIC
+    cached = record is not None and record.status in DETERMINISTIC
     if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
         # ASHA ended this configuration earlier in the search: TPE proposed it again; it gets the same answer
-        store.add_trial(base["search"], trial_id, None, "stopped", True, value, settings)
-        tune.report({METRIC: value, "status": "stopped", "cached": True})
+        store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
+        tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
     if not cached:
         seen = []
 
         def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
             seen.append(m["tokens_per_s"])
-            tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": "running", "cached": False})
+            tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
         for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
             record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
                              on_step=on_step)
-            record["attempt"] = attempt + 1
-            if spec["fault"]:
-                record["fault"] = spec["fault"]
-            if record["status"] != "crash":
+            record = record.replace(attempt=attempt + 1, fault=spec.fault or None)
+            if record.status != Status.CRASH:
                 break
         store.replace(key, record)  # a crash or timeout measured again: the newer record wins
-    m = record.get("metrics") or {}
-    value = m.get(METRIC, 0.0) if record["status"] == "ok" else 0.0
-    store.add_trial(base["search"], trial_id, key, record["status"], cached, value, spec["config"])
-    tune.report({METRIC: value, "status": record["status"], "cached": cached, "error": record.get("error"),
+    m = record.m
+    value = m.get(METRIC, 0.0) if record.ok else 0.0
+    store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config)
+    tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib")})
 
@@ -114,7 +118,7 @@ def _stopped_before(store, search: str, settings: dict) -> float | None:
     """The best step of an earlier trial of this search that ASHA stopped with the same settings (None: none)."""
     same = json.loads(json.dumps(settings, sort_keys=True, default=str))
     for t in store.trials(search):
-        if t["status"] == "stopped" and {k: t["config"].get(k) for k in same} == same:
+        if t["status"] == Status.STOPPED and {k: t["config"].get(k) for k in same} == same:
             return t["tokens_per_s"] or 0.0
     return None
 
@@ -128,15 +132,16 @@ def _progress_callback(url: str, search: str, printer):
         def on_trial_complete(self, iteration, trials, trial, **info):
             remove_orphaned_placement_groups()
             r = trial.last_result or {}
-            if r.get("status") == "running":  # stopped by the scheduler before its last step
-                open_store(url).add_trial(search, trial.trial_id, None, "stopped", False, r.get(METRIC), trial.config)
-                r = dict(r, status="stopped")
+            if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
+                open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False, r.get(METRIC),
+                                          trial.config)
+                r = dict(r, status=str(Status.STOPPED))
             printer(trial, r)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             remove_orphaned_placement_groups()
-            open_store(url).add_trial(search, trial.trial_id, None, "crash", False, 0.0, trial.config)
-            printer(trial, {"status": "crash", METRIC: 0.0})
+            open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0, trial.config)
+            printer(trial, {"status": str(Status.CRASH), METRIC: 0.0})
 
     return Progress()
 
@@ -159,7 +164,7 @@ class Printer:
             self.header = True
         self.n += 1
         v = r.get(METRIC) or 0.0
-        if r.get("status") == "ok" and (self.best is None or v > self.best):
+        if r.get("status") == Status.OK and (self.best is None or v > self.best):
             self.best = v
         days = r.get("projected_days")
         days = _days(days) if days else "-"
@@ -193,7 +198,7 @@ def _numbered(trial) -> str:
     return f"trial_{int(trial.experiment_tag.split('_', 1)[0]) - 1}_{trial.trial_id}"
 
 
-def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
+def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     """Check everything before anything is started or written: (space, base spec, hardware)."""
     if args.trials is None and args.time_budget_s is None:
         raise ConfigError("--trials", "give --trials N or --time-budget (e.g. 30m)")
@@ -208,7 +213,7 @@ def validate(args: SearchArgs) -> tuple[Space, dict, dict]:
     workers = args.gpus_per_trial
     # a trial of the defaults validates the model, recipe and worker count
     base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
-    ctx = context(base["model_config"], base["recipe"]["global_batch"], workers, hw)
+    ctx = context(base.model_config, base.recipe["global_batch"], workers, hw)
     raw = load_space_file(args.space) if args.space else {}
     return Space.build(raw, args.sets, ctx), base, hw
 
@@ -372,16 +377,16 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         by_status[t["status"]] = by_status.get(t["status"], 0) + 1
     best = []
     seen = set()
-    for t in sorted((t for t in trials if t["status"] == "ok" and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
+    for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
         if t["key"] in seen:
             continue
         seen.add(t["key"])
         rec = store.get(t["key"])
-        best.append({"key": t["key"], "config": rec["config"], **{k: rec["metrics"].get(k) for k in
+        best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
     # orchestration overhead: a measured trial's wall time less its timed steps (start-up, build, warm-up, teardown)
-    overhead = sorted(r["wall_s"] - r["metrics"]["timed_s"] for r in (store.get(t["key"]) for t in trials
-                      if t["status"] == "ok" and t["key"] and not t["cached"]) if r and r.get("wall_s"))
+    overhead = sorted(r.wall_s - r.metrics["timed_s"] for r in (store.get(t["key"]) for t in trials
+                      if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s)
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
                "overhead_s": overhead}
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainscout.cli.main import main
-from trainscout.search.store import Store, default_url
+from trainscout.store import Store, default_url
 from trainscout.trial import run_trial
 from trainscout.trial.models import resolve_model
 
@@ -23,11 +23,11 @@ def store_dir(tmp_path_factory, ray_local):
     for i, settings in enumerate([{"precision": "fp32"}, {"precision": "fp32", "zero_stage": 2}]):
         rec = run_trial("tiny", {**settings, "micro_batch_size": 4}, device="cpu", workers=2, steps=2, warmup=1,
                         global_batch=32)
-        assert rec["status"] == "ok", rec["error"]
+        assert rec.status == "ok", rec.error
         key = f"k{i}" + "0" * 30
-        rec["key"] = key
+        rec.key = key
         store.put(key, rec)
-        store.add_trial("s", f"t{i}", key, "ok", False, rec["metrics"]["tokens_per_s"], rec["config"])
+        store.add_trial("s", f"t{i}", key, "ok", False, rec.metrics["tokens_per_s"], rec.config)
     store.add_trial("s", "t9", None, "invalid", False, 0.0, {"precision": "fp16-mixed"})
     store.checkpoint()
     return d
@@ -96,8 +96,8 @@ def test_results_round_trip_between_stores(store_dir, tmp_path, capsys):
     assert main(["results", str(fresh), "--import", str(f)]) == 0
     out = capsys.readouterr().out
     assert "imported 2 measurements, 0 already present" in out and "imported 0 measurements, 2 already present" in out
-    src = {m["key"]: m for m in Store(default_url(store_dir)).measurements()}
-    dst = {m["key"]: m for m in Store(default_url(str(fresh))).measurements()}
+    src = {m.key: m.to_dict() for m in Store(default_url(store_dir)).measurements()}
+    dst = {m.key: m.to_dict() for m in Store(default_url(str(fresh))).measurements()}
     assert src.keys() == dst.keys()
     for k in src:
         assert dst[k]["source"] == "imported:pool.jsonl"

@@ -112,6 +112,6 @@ def test_pipeline_trial_through_ray_train(ray_local):
     spec = prepare("tiny", {"pipeline_stages": 2, "pipeline_microbatches": 2, "micro_batch_size": 2, "precision": "fp32"},
                    device="cpu", workers=2, steps=2, warmup=1, global_batch=8)
     r = execute(spec, timeout=240)
-    assert r["status"] == "ok", (r["error"], r.get("stderr_tail"))
-    assert r["metrics"]["tokens_per_s"] > 0 and r["metrics"]["loss"] > 0
-    assert r["plan"]["engine"] == "pipeline" and r["grad_accum"] == 2
+    assert r.status == "ok", (r.error, r.stderr_tail)
+    assert r.metrics["tokens_per_s"] > 0 and r.metrics["loss"] > 0
+    assert r.plan["engine"] == "pipeline" and r.grad_accum == 2

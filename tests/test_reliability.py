@@ -30,7 +30,8 @@ import psutil
 import pytest
 
 from trainscout.cli.main import main
-from trainscout.search.store import Store, default_url, open_store
+from trainscout.store import Store, default_url, open_store
+from trainscout.trial.records import Record
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -177,21 +178,21 @@ def check_faulted_search(out, w: Watch, rc: int, trials: int, schedule: dict[int
     store = Store(default_url(str(out)))
     rows = store.trials(name)
     assert len(rows) == trials and len({t["trial"] for t in rows}) == trials, [t["status"] for t in rows]
-    records = {m["key"]: m for m in store.measurements()}
-    faulted = [t for t in rows if t["key"] and records[t["key"]].get("fault")]
+    records = {m.key: m for m in store.measurements()}
+    faulted = [t for t in rows if t["key"] and records[t["key"]].fault]
     clean = [t for t in rows if t not in faulted]
-    kinds = [records[t["key"]]["fault"].split("@")[0] for t in faulted]
+    kinds = [records[t["key"]].fault.split("@")[0] for t in faulted]
     # every scheduled fault happened in the trial it was scheduled for, and in no other
     assert collections.Counter(kinds) == collections.Counter(k.split("@")[0] for k in schedule.values()), kinds
     number = {m.group(2): int(m.group(1)) for d in (out / "tune").glob("*/trial_*")
               if (m := re.match(r"trial_(\d+)_([0-9a-f]+)_", d.name))}  # Tune's trial names: trial_N_ID
     assert sorted(number[t["trial"]] for t in rows) == list(range(trials))
     for t in rows:
-        assert (records[t["key"]].get("fault") if t["key"] else None) == schedule.get(number[t["trial"]]), t
+        assert (records[t["key"]].fault if t["key"] else None) == schedule.get(number[t["trial"]]), t
     for t in faulted:
         rec = records[t["key"]]
-        assert t["status"] == rec["status"] == EXPECTED[rec["fault"].split("@")[0]], (rec["fault"], rec["status"])
-        assert rec["metrics"] is None and rec["error"]
+        assert t["status"] == rec.status == EXPECTED[rec.fault.split("@")[0]], (rec.fault, rec.status)
+        assert rec.metrics is None and rec.error
     # every clean trial is stored with its outcome: measured (ok), stopped early by ASHA after a step (with the
     # throughput it had), or refused before running (invalid, value 0)
     assert len(clean) == trials - len(schedule)
@@ -199,9 +200,9 @@ def check_faulted_search(out, w: Watch, rc: int, trials: int, schedule: dict[int
     for t in clean:
         assert t["tokens_per_s"] > 0 or t["status"] == "invalid"
         if t["status"] == "ok":
-            assert records[t["key"]]["metrics"]["tokens_per_s"] == t["tokens_per_s"]
+            assert records[t["key"]].metrics["tokens_per_s"] == t["tokens_per_s"]
     # hangs killed within the timeout + 5 s
-    hangs = [records[t["key"]]["wall_s"] for t in faulted if records[t["key"]]["fault"].startswith("hang")]
+    hangs = [records[t["key"]].wall_s for t in faulted if records[t["key"]].fault.startswith("hang")]
     assert hangs and max(hangs) <= TIMEOUT + 5, hangs
     # nothing left RUNNING
     study = optuna.load_study(study_name=name, storage=default_url(str(out)))
@@ -244,7 +245,7 @@ def test_r5_real_search_measures_a_crash_again_but_never_an_oom_or_hang(ci_searc
         m = re.search(r"injected fault (\w+)", logs)
         runs[m.group(1) if m else "clean"] += 1
     assert (runs["oom"], runs["hang"], runs["crash"], runs["assert"]) == (1, 1, 2, 2), runs
-    attempts = {m["fault"]: m["attempt"] for m in Store(default_url(str(out))).measurements() if m.get("fault")}
+    attempts = {m.fault: m.attempt for m in Store(default_url(str(out))).measurements() if m.fault}
     assert attempts == {"oom": 1, "crash@1": 2, "hang": 1, "assert": 2}, attempts
 
 
@@ -381,22 +382,22 @@ def trainable(tmp_path, monkeypatch):
         calls = []
 
         def fake_execute(spec, **kw):
-            calls.append(spec["config"])
+            calls.append(spec.config)
             st = statuses[min(len(calls), len(statuses)) - 1]
-            return {"trial_id": f"x{len(calls)}", "model": spec["model"], "config": spec["config"], "status": st,
-                    "error": None if st == "ok" else f"{st}!", "wall_s": 1.0,
-                    "metrics": {"tokens_per_s": 100.0} if st == "ok" else None}
+            return Record(trial_id=f"x{len(calls)}", model=spec.model, config=spec.config, status=st,
+                          error=None if st == "ok" else f"{st}!", wall_s=1.0,
+                          metrics={"tokens_per_s": 100.0} if st == "ok" else None)
         monkeypatch.setattr(service, "execute", fake_execute)
         base = {"model": "tiny", "workers": 2, "steps": 2, "warmup": 0, "hardware": hw, "seed": 0, "recipe": {},
                 "storage": url, "search": "s", "timeout": 5, "address": None, "trial_dir": str(tmp_path / "trials"),
                 "knob_names": list(service.space_knobs()), "max_failures": max_failures, "faults": {}, "offset": 0}
         cfg = {"compile": False, "zero_stage": 0, "precision": "fp32", "micro_batch_size": 2, **(settings or {})}
         if seed_store:
-            from trainscout.search.store import measurement_key
+            from trainscout.store import measurement_key
             from trainscout.trial import prepare
             spec = prepare("tiny", cfg, workers=2, steps=2, warmup=0, hw=hw)
             open_store(url).replace(measurement_key(spec, hw, hardware.versions()),
-                                    {"model": "tiny", "config": spec["config"], "status": seed_store, "metrics": None})
+                                    {"model": "tiny", "config": spec.config, "status": seed_store, "metrics": None})
         reports.clear()
         service._trainable(cfg, base)
         return calls, reports[-1], open_store(url)
@@ -415,7 +416,7 @@ def test_r5_retry_rules(trainable, statuses, max_failures, runs, final):
     calls, report, store = trainable(statuses, max_failures=max_failures)
     assert len(calls) == runs and report["status"] == final
     [rec] = store.measurements()
-    assert rec["status"] == final and rec["attempt"] == runs
+    assert rec.status == final and rec.attempt == runs
     [row] = store.trials("s")
     assert row["status"] == final
 
@@ -486,7 +487,7 @@ def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path)
     for snap in snapshots:  # nothing stored before a kill was lost or changed
         for tid, t in snap.items():
             assert by_id.get(tid) == t, (seed, tid)
-    keys = [m["key"] for m in Store(default_url(str(out))).measurements()]
+    keys = [m.key for m in Store(default_url(str(out))).measurements()]
     assert len(keys) == len(set(keys))
     study = optuna.load_study(study_name=name, storage=default_url(str(out)))
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
@@ -499,7 +500,7 @@ def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path)
 # --- R6: two writers on one store; a damaged SQLite file ---------------------------------------------------------
 WRITER = textwrap.dedent("""
     import json, os, sys, time
-    from trainscout.search.store import Store
+    from trainscout.store import Store
     url, who, n, shared, log, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
     store = Store(url)
     while not os.path.exists(go):
@@ -518,7 +519,7 @@ WRITER = textwrap.dedent("""
 
 READER = textwrap.dedent("""
     import os, sys, time
-    from trainscout.search.store import Store
+    from trainscout.store import Store
     url, go, stop, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     store = Store(url)
     while not os.path.exists(go):
@@ -562,14 +563,14 @@ def test_r6_two_processes_write_500_records_each_none_lost_none_duplicated(tmp_p
     assert reader.returncode == 0, err[-2000:]
     misses, reads = map(int, got.split())
     rows = Store(url).measurements()
-    keys = [r["key"] for r in rows]
+    keys = [r.key for r in rows]
     assert len(keys) == len(set(keys)) == 2 * n + shared  # 0 duplicated
     written = {k for who in ("a", "b") for k in (tmp_path / f"{who}.log").read_text().split()}
     assert len(written) == 2 * n and written <= set(keys)  # 0 lost
     for r in rows:
-        if not r["key"].startswith("shared-"):
-            who, i = r["key"].split("-")
-            assert r["config"] == {"who": who, "i": int(i)} and r["metrics"]["tokens_per_s"] == int(i)
+        if not r.key.startswith("shared-"):
+            who, i = r.key.split("-")
+            assert r.config == {"who": who, "i": int(i)} and r.metrics["tokens_per_s"] == int(i)
     # a measurement replaced by one process is never missing for another (replace is one transaction)
     assert reads > 0 and misses == 0, (misses, reads)
     print(f"R6: {2 * n} records + {shared} shared re-measured by 2 processes in {wall:.1f} s, "
@@ -627,10 +628,10 @@ def test_r6_damaged_tail_still_opens_and_says_what_was_dropped(full_store, capsy
     assert store.warning and err.count("\n") == 1 and "trainscout: warning:" in err and "Traceback" not in err
     assert "dropped" in store.warning and "trainscout_measurements" in store.warning
     rows = store.measurements()
-    keys = [r["key"] for r in rows]
+    keys = [r.key for r in rows]
     assert len(keys) == len(set(keys))  # 0 duplicated
     for r in rows:  # every row kept is the row written
-        assert {k: v for k, v in r.items() if k not in ("key", "source")} == written[r["key"]]
+        assert {k: v for k, v in r.to_dict().items() if k not in ("key", "source")} == written[r.key]
     dropped = len(written) - len(rows)
     assert 0 < dropped < 200
     counted = re.search(r"trainscout_measurements (\d+) of 1000 rows", store.warning)
@@ -641,7 +642,7 @@ def test_r6_damaged_tail_still_opens_and_says_what_was_dropped(full_store, capsy
     else:  # the rows after the last readable one are the last rows written
         assert sorted(keys) == sorted(written)[:len(rows)] and int(after.group(1)) == len(rows)
     assert [p for p in os.listdir(path.parent) if ".damaged-" in p]  # the damaged file is kept aside
-    assert store.put("new", record("new", 1)) and store.get("new")["config"] == {"i": 1}  # and it works
+    assert store.put("new", record("new", 1)) and store.get("new").config == {"i": 1}  # and it works
     assert Store(url).warning is None  # repaired once
     print(f"R6 {how}: kept {len(rows)}, dropped {dropped} (named in the warning: {store.warning.split(', the')[0]})")
 
@@ -662,7 +663,7 @@ def test_r6_torn_write_ahead_log_loses_no_committed_record(tmp_path):
         f.write(random.Random(1).randbytes(2048))
     committed = set(log.read_text().split())
     store = Store(url)
-    keys = [r["key"] for r in store.measurements()]
+    keys = [r.key for r in store.measurements()]
     assert store.warning is None
     assert committed <= set(keys) and len(keys) == len(set(keys)), len(committed - set(keys))
     print(f"R6 torn WAL: {len(committed)} committed before the kill, {len(keys)} stored, 0 lost, 0 duplicated")

@@ -29,8 +29,8 @@ def write_grid(path, fast=(4, 1)):
     hw = {"device": "cpu", "world_size": 2, "cpu": "test", "cpu_count": 2}
     kw = dict(workers=2, steps=3, warmup=1, hw=hw, seed=0)
     base = prepare("tiny", {}, **kw)
-    ctx = Context(world_size=2, device="cpu", num_layers=int(base["model_config"]["num_hidden_layers"]),
-                  global_batch=base["recipe"]["global_batch"])
+    ctx = Context(world_size=2, device="cpu", num_layers=int(base.model_config["num_hidden_layers"]),
+                  global_batch=base.recipe["global_batch"])
     fixed = {k.name: k.default for k in all_knobs() if k.name not in SPACE}  # knobs added later stay out of it
     space = Space.build({**fixed, **SPACE}, {}, ctx)
     rows = grid.enumerate_rows(space, "tiny", hw, kw)

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from trainscout.cli.main import main
-from trainscout.search.store import Store, default_url
+from trainscout.store import Store, default_url
 from trainscout.trial import run_trial
 
 pytestmark = pytest.mark.timeout(600)
@@ -22,17 +22,17 @@ def make_store(d: str) -> str:
     first = None
     for i, (settings, fault) in enumerate(RUNS):
         rec = run_trial("tiny", settings, device="cpu", workers=2, steps=2, warmup=1, global_batch=32, fault=fault)
-        assert rec["status"] == ("crash" if fault else "ok"), rec["error"]
+        assert rec.status == ("crash" if fault else "ok"), rec.error
         key = f"k{i}" + "0" * 30
         store.put(key, rec)
-        store.add_trial("s", f"t{i}", key, rec["status"], False, (rec["metrics"] or {}).get("tokens_per_s", 0.0),
-                        rec["config"])
+        store.add_trial("s", f"t{i}", key, rec.status, False, (rec.metrics or {}).get("tokens_per_s", 0.0),
+                        rec.config)
         first = first or (key, rec)
     key, rec = first  # a trial the search served from the store
-    store.add_trial("s", "t7", key, "ok", True, rec["metrics"]["tokens_per_s"], rec["config"])
-    refused = run_trial("tiny", {**rec["config"], "precision": "fp16-mixed"}, device="cpu", workers=2, global_batch=32)
-    assert refused["status"] == "invalid"
-    store.add_trial("s", "t9", None, "invalid", False, 0.0, refused["config"])  # the search keeps no reason
+    store.add_trial("s", "t7", key, "ok", True, rec.metrics["tokens_per_s"], rec.config)
+    refused = run_trial("tiny", {**rec.config, "precision": "fp16-mixed"}, device="cpu", workers=2, global_batch=32)
+    assert refused.status == "invalid"
+    store.add_trial("s", "t9", None, "invalid", False, 0.0, refused.config)  # the search keeps no reason
     store.checkpoint()
     return d
 

@@ -13,7 +13,7 @@ from trainscout.cli.main import main
 from trainscout.search.service import make_sampler
 
 from trainscout.search.space import Space
-from trainscout.search.store import Store, default_url
+from trainscout.store import Store, default_url
 from trainscout.spaces import Context, all_knobs
 
 pytestmark = pytest.mark.timeout(900)
@@ -91,7 +91,7 @@ def test_driver_killed_then_resumed_completes_exactly_n(tmp_path):
     assert len(after) == n and len({t["trial"] for t in after}) == n  # exactly N, no duplicate
     for tid, t in before.items():  # nothing stored before the kill was lost or changed
         assert {a["trial"]: a for a in after}[tid] == t
-    keys = [m["key"] for m in store_of(out).measurements()]
+    keys = [m.key for m in store_of(out).measurements()]
     assert len(keys) == len(set(keys))
     study = optuna.load_study(study_name="r1", storage=default_url(str(out)))
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]

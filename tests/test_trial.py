@@ -40,10 +40,10 @@ ENGINES = {
 @pytest.mark.parametrize("name", ENGINES)
 def test_trial_measures_each_engine(ray_local, name):
     r = run(ENGINES[name])
-    assert r["status"] == "ok", (r["error"], r.get("stderr_tail"))
-    m = r["metrics"]
+    assert r.status == "ok", (r.error, r.stderr_tail)
+    m = r.metrics
     # real optimizer steps with real accumulation: 4 micro-batches per step, 2 of them measured per step
-    assert (r["grad_accum"], r["measured_accum"]) == (4, 2)
+    assert (r.grad_accum, r.measured_accum) == (4, 2)
     assert m["step_s"] > 0 and m["micro_batch_s"] > 0 and m["optimizer_s"] > 0
     # the projection is the phases of the slowest rank: 3 accumulating micro-batches + the last + the optimizer
     assert m["step_s"] >= 3 * min(m["micro_batch_s"], m["last_micro_batch_s"])
@@ -54,8 +54,8 @@ def test_trial_measures_each_engine(ray_local, name):
     # the whole model's parameters, counted before ZeRO-3 partitions them (the GPU run once showed MFU 0.04)
     assert m["n_params"] == TINY_PARAMS and m["flops_per_token"] > 6 * TINY_PARAMS
     assert math.isfinite(m["loss"]) and 0 < m["loss"] < 2 * math.log(512)
-    assert r["config"] == {**r["config"], **ENGINES[name]}
-    assert r["hardware"]["device"] == "cpu" and r["versions"]["torch"]
+    assert r.config == {**r.config, **ENGINES[name]}
+    assert r.hardware["device"] == "cpu" and r.versions["torch"]
 
 
 @pytest.mark.parametrize("backend, kernel", [("math", "_scaled_dot_product_attention_math"),
@@ -84,9 +84,9 @@ def test_compile_scope_layers_compiles_each_layer_and_leaves_the_causal_mask_to_
     from trainscout.spaces import Context, resolve
     from trainscout.trial.engines.plain import TorchEngine
     spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2, "compile": True}, device="cpu")
-    assert spec["config"]["compile_scope"] == "layers"
+    assert spec.config["compile_scope"] == "layers"
     model = build_model(resolve_model("tiny").config, "sdpa", 64)
-    engine = TorchEngine(model, resolve(spec["config"], Context(global_batch=2, num_layers=2))[1], spec["recipe"],
+    engine = TorchEngine(model, resolve(spec.config, Context(global_batch=2, num_layers=2))[1], spec.recipe,
                          torch.device("cpu"), 1)
     layers = [m for m in model.modules() if isinstance(m, torch._dynamo.eval_frame.OptimizedModule)]
     assert engine.model is model and len(layers) == model.config.num_hidden_layers
@@ -111,7 +111,7 @@ def test_compiled_loss_gives_the_eager_loss_and_gradients():
     for kernel in ("eager", "compiled"):
         spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2, "loss_kernel": kernel}, device="cpu")
         model = copy.deepcopy(base)
-        engine = TorchEngine(model, resolve(spec["config"], Context(global_batch=2, num_layers=2))[1], spec["recipe"],
+        engine = TorchEngine(model, resolve(spec.config, Context(global_batch=2, num_layers=2))[1], spec.recipe,
                              torch.device("cpu"), 1)
         loss = engine.micro_step(batch, is_last=True, scale=1.0)
         out[kernel] = loss.item(), [p.grad.clone() for p in model.parameters()], model.loss_function
@@ -124,8 +124,8 @@ def test_compiled_loss_gives_the_eager_loss_and_gradients():
 
 def test_full_step_is_measured_when_asked(ray_local):
     r = run({}, measure_accum=0, steps=3)
-    m = r["metrics"]
-    assert r["status"] == "ok" and r["measured_accum"] == r["grad_accum"] == 4
+    m = r.metrics
+    assert r.status == "ok" and r.measured_accum == r.grad_accum == 4
     assert m["measured_step_s"] == pytest.approx(m["step_s"], rel=0.5)
     # the seed paper's timer is recorded beside ours (on the CPU, where work is synchronous, it is close; on a GPU
     # it times kernel launches: bench numbers in docs/BENCHMARKS.md)
@@ -141,15 +141,15 @@ def test_full_step_is_measured_when_asked(ray_local):
 ])
 def test_failures_are_classified(ray_local, fault, status, words):
     r = run({}, fault=fault)
-    assert r["status"] == status and r["metrics"] is None
-    assert words in r["error"]
-    assert "injected" in r["stderr_tail"]  # the failing rank's stderr tail comes back
+    assert r.status == status and r.metrics is None
+    assert words in r.error
+    assert "injected" in r.stderr_tail  # the failing rank's stderr tail comes back
 
 
 def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
     t = time.time()
     r = run({}, fault="hang@1", timeout=45)
-    assert r["status"] == "timeout" and "45 s" in r["error"]
+    assert r.status == "timeout" and "45 s" in r.error
     assert time.time() - t < 45 + 10
     deadline = time.time() + 10  # the workers die with the trial
     while worker_pids() and time.time() < deadline:
@@ -164,20 +164,20 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
     monkeypatch.setenv("TRAINSCOUT_FAKE_CAPACITY_MBS", "5")
     spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": "max"}, device="cpu", workers=1, steps=2,
                    warmup=1, global_batch=16)
-    assert [c["mbs"] for c in spec["probe"]] == [16, 8, 4, 2, 1]
-    spec["fault"] = None
+    assert [c["mbs"] for c in spec.probe] == [16, 8, 4, 2, 1]
+    spec.fault = None
     from trainscout.trial.runner import _worker_env
     monkeypatch.setattr("trainscout.trial.runner._worker_env",
                         lambda s: dict(_worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="5"))
     r = execute(spec, timeout=240)
-    assert r["status"] == "ok", (r["error"], r.get("stderr_tail"))
-    assert r["probe"] == [[16, "oom"], [8, "oom"], [4, "ok"]]
+    assert r.status == "ok", (r.error, r.stderr_tail)
+    assert r.probe == [[16, "oom"], [8, "oom"], [4, "ok"]]
     # measured at the largest that fits and one below; the record is whichever projects the shorter step
-    (m4, t4), (m2, t2) = r["probe_compared"]
+    (m4, t4), (m2, t2) = r.probe_compared
     assert (m4, m2) == (4, 2) and t4 > 0 and t2 > 0
     mbs = 4 if t4 >= t2 else 2
-    assert r["plan"]["micro_batch_size"] == r["metrics"]["micro_batch_size"] == mbs and r["grad_accum"] == 16 // mbs
-    assert r["metrics"]["tokens_per_s"] == pytest.approx(max(t4, t2))
+    assert r.plan["micro_batch_size"] == r.metrics["micro_batch_size"] == mbs and r.grad_accum == 16 // mbs
+    assert r.metrics["tokens_per_s"] == pytest.approx(max(t4, t2))
     with pytest.raises(Exception, match="micro_batch_size=max"):
         prepare("tiny", {"micro_batch_size": "max"}, device="cpu", workers=2)
 

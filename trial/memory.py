@@ -21,6 +21,12 @@ analytic sum is used with a 1 GiB allowance for workspaces.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+from .status import Status
+
+if TYPE_CHECKING:
+    from .records import Record, TrialSpec
 
 GiB = 2**30
 
@@ -35,20 +41,21 @@ def _counts(config: dict) -> dict:
             "N": L * per_layer + embed * (1 if tied else 2) + 2 * h}
 
 
-def components(spec: dict) -> dict[str, float]:
-    """Bytes per rank by component for a prepared trial spec (the rank that holds the most): the engine's model
-    states, then one micro-batch's activations and logits (which knobs adjust) scaled to what is in flight."""
+def components(spec: TrialSpec | Record) -> dict[str, float]:
+    """Bytes per rank by component for a prepared trial spec or a stored record (the rank that holds the most):
+    the engine's model states, then one micro-batch's activations and logits (which knobs adjust) scaled to what
+    is in flight. The knobs' memory hooks read the spec by key: they get its to_dict()."""
     from trainscout.spaces import all_knobs
 
     from . import engines
-    if "model_config" not in spec:  # a stored record of a named model
+    if spec.model_config is None:  # a stored record of a named model
         from .models import resolve_model
-        spec = dict(spec, model_config=resolve_model(spec["model"]).config)
-    c, plan, recipe = _counts(spec["model_config"]), spec["plan"], spec["recipe"]
+        spec = spec.replace(model_config=resolve_model(spec.model).config)
+    c, plan, recipe = _counts(spec.model_config), spec.plan, spec.recipe
     engine = engines.get(plan["engine"])
     mixed = plan["precision"] != "fp32"
     N, layers = engine.held(c, plan)
-    out = engine.model_states(c, plan, N, engine.data_ranks(plan, spec["world_size"]), mixed)
+    out = engine.model_states(c, plan, N, engine.data_ranks(plan, spec.world_size), mixed)
     b, s, h, V = plan["micro_batch_size"], recipe["seq_len"], c["h"], c["V"]
     every = plan.get("checkpoint_every", 0)
     ckpt = math.ceil(layers / every) if every else 0
@@ -56,23 +63,24 @@ def components(spec: dict) -> dict[str, float]:
     terms = {"activations": (layers - ckpt) * act_bytes * s * b * h + ckpt * 4 * s * b * h
                             + (act_bytes * s * b * h if ckpt else 0),
              "logits": (10 if mixed else 12) * b * s * V}
+    view = spec.to_dict()
     for knob in all_knobs():
-        knob.memory(terms, plan, spec)
+        knob.memory(terms, plan, view)
     out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
     return out
 
 
-def analytic(spec: dict) -> float:
+def analytic(spec: TrialSpec | Record) -> float:
     return sum(components(spec).values())
 
 
-def _features(spec: dict) -> tuple[float, float]:
+def _features(spec: TrialSpec | Record) -> tuple[float, float]:
     comp = components(spec)
     return (comp["weights"] + comp["gradients"] + comp["optimizer"] + comp["buffers"],
             comp["activations"] + comp["logits"])
 
 
-def fit(pairs: list[tuple[dict, float]]) -> dict | None:
+def fit(pairs: list[tuple[TrialSpec | Record, float]]) -> dict | None:
     """Calibrate on (spec, measured peak bytes) pairs of one GPU: peak = a·states + b·activations + c."""
     if len(pairs) < 3:
         return None
@@ -87,7 +95,7 @@ def fit(pairs: list[tuple[dict, float]]) -> dict | None:
     return {"a": a, "b": b, "c": c * GiB, "n": len(pairs)}
 
 
-def predict(spec: dict, calibration: dict | None = None) -> float:
+def predict(spec: TrialSpec | Record, calibration: dict | None = None) -> float:
     """Predicted peak allocated bytes per rank (what torch.cuda.max_memory_allocated reports)."""
     states, acts = _features(spec)
     if not calibration:
@@ -95,12 +103,12 @@ def predict(spec: dict, calibration: dict | None = None) -> float:
     return calibration["a"] * states + calibration["b"] * acts + calibration["c"]
 
 
-def calibration_pairs(records: list[dict], gpu: str | None) -> list[tuple[dict, float]]:
-    """(spec, measured peak) from stored ok records of a GPU (the record carries what the spec needs)."""
+def calibration_pairs(records: list[Record], gpu: str | None) -> list[tuple[Record, float]]:
+    """(record, measured peak) from stored ok records of a GPU (the record carries what the spec needs)."""
     pairs = []
     for r in records:
-        m = r.get("metrics") or {}
-        if r.get("status") != "ok" or r.get("device") != "cuda" or not m.get("peak_allocated_mib"):
+        m = r.m
+        if r.status != Status.OK or r.device != "cuda" or not m.get("peak_allocated_mib"):
             continue
         if gpu and m.get("gpu") != gpu:
             continue

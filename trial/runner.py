@@ -13,9 +13,10 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, hardware, metrics
+from . import faults, hardware, metrics, probe
 from .models import resolve_model, with_overrides
-from .status import MEASURED, classify
+from .records import RankResult, Record, TrialSpec
+from .status import MEASURED, Status, classify
 
 STATUSES = tuple(s.value for s in MEASURED)
 DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 900.0}
@@ -35,7 +36,7 @@ def detect_device(device: str) -> str:
 def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
             measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
             total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
-            fault: str | None = None, seed: int = 0, hw: dict | None = None) -> dict:
+            fault: str | None = None, seed: int = 0, hw: dict | None = None) -> TrialSpec:
     """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
 
     hw is the hardware fingerprint of the box; a search passes the one its driver took (a trial process of a
@@ -70,16 +71,15 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
     if full > 1 and accum < 2:
         raise ConfigError("--measure-accum", f"--measure-accum {measure_accum}: a step with accumulation needs >= 2 "
                                              "measured micro-batches to separate the synchronising one: use 2 or more")
-    out = {
-        "model": spec.name, "model_config": spec.config, "device": device, "world_size": workers,
-        "config": cfg, "plan": plan.to_dict(), "recipe": recipe.to_dict(),
-        "grad_accum": full, "measured_accum": accum, "timed_steps": steps, "warmup_steps": warmup,
-        "seed": seed, "fault": fault,
-        "threads_per_worker": max(1, (os.cpu_count() or 1) // workers),
-        "hardware": dict(hw, world_size=workers),
-    }
+    out = TrialSpec(
+        model=spec.name, model_config=spec.config, device=device, world_size=workers,
+        config=cfg, plan=plan.to_dict(), recipe=recipe.to_dict(),
+        grad_accum=full, measured_accum=accum, timed_steps=steps, warmup_steps=warmup,
+        seed=seed, fault=fault,
+        threads_per_worker=max(1, (os.cpu_count() or 1) // workers),
+        hardware=dict(hw, world_size=workers))
     if plan.micro_batch_probe:
-        out["probe"] = _probe_candidates(out, plan, measured)
+        out.probe = probe.candidates(out, plan, measured)
     return out
 
 
@@ -88,22 +88,6 @@ def context(model_config: dict, global_batch: int, workers: int, hw: dict) -> Co
     return Context(world_size=workers, device=hw["device"], num_layers=int(model_config["num_hidden_layers"]),
                    global_batch=global_batch, installed=hardware.installed_optional(),
                    capability=str(hw.get("capability") or ""), model_config=model_config)
-
-
-def _probe_candidates(spec: dict, plan, measured) -> list[dict]:
-    """micro_batch_size=max: the divisors of the per-rank batch, largest first, starting one above the largest the
-    memory model predicts to fit (so a model error of one step still finds the true largest)."""
-    from . import memory
-    per_rank = plan.micro_batch_size * plan.grad_accum
-    cands = [{"mbs": d, "grad_accum": per_rank // d, "measured_accum": measured(per_rank // d)}
-             for d in sorted((d for d in range(1, plan.micro_batch_size + 1) if per_rank % d == 0), reverse=True)]
-    cap = spec["hardware"].get("gpu_memory_gib")
-    if spec["device"] == "cuda" and cap:
-        fits = [i for i, c in enumerate(cands)
-                if memory.predict({**spec, "plan": dict(spec["plan"], micro_batch_size=c["mbs"])}) <= cap * memory.GiB]
-        if fits:
-            cands = cands[max(0, fits[0] - 1):]
-    return cands
 
 
 def ensure_ray(address: str | None = None) -> None:
@@ -125,29 +109,29 @@ def ensure_ray(address: str | None = None) -> None:
         ray.init(_node_ip_address="127.0.0.1", **kw)
 
 
-def _worker_env(spec: dict) -> dict:
+def _worker_env(spec: TrialSpec) -> dict:
     env = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
            if k in os.environ}
-    if spec["device"] == "cpu":
+    if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
-    elif str(spec["hardware"].get("capability", "")).startswith("9."):
+    elif str(spec.hardware.get("capability", "")).startswith("9."):
         env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse the machine's "9.0a"
-    env.update(spec["plan"].get("env", {}))  # what knobs set (e.g. the allocator's configuration)
+    env.update(spec.plan.get("env", {}))  # what knobs set (e.g. the allocator's configuration)
     return env
 
 
-def _fit(spec: dict, storage: str, name: str) -> dict:
+def _fit(spec: TrialSpec, storage: str, name: str) -> dict:
     """Inside a Ray task: run the ranks with Ray Train's TorchTrainer; return the rank-0 result or the error."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from .worker import train_loop
-    cuda = spec["device"] == "cuda"
+    cuda = spec.device == "cuda"
     trainer = TorchTrainer(
-        train_loop, train_loop_config=spec,
+        train_loop, train_loop_config={"spec": spec},
         torch_config=TorchConfig(backend="nccl" if cuda else "gloo", timeout_s=600),
-        scaling_config=ScalingConfig(num_workers=spec["world_size"], use_gpu=cuda,
+        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=cuda,
                                      resources_per_worker={"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}),
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=0)))
     try:
@@ -180,7 +164,7 @@ def _error_summary(error: str) -> str:
     return (lines[0] if lines else error)[:500]
 
 
-def _wait(ref, timeout: float, spec: dict, progress, on_step) -> dict:
+def _wait(ref, timeout: float, spec: TrialSpec, progress, on_step) -> dict:
     """The trial's result, relaying per-step progress to on_step; {"timeout": True} past the hard limit."""
     import ray
     deadline = time.monotonic() + timeout
@@ -189,9 +173,9 @@ def _wait(ref, timeout: float, spec: dict, progress, on_step) -> dict:
         if progress is not None:
             while not progress.empty():
                 p = progress.get()
-                step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], spec["grad_accum"])
+                step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], spec.grad_accum)
                 on_step({"step": p["step"], "step_s": step_s, "loss": p.get("loss"),
-                         "tokens_per_s": spec["recipe"]["global_batch"] * spec["recipe"]["seq_len"] / step_s})
+                         "tokens_per_s": spec.tokens_per_step / step_s})
         if ready:
             return ray.get(ref)
         if time.monotonic() >= deadline:
@@ -231,8 +215,8 @@ def stop(ref, grace_s: float = 20.0) -> None:
         ray.cancel(ref, force=True)
 
 
-def execute(spec: dict, *, timeout: float | None = None, storage: str | None = None, address: str | None = None,
-            on_step=None) -> dict:
+def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | None = None,
+            address: str | None = None, on_step=None) -> Record:
     """Run a prepared trial in fresh worker processes; always returns a record (failures are outcomes).
 
     on_step(dict), if given, receives rank 0's projected step time and tokens/s after every timed step."""
@@ -242,13 +226,13 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
     if on_step is not None:
         from ray.util.queue import Queue
         progress = Queue(actor_options={"num_cpus": 0})
-    timeout = timeout or DEFAULT_TIMEOUT[spec["device"]]
+    timeout = timeout or DEFAULT_TIMEOUT[spec.device]
     remove_orphaned_placement_groups()
     trial_id = uuid.uuid4().hex[:12]
     own_storage = storage is None
     storage = os.path.abspath(storage or tempfile.mkdtemp(prefix="trainscout-"))
     log_dir = os.path.join(storage, trial_id, "logs")
-    spec = dict(spec, log_dir=log_dir, progress=progress)
+    spec = spec.replace(log_dir=log_dir, progress=progress)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     task = ray.remote(num_cpus=0, max_retries=0)(_fit).options(runtime_env={"env_vars": _worker_env(spec)})
@@ -263,24 +247,25 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
             progress.shutdown()
         raise
     wall = time.perf_counter() - t0
-    record = {"trial_id": trial_id, "model": spec["model"], "model_config": spec["model_config"], "device": spec["device"],
-              "world_size": spec["world_size"], "config": spec["config"], "plan": spec["plan"],
-              "recipe": spec["recipe"], "grad_accum": spec["grad_accum"], "measured_accum": spec["measured_accum"],
-              "timed_steps": spec["timed_steps"], "started_at": started, "wall_s": round(wall, 2),
-              "versions": hardware.versions(), "hardware": spec["hardware"]}
+    record = Record(trial_id=trial_id, model=spec.model, model_config=spec.model_config, device=spec.device,
+                    world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
+                    grad_accum=spec.grad_accum, measured_accum=spec.measured_accum, timed_steps=spec.timed_steps,
+                    started_at=started, wall_s=round(wall, 2), versions=hardware.versions(), hardware=spec.hardware,
+                    status=Status.CRASH)
     if "ok" in raw:
-        spec, m, compared = _settle_probe(spec, raw["ok"])
+        ranks = [RankResult.from_dict(r) for r in raw["ok"]["ranks"]]
+        spec, m, compared = probe.settle(spec, raw["ok"]["n_params"], ranks, derive)
         if compared:
-            record.update(plan=spec["plan"], grad_accum=spec["grad_accum"], measured_accum=spec["measured_accum"],
-                          probe=raw["ok"]["ranks"][0]["probe"], probe_compared=compared)
-        record.update(status="ok", error=None, metrics=m)
+            record = record.replace(plan=spec.plan, grad_accum=spec.grad_accum, measured_accum=spec.measured_accum,
+                                    probe=ranks[0].probe, probe_compared=compared)
+        record = record.replace(status=Status.OK, error=None, metrics=m)
     elif "timeout" in raw:
-        record.update(status="timeout", error=f"no result within the {timeout:g} s limit; workers killed",
-                      metrics=None)
+        record = record.replace(status=Status.TIMEOUT, metrics=None,
+                                error=f"no result within the {timeout:g} s limit; workers killed")
     else:
         tail = _log_tail(log_dir)
-        status = classify(raw["error"] + "\n" + tail)
-        record.update(status=status, error=_error_summary(raw["error"]), stderr_tail=tail, metrics=None)
+        record = record.replace(status=classify(raw["error"] + "\n" + tail), error=_error_summary(raw["error"]),
+                                stderr_tail=tail, metrics=None)
     if own_storage:
         shutil.rmtree(storage, ignore_errors=True)
     if progress is not None:
@@ -288,75 +273,52 @@ def execute(spec: dict, *, timeout: float | None = None, storage: str | None = N
     return record
 
 
-def _settle_probe(spec: dict, raw: dict) -> tuple[dict, dict, list]:
-    """(spec, metrics, compared). micro_batch_size=max: the micro-batch the probe settled on and, where the worker
-    also measured one candidate below, whichever of the two projects the shorter step; compared = [[mbs, tokens/s]]."""
-    if not spec.get("probe"):
-        return spec, derive(spec, raw), []
-
-    def at(r0, ranks):
-        s = dict(spec, grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
-                 plan=dict(spec["plan"], micro_batch_size=r0["micro_batch_size"], grad_accum=r0["grad_accum"]))
-        return s, dict(raw, ranks=ranks)
-    ranks = raw["ranks"]
-    options = [at(ranks[0], ranks)]
-    if ranks[0].get("below"):
-        b = ranks[0]["below"]
-        low = {"micro_batch_size": b["mbs"], "grad_accum": b["grad_accum"], "measured_accum": b["measured_accum"]}
-        options.append(at(low, [dict(r, **{k: v for k, v in r["below"].items() if k != "mbs"}) for r in ranks]))
-    scored = [(s, derive(s, r)) for s, r in options]
-    compared = [[s["plan"]["micro_batch_size"], m["tokens_per_s"]] for s, m in scored]
-    best_spec, best = min(scored, key=lambda x: x[1]["step_s"])
-    return best_spec, best, compared
-
-
-def derive(spec: dict, raw: dict) -> dict:
+def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     """Metrics from the ranks' raw phase times: the slowest rank per step, medians over the timed steps."""
-    A, recipe, ranks = spec["grad_accum"], spec["recipe"], raw["ranks"]
-    per_rank = [[metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A) for st in r["steps"]]
+    A, recipe = spec.grad_accum, spec.recipe
+    per_rank = [[metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A) for st in r.steps]
                 for r in ranks]  # [rank][step] -> projected full step
     projected = [max(col) for col in zip(*per_rank)]  # the slowest rank of each step
-    measured = [max(col) for col in zip(*[[st["total"] for st in r["steps"]] for r in ranks])]
+    measured = [max(col) for col in zip(*[[st["total"] for st in r.steps] for r in ranks])]
     rank_steps = [metrics.median(row) for row in per_rank]
     step_s = metrics.median(projected)
-    non_last = [m for r in ranks for st in r["steps"] for m in st["micro"][:-1]]
-    last = [st["micro"][-1] for r in ranks for st in r["steps"]]
-    tokens_per_step = recipe["global_batch"] * recipe["seq_len"]
-    tok_s = tokens_per_step / step_s
-    cfg = spec["model_config"]
-    fpt = metrics.flops_per_token(raw["n_params"], int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), recipe["seq_len"])
-    device_name = ranks[0].get("device_name")
-    peak = metrics.gpu_peak_tflops(device_name) if spec["device"] == "cuda" else None
+    non_last = [m for r in ranks for st in r.steps for m in st["micro"][:-1]]
+    last = [st["micro"][-1] for r in ranks for st in r.steps]
+    tok_s = spec.tokens_per_step / step_s
+    cfg = spec.model_config
+    fpt = metrics.flops_per_token(n_params, int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), recipe["seq_len"])
+    device_name = ranks[0].device_name
+    peak = metrics.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
     out = {
         "tokens_per_s": tok_s,
         "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
         "measured_step_s": metrics.median(measured),  # the timed steps as run (measured_accum micro-batches)
         "micro_batch_s": metrics.median(non_last or last),
         "last_micro_batch_s": metrics.median(last),
-        "optimizer_s": metrics.median([st["optim"] for r in ranks for st in r["steps"]]),
+        "optimizer_s": metrics.median([st["optim"] for r in ranks for st in r.steps]),
         "step_spread": (max(projected) - min(projected)) / step_s,
         "rank_spread": (max(rank_steps) - min(rank_steps)) / step_s,
         "steps_s": projected,
         "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
-        "n_params": raw["n_params"],
+        "n_params": n_params,
         "flops_per_token": fpt,
         "gpu": device_name,
         "peak_tflops": peak,
-        "mfu": metrics.mfu(tok_s, fpt, peak, spec["world_size"]),
+        "mfu": metrics.mfu(tok_s, fpt, peak, spec.world_size),
         "projected_days": recipe["total_steps"] * step_s / 86400,
-        "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec["world_size"] if spec["device"] == "cuda" else 0),
-        "peak_rss_mib": [round(r["peak_rss_mib"], 1) for r in ranks],
-        "build_s": max(r["build_s"] for r in ranks),
-        "warmup_s": max(r["warmup_s"] for r in ranks),
-        "timed_s": max(r["timed_s"] for r in ranks),
+        "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
+        "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],
+        "build_s": max(r.build_s for r in ranks),
+        "warmup_s": max(r.warmup_s for r in ranks),
+        "timed_s": max(r.timed_s for r in ranks),
         # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
-        "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0]["steps"]]),
-        "loss": next((r["loss"] for r in ranks if r["loss"] is not None), None),  # a pipeline's last stage
-        "micro_batch_size": spec["plan"]["micro_batch_size"],
+        "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0].steps]),
+        "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage
+        "micro_batch_size": spec.plan["micro_batch_size"],
     }
-    if spec["device"] == "cuda":
-        out["peak_allocated_mib"] = [round(r["peak_allocated_mib"], 1) for r in ranks]
-        out["peak_reserved_mib"] = [round(r["peak_reserved_mib"], 1) for r in ranks]
+    if spec.device == "cuda":
+        out["peak_allocated_mib"] = [round(r.peak_allocated_mib, 1) for r in ranks]
+        out["peak_reserved_mib"] = [round(r.peak_reserved_mib, 1) for r in ranks]
         out["peak_memory_gib"] = max(out["peak_allocated_mib"]) / 1024
     else:
         out["peak_memory_gib"] = max(out["peak_rss_mib"]) / 1024
@@ -364,11 +326,11 @@ def derive(spec: dict, raw: dict) -> dict:
 
 
 def run_trial(model: str, settings: dict, *, timeout: float | None = None, storage: str | None = None,
-              address: str | None = None, **kw) -> dict:
+              address: str | None = None, **kw) -> Record:
     """prepare + execute. An invalid configuration is an outcome here (status "invalid"), not an exception."""
     try:
         spec = prepare(model, settings, **kw)
     except ConfigError as e:
-        return {"trial_id": uuid.uuid4().hex[:12], "model": model, "config": settings, "status": "invalid",
-                "error": str(e), "metrics": None}
+        return Record(trial_id=uuid.uuid4().hex[:12], model=model, config=settings, status=Status.INVALID,
+                      error=str(e), metrics=None)
     return execute(spec, timeout=timeout, storage=storage, address=address)

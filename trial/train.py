@@ -51,14 +51,15 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     workers = workers or (exp.get("hardware") or {}).get("world_size") or 1
     spec = prepare(model or exp["model"], exp["config"], device=device, workers=workers, steps=steps, warmup=0,
                    measure_accum=0, **kw)
-    check_data(data, data_dtype, spec["recipe"]["seq_len"])
+    check_data(data, data_dtype, spec.recipe["seq_len"])
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
-    spec.update(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out)
+    spec = spec.replace(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out)
     record = execute(spec, timeout=timeout or 10**7, address=address, on_step=on_step or (lambda m: None))
-    summary = {k: record.get(k) for k in ("status", "error", "model", "config", "recipe", "world_size", "wall_s")}
-    summary.update(steps=steps, data=spec["data"], checkpoint=out if record["status"] == "ok" else None,
-                   metrics={k: (record.get("metrics") or {}).get(k) for k in ("tokens_per_s", "measured_step_s", "loss", "mfu")})
+    summary = {"status": str(record.status), "error": record.error, "model": record.model, "config": record.config,
+               "recipe": record.recipe, "world_size": record.world_size, "wall_s": record.wall_s}
+    summary.update(steps=steps, data=spec.data, checkpoint=out if record.ok else None,
+                   metrics={k: record.m.get(k) for k in ("tokens_per_s", "measured_step_s", "loss", "mfu")})
     with open(os.path.join(out, "train.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary

@@ -1,0 +1,424 @@
+"""The results store: every measurement once, keyed by what it depends on; the trials of each search.
+
+SQLite in the output folder by default, any SQLAlchemy URL (PostgreSQL for a cluster) otherwise. Rows hold
+JSON text, never pickles. The Optuna study of a search lives in the same database (Optuna's own tables), so
+optuna-dashboard can open it. A measurement is a trainscout.trial.records.Record; its to_dict() JSON is the row.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import sys
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+
+from trainscout.spaces import ConfigError
+from trainscout.trial.records import Record, TrialSpec
+from trainscout.trial.status import DETERMINISTIC, Status  # DETERMINISTIC: outcomes served from the store
+
+META = sa.MetaData()
+MEASUREMENTS = sa.Table(
+    "trainscout_measurements", META,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("device", sa.String(16)),
+    sa.Column("world_size", sa.Integer),
+    sa.Column("gpu", sa.String(200)),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("tokens_per_s", sa.Float),
+    sa.Column("step_s", sa.Float),
+    sa.Column("mfu", sa.Float),
+    sa.Column("peak_memory_gib", sa.Float),
+    sa.Column("projected_days", sa.Float),
+    sa.Column("config", sa.Text, nullable=False),   # JSON: the canonical knob settings
+    sa.Column("record", sa.Text, nullable=False),   # JSON: the whole trial record
+    sa.Column("source", sa.String(200), nullable=False, default="local"),
+    sa.Column("created_at", sa.String(32), nullable=False),
+)
+SEARCH_TRIALS = sa.Table(
+    "trainscout_search_trials", META,
+    sa.Column("search", sa.String(200), primary_key=True),
+    sa.Column("trial", sa.String(64), primary_key=True),   # Ray Tune trial id
+    sa.Column("key", sa.String(64)),
+    sa.Column("status", sa.String(16), nullable=False),    # a Status: ok | oom | invalid | crash | timeout | stopped | pruned
+    sa.Column("cached", sa.Boolean, nullable=False, default=False),
+    sa.Column("tokens_per_s", sa.Float),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("created_at", sa.String(32), nullable=False),
+)
+SEARCHES = sa.Table(
+    "trainscout_searches", META,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("created_at", sa.String(32), nullable=False),
+)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def default_url(out_dir: str) -> str:
+    return "sqlite:///" + os.path.abspath(os.path.join(out_dir, "results.db"))
+
+
+def measurement_key(spec: TrialSpec, hardware: dict, versions: dict) -> str:
+    """What a measurement depends on: effective config, model, recipe, hardware fingerprint, library versions."""
+    ident = {
+        "config": spec.config, "model_config": spec.model_config, "recipe": spec.recipe,
+        "device": spec.device, "world_size": spec.world_size,
+        "hardware": {k: hardware.get(k) for k in ("gpu", "gpu_memory_gib", "cpu", "cpu_count")},
+        "versions": {k: versions.get(k) for k in ("torch", "transformers", "deepspeed")},
+    }
+    if spec.fault:  # an injected failure is not a measurement of the configuration: never serve it for one
+        ident["fault"] = spec.fault
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class Store:
+    """A results database (SQLAlchemy URL)."""
+
+    def __init__(self, url: str):
+        self.warning = None  # what was dropped when a damaged SQLite file was repaired on opening
+        try:
+            self.engine = sa.create_engine(url, future=True, **self._engine_kwargs(url))
+            if self.engine.dialect.name == "sqlite":
+                self.warning = repair_sqlite(self.engine.url.database)
+                sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+            for attempt in range(5):
+                try:
+                    with self.engine.begin() as c:
+                        META.create_all(c)
+                    break
+                except sa.exc.OperationalError as e:  # another process created a table between check and create
+                    if "already exists" not in str(e) or attempt == 4:
+                        raise
+        except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
+            raise ConfigError("--storage", f"cannot open storage {url!r}: its driver is missing ({e}): install it "
+                                           "(e.g. pip install psycopg) or give sqlite:///path/results.db")
+        except ConfigError:
+            raise
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.DatabaseError, ValueError) as e:
+            raise ConfigError("--storage", f"cannot open storage {url!r}: {str(e).splitlines()[0][:200]}; "
+                                           "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
+        self.url = url
+
+    @staticmethod
+    def _engine_kwargs(url: str) -> dict:
+        return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+
+    def checkpoint(self) -> None:
+        """Fold SQLite's write-ahead log into the database file, so that results.db alone holds everything
+        (a copy of the file without its -wal companion would otherwise miss the latest rows)."""
+        if self.engine.dialect.name == "sqlite":
+            with self.engine.connect() as c:
+                c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # --- measurements ---------------------------------------------------------------------------------------
+    def get(self, key: str) -> Record | None:
+        with self.engine.connect() as c:
+            row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
+        return Record.from_dict(json.loads(row[0])) if row else None
+
+    @staticmethod
+    def _row(key: str, record: Record | dict, source: str) -> dict:
+        """A measurement's row: the record's JSON (a dict, e.g. an imported line, is stored as given) and the
+        columns read from it."""
+        data = record.to_dict() if isinstance(record, Record) else record
+        record = record if isinstance(record, Record) else Record.from_dict(record)
+        m = record.m
+        return dict(key=key, model=record.model, device=record.device, world_size=record.world_size,
+                    gpu=(record.hardware or {}).get("gpu"), status=str(record.status),
+                    tokens_per_s=m.get("tokens_per_s"), step_s=m.get("step_s"), mfu=m.get("mfu"),
+                    peak_memory_gib=m.get("peak_memory_gib"), projected_days=m.get("projected_days"),
+                    config=json.dumps(record.config, sort_keys=True), record=json.dumps(data),
+                    source=source, created_at=record.started_at or now())
+
+    def put(self, key: str, record: Record | dict, source: str = "local") -> bool:
+        """Store a measurement once; False if the key was already there (the first one is kept)."""
+        try:
+            with self.engine.begin() as c:
+                c.execute(MEASUREMENTS.insert().values(**self._row(key, record, source)))
+            return True
+        except sa.exc.IntegrityError:
+            return False
+
+    def replace(self, key: str, record: Record | dict) -> None:
+        """A crash or timeout measured again: the newer record wins. One transaction: a concurrent reader sees the
+        old record or the new one, never none (it would measure the configuration once more)."""
+        with self.engine.begin() as c:
+            c.execute(MEASUREMENTS.delete().where(MEASUREMENTS.c.key == key))
+            c.execute(MEASUREMENTS.insert().values(**self._row(key, record, "local")))
+
+    def measurements(self) -> list[Record]:
+        """Every stored record, with its key and source."""
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(MEASUREMENTS.c.key, MEASUREMENTS.c.source, MEASUREMENTS.c.record)).all()
+        return [Record.from_dict(dict(json.loads(r.record), key=r.key, source=r.source)) for r in rows]
+
+    def export_jsonl(self, path: str) -> int:
+        """Every measurement as one JSON line (record + key + source), to pool results between labs."""
+        rows = self.measurements()
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                for r in rows:
+                    f.write(json.dumps(r.to_dict(), sort_keys=True) + "\n")
+        except OSError as e:
+            raise ConfigError("--export", f"cannot write {path}: {e.strerror}: give a writable file path")
+        return len(rows)
+
+    def import_jsonl(self, path: str) -> tuple[int, int]:
+        """Add the measurements of an exported file; a key already here is kept (merged, not duplicated).
+        Imported rows are marked with their origin. Returns (added, already present)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("--import", f"cannot read {path}: {e}: give a file written by --export")
+        records = []
+        for n, line in lines:  # every line is checked before anything is written
+            try:
+                rec = json.loads(line)
+                key, source = rec.pop("key"), rec.pop("source", "local")
+                if not all(field in rec for field in ("status", "model", "config")):
+                    raise KeyError("status/model/config")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement: "
+                                              "give a file written by `trainscout results DIR --export FILE`")
+            origin = source if str(source).startswith("imported:") else f"imported:{os.path.basename(path)}"
+            records.append((key, rec, origin))
+        added = sum(self.put(key, rec, source=origin) for key, rec, origin in records)
+        return added, len(records) - added
+
+    # --- searches -------------------------------------------------------------------------------------------
+    def add_search(self, name: str, args: dict) -> None:
+        with self.engine.begin() as c:
+            if c.execute(sa.select(SEARCHES.c.name).where(SEARCHES.c.name == name)).first() is None:
+                c.execute(SEARCHES.insert().values(name=name, args=json.dumps(args), created_at=now()))
+
+    def search_args(self, name: str) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(sa.select(SEARCHES.c.args).where(SEARCHES.c.name == name)).first()
+        return json.loads(row[0]) if row else None
+
+    def add_trial(self, search: str, trial: str, key: str | None, status: Status, cached: bool,
+                  tokens_per_s: float | None, config: dict) -> bool:
+        """One row per finished trial of a search; False if that trial was already recorded."""
+        try:
+            with self.engine.begin() as c:
+                c.execute(SEARCH_TRIALS.insert().values(
+                    search=search, trial=trial, key=key, status=str(status), cached=cached, tokens_per_s=tokens_per_s,
+                    config=json.dumps(config, sort_keys=True, default=str), created_at=now()))
+            return True
+        except sa.exc.IntegrityError:
+            return False
+
+    def trials(self, search: str) -> list[dict]:
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(SEARCH_TRIALS).where(SEARCH_TRIALS.c.search == search)
+                             .order_by(SEARCH_TRIALS.c.created_at)).mappings().all()
+        return [dict(r, config=json.loads(r["config"])) for r in rows]
+
+
+_OPEN: dict[str, Store] = {}
+
+
+def open_store(url: str) -> Store:
+    """One Store per URL and process (objects that Ray pickles keep the URL, not the engine)."""
+    if url not in _OPEN:
+        _OPEN[url] = Store(url)
+    return _OPEN[url]
+
+
+JSON_COLUMNS = {MEASUREMENTS.name: ("config", "record"), SEARCH_TRIALS.name: ("config",), SEARCHES.name: ("args",)}
+KEY_COLUMNS = {MEASUREMENTS.name: ("key",), SEARCH_TRIALS.name: ("search", "trial"), SEARCHES.name: ("name",)}
+
+
+def repair_sqlite(path: str | None) -> str | None:
+    """Open-time check of a SQLite store. A damaged file (a truncated or overwritten tail: a full disk, a copy cut
+    short, a crash under a lying disk) is replaced by a fresh file holding every row that can still be read; the
+    damaged one is kept beside it (PATH.damaged-TIME). Returns (and prints) the one-line warning of what was
+    dropped, or None when the file is healthy. A torn write-ahead log needs none of this: SQLite drops the torn,
+    uncommitted frames itself. A file that is not SQLite at all is refused, never touched."""
+    if not path or path == ":memory:" or path.startswith("file:") or not os.path.isfile(path):
+        return None
+    if os.path.getsize(path) == 0:
+        return None
+    if not _is_sqlite(path):
+        raise ConfigError("--storage", f"{path} is not a SQLite database: give a results.db written by trainscout "
+                                       "or a new path")
+    if _sqlite_healthy(path):
+        return None
+    import fcntl
+    with open(path + ".lock", "w") as lock:  # one process repairs; the others then find the repaired file
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _sqlite_healthy(path):
+            return None
+        warning = _salvage(path)
+    print(f"trainscout: warning: {warning}", file=sys.stderr, flush=True)
+    return warning
+
+
+def _is_sqlite(path: str) -> bool:
+    """Read the header through SQLite itself. Never open() and close() the database file in a process that may
+    hold SQLite connections to it: closing any descriptor of a file drops every POSIX lock the process holds on it,
+    and SQLite's locks with them (a resumed search corrupted its store this way: 'database disk image is
+    malformed')."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+    try:
+        con.execute("PRAGMA schema_version").fetchone()
+        return True
+    except sqlite3.OperationalError as e:  # busy or locked: it is a database
+        return "not a database" not in str(e)
+    except sqlite3.DatabaseError as e:
+        return "not a database" not in str(e)
+    finally:
+        con.close()
+
+
+def _sqlite_healthy(path: str) -> bool:
+    con = sqlite3.connect(path, timeout=60)
+    try:
+        if con.execute("PRAGMA quick_check").fetchall() != [("ok",)]:
+            return False
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table in tables & set(JSON_COLUMNS):  # the b-tree may be intact around damaged values (zeroed bytes)
+            bad = " OR ".join([f"NOT json_valid({c})" for c in JSON_COLUMNS[table]]
+                              + [f"instr({c}, char(0))" for c in KEY_COLUMNS[table]])
+            if con.execute(f'SELECT 1 FROM "{table}" WHERE {bad} LIMIT 1').fetchone():
+                return False
+        return True
+    except sqlite3.OperationalError:  # busy, locked, read-only: not a sign of damage
+        return True
+    except sqlite3.DatabaseError:  # malformed, not a database
+        return False
+    finally:
+        con.close()
+
+
+def _probe(con, table: str, after: int) -> tuple[bool, int | None]:
+    """(readable, rowid of the first row after `after`)."""
+    try:
+        row = con.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1', (after,)).fetchone()
+        return True, (row[0] if row else None)
+    except sqlite3.DatabaseError:
+        return False, None
+
+
+def _readable_rows(con, table: str) -> tuple[list, list, int | None]:
+    """Every row of `table` that can be read, in rowid order, stepping over unreadable pages. Returns (rows,
+    skipped rowid ranges (after, up to], rowid after which nothing could be read or None)."""
+    rows, skipped, last = [], [], -(1 << 63)
+    while True:
+        try:
+            for r in con.execute(f'SELECT rowid, * FROM "{table}" WHERE rowid > ? ORDER BY rowid', (last,)):
+                rows.append(r)
+                last = r[0]
+            return rows, skipped, None
+        except sqlite3.DatabaseError:
+            pass
+        step, hi = 1, None  # the first rowid past the damage: double, then bisect
+        while step < (1 << 62):
+            if _probe(con, table, last + step)[0]:
+                hi = last + step
+                break
+            step *= 2
+        if hi is None:
+            return rows, skipped, last
+        lo = last + step // 2 if step > 1 else last  # lo unreadable (or the failed scan's start), hi readable
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _probe(con, table, mid)[0] else (mid, hi)
+        if _probe(con, table, hi)[1] is None:
+            return rows, skipped, last
+        skipped.append((last, hi))
+        last = hi
+
+
+def _salvage(path: str) -> str:
+    import time
+    src = sqlite3.connect(path, timeout=60)
+    src.execute("PRAGMA writable_schema=ON")  # read past a header that counts more pages than the file holds
+    try:
+        schema = src.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall()
+    except sqlite3.DatabaseError:
+        schema = []
+    tmp = path + ".repairing"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    dst = sqlite3.connect(tmp)
+    kept_all, notes = 0, []
+    for kind, name, sql in schema:
+        if kind != "table" or name.startswith("sqlite_"):
+            continue
+        dst.execute(sql)
+        cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+        rows, skipped, tail = _readable_rows(src, name)
+        json_cols = [cols.index(c) + 1 for c in JSON_COLUMNS.get(name, ()) if c in cols]
+        key_cols = [cols.index(c) + 1 for c in KEY_COLUMNS.get(name, ()) if c in cols]
+        good = []
+        for r in rows:
+            try:
+                for i in json_cols:
+                    json.loads(r[i])
+                if any("\x00" in str(r[i]) for i in key_cols):
+                    raise ValueError(r)
+                good.append(r)
+            except (TypeError, ValueError):
+                pass
+        marks = ", ".join("?" * (len(cols) + 1))
+        names = ", ".join(["rowid"] + [f'"{c}"' for c in cols])
+        dst.executemany(f'INSERT OR IGNORE INTO "{name}" ({names}) VALUES ({marks})', good)
+        kept = dst.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+        kept_all += kept
+        try:  # the original count, from the table or any intact index
+            total = src.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+        except sqlite3.DatabaseError:
+            total = None
+        if total is not None and total != kept:
+            notes.append(f"{name} {total - kept} of {total} rows")
+        elif total is None and (skipped or tail is not None or len(good) < len(rows)):
+            gaps = sum(b - a - 1 for a, b in skipped) + len(rows) - len(good)
+            what = [f"{gaps} rows"] if gaps else []
+            if tail is not None:
+                what.append(f"every row after rowid {tail}")
+            notes.append(f"{name} {' and '.join(what)}")
+    for kind, name, sql in schema:
+        if kind in ("index", "trigger", "view"):
+            try:
+                dst.execute(sql)
+            except sqlite3.DatabaseError:
+                pass
+    dst.commit()
+    dst.close()
+    src.close()
+    damaged = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    os.replace(path, damaged)
+    for suffix in ("-wal", "-shm", "-journal"):  # never pair the new file with the damaged file's log
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, damaged + suffix)
+    os.replace(tmp, path)
+    dropped = "; ".join(notes) if notes else ("everything: its schema was unreadable" if not schema else "no row")
+    return (f"{path} was damaged and has been repaired: kept {kept_all} rows, dropped {dropped}; "
+            f"the damaged file is kept as {damaged}")
+
+
+def _sqlite_pragmas(dbapi_conn, _):
+    """WAL once per file (it persists), the busy timeout on every connection. Switching to WAL takes an exclusive
+    lock that SQLite does not wait for: two processes opening a new store at once got 'database is locked'."""
+    import time
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=60000")
+    for attempt in range(600):
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or attempt == 599:
+                raise
+            time.sleep(0.1)
+    cur.close()

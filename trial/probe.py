@@ -1,0 +1,135 @@
+"""micro_batch_size=max (one rank, no DeepSpeed), all of it but the knob: the candidates (runner.prepare), the
+probe in the trial's own process and the measurement one candidate below (worker), and which of the two is the
+record (runner.execute).
+
+Candidates are the divisors of the per-rank batch, largest first, starting one above the largest the memory model
+predicts to fit; each runs what warm-up runs and is kept below PROBE_HEADROOM of the GPU's memory; an
+out-of-memory error frees the engine and steps down. The largest that fits and the one below are both timed; the
+faster is the record (`probe`, `probe_compared`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller
+GPU: a micro-batch above N makes a real 64 TiB allocation, which the allocator refuses.
+"""
+from __future__ import annotations
+
+import gc
+import os
+
+from .records import RankResult, TrialSpec
+from .status import Status, classify
+
+# micro_batch_size=max keeps a candidate only if its probe steps peaked below this share of the GPU's memory: on
+# the H200, Pythia-160M mbs 64 passed a one-step probe (2 micro-batches) and then ran out of memory in warm-up
+# (4 micro-batches; 24.5 GiB reserved but fragmented). The probe now runs what warm-up runs, with this margin.
+PROBE_HEADROOM = 0.90
+
+
+# --- the runner: candidates, and the record ---------------------------------------------------------------------
+def candidates(spec: TrialSpec, plan, measured) -> list[dict]:
+    """The divisors of the per-rank batch, largest first, starting one above the largest the memory model predicts
+    to fit (so a model error of one step still finds the true largest). measured(A): micro-batches timed per step."""
+    from . import memory
+    per_rank = plan.micro_batch_size * plan.grad_accum
+    cands = [{"mbs": d, "grad_accum": per_rank // d, "measured_accum": measured(per_rank // d)}
+             for d in sorted((d for d in range(1, plan.micro_batch_size + 1) if per_rank % d == 0), reverse=True)]
+    cap = spec.hardware.get("gpu_memory_gib")
+    if spec.device == "cuda" and cap:
+        fits = [i for i, c in enumerate(cands)
+                if memory.predict(spec.replace(plan=dict(spec.plan, micro_batch_size=c["mbs"]))) <= cap * memory.GiB]
+        if fits:
+            cands = cands[max(0, fits[0] - 1):]
+    return cands
+
+
+def settle(spec: TrialSpec, n_params: int, ranks: list[RankResult], derive) -> tuple[TrialSpec, dict, list]:
+    """(spec, metrics, compared). The micro-batch the probe settled on and, where the worker also measured one
+    candidate below, whichever of the two projects the shorter step; compared = [[mbs, tokens/s]].
+    derive(spec, n_params, ranks) -> metrics (runner.derive)."""
+    if not spec.probe:
+        return spec, derive(spec, n_params, ranks), []
+
+    def at(r0, ranks):
+        return spec.replace(grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
+                            plan=dict(spec.plan, micro_batch_size=r0["micro_batch_size"],
+                                      grad_accum=r0["grad_accum"])), ranks
+    r0 = ranks[0]
+    options = [at({"micro_batch_size": r0.micro_batch_size, "grad_accum": r0.grad_accum,
+                   "measured_accum": r0.measured_accum}, ranks)]
+    if r0.below:
+        b = r0.below
+        low = {"micro_batch_size": b["mbs"], "grad_accum": b["grad_accum"], "measured_accum": b["measured_accum"]}
+        options.append(at(low, [r.replace(**{k: v for k, v in r.below.items() if k != "mbs"}) for r in ranks]))
+    scored = [(s, derive(s, n_params, r)) for s, r in options]
+    compared = [[s.plan["micro_batch_size"], m["tokens_per_s"]] for s, m in scored]
+    best_spec, best = min(scored, key=lambda x: x[1]["step_s"])
+    return best_spec, best, compared
+
+
+# --- the worker: the probe, and the candidate below ---------------------------------------------------------------
+def _is_oom(e: BaseException) -> bool:
+    return classify(f"{type(e).__name__}: {e}") == Status.OOM
+
+
+def _probe_step(engine, plan, spec: TrialSpec, accum: int, device) -> None:
+    """Two optimizer steps at this micro-batch, as the warm-up runs them (TRAINSCOUT_FAKE_CAPACITY_MBS: above)."""
+    import torch
+    fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
+    if fake and plan.micro_batch_size > int(fake):
+        torch.empty(1 << 46, dtype=torch.uint8, device=device)
+    x = torch.randint(0, int(spec.model_config["vocab_size"]), (plan.sequences_per_call, spec.recipe["seq_len"]),
+                      device=device)
+    for _ in range(2):  # what warm-up will run: the measured micro-batches, twice (allocator reuse included)
+        for i in range(accum):
+            engine.micro_step(x, is_last=(i == accum - 1), scale=1.0 / accum)
+        engine.optimizer_step()
+
+
+def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:
+    """The largest candidate that survives a full step, in this process: (make(accum)'s result, accum, probe).
+    plan is left at that candidate; probe = [[mbs, "ok" | "oom"], ...]. make(accum) builds model and engine."""
+    import torch
+    probe = []
+    for cand in spec.probe:
+        plan.micro_batch_size, plan.grad_accum, accum = cand["mbs"], cand["grad_accum"], cand["measured_accum"]
+        built = None
+        try:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            built = make(accum)
+            _probe_step(built[-1], plan, spec, accum, device)
+            if device.type == "cuda":  # fits, but too close to the edge: the timed steps would hit it
+                peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+                if peak > PROBE_HEADROOM * total:
+                    raise torch.OutOfMemoryError(f"probe peak {peak / 2**30:.1f} GiB is over {PROBE_HEADROOM:.0%} "
+                                                 f"of {total / 2**30:.1f} GiB")
+            probe.append([cand["mbs"], Status.OK])
+            break
+        except Exception as e:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
+            if not _is_oom(e):
+                raise
+            probe.append([cand["mbs"], Status.OOM])
+            built = None
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    else:
+        raise torch.OutOfMemoryError(f"micro_batch_size=max: no micro-batch fits (tried {[c for c, _ in probe]})")
+    if device.type == "cuda":  # the peak reported is the measured micro-batch's, not a refused one's
+        torch.cuda.reset_peak_memory_stats(device)
+    return built, accum, probe
+
+
+def measure_below(spec: TrialSpec, plan, device, batches: list, timed_step, peaks) -> dict | None:
+    """The candidate one below the probed micro-batch, timed like it (throughput may peak there): its steps and
+    peaks, or None where there is none. plan is put back; timed_step(accum) -> (phase times, loss)."""
+    import torch
+    nxt = [c for c in spec.probe if c["mbs"] < plan.micro_batch_size][:1]
+    if not nxt:
+        return None
+    chosen = (plan.micro_batch_size, plan.grad_accum)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    plan.micro_batch_size, plan.grad_accum, low = nxt[0]["mbs"], nxt[0]["grad_accum"], nxt[0]["measured_accum"]
+    batches[:] = [b[: plan.sequences_per_call] for b in batches]
+    timed_step(low)  # one untimed step at this size
+    alt = [timed_step(low)[0] for _ in range(spec.timed_steps)]
+    plan.micro_batch_size, plan.grad_accum = chosen
+    return dict(nxt[0], steps=alt, **peaks(device))
