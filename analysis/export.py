@@ -40,6 +40,32 @@ def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     return args
 
 
+def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
+    """hf_args spelled for the installed transformers and built by its TrainingArguments (a field it refuses fails
+    the export, not the user's run)."""
+    from transformers import TrainingArguments
+
+    from trainscout.runtime import hf
+    args = hf.for_installed(hf_args(rec, output_dir, paths))
+    TrainingArguments(**args)
+    return args
+
+
+def hook_only(rec: Record) -> list[str]:
+    """The measured knob settings that TrainingArguments cannot express: trainscout.runtime.hf.prepare applies them
+    (without it a stock Trainer runs without them)."""
+    plan, cfg = rec.plan, rec.config
+    out = []
+    if plan.get("compile") and plan.get("compile_scope") == "layers":
+        out.append("compile_scope=layers")
+    if plan.get("checkpoint_every", 0) > 1:
+        out.append(f"activation_checkpointing={plan['checkpoint_every']}")
+    for knob, default in (("loss_kernel", "eager"), ("sdpa_backend", "auto"), ("fp8", "off")):
+        if cfg.get(knob, default) != default:
+            out.append(f"{knob}={cfg[knob]}")
+    return out
+
+
 def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
     plan = Plan.from_dict(rec.plan)
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
@@ -78,13 +104,14 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
         for name, obj in files.items():
             write(name, json.dumps(obj, indent=2))
     if "hf" in formats:
-        write("training_args.json", json.dumps(hf_args(rec, os.path.join(out_dir, "run"), paths), indent=2))
+        write("training_args.json", json.dumps(checked_hf_args(rec, os.path.join(out_dir, "run"), paths), indent=2))
     if "accelerate" in formats:
         write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
     if "command" in formats:
         write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
-    provenance = {"model": rec.model, "config": rec.config, "recipe": rec.recipe, "hardware": rec.hardware,
-                  "versions": rec.versions, "key": rec.key, "started_at": rec.started_at}
+    provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
+                  "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
+                  "started_at": rec.started_at, "hook": hook_only(rec)}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
                                                        ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))
     return written

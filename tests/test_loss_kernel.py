@@ -13,6 +13,7 @@ from trainscout.spaces import ConfigError, Context, resolve
 from trainscout.spaces.knobs.loss_kernel import _fused_linear_forward
 from trainscout.trial import memory
 from trainscout.trial.models import TINY_RECIPE, build_model, resolve_model
+from trainscout.trial.records import Record
 
 H200 = Context(device="cuda", capability="9.0", installed=frozenset({"liger_kernel"}), num_layers=2, global_batch=4,
                world_size=2)
@@ -76,9 +77,9 @@ def test_memory_model_drops_the_logits_with_fused_linear():
     terms = {}
     for kernel in ("eager", "compiled", "fused_linear"):
         cfg, plan = resolve({"loss_kernel": kernel, "micro_batch_size": 16}, ctx)
-        spec = {"model_config": llama, "plan": plan.to_dict(), "recipe": dict(TINY_RECIPE.to_dict(), seq_len=2048),
-                "world_size": 1}
-        terms[kernel] = memory.components(spec)["logits"]
+        rec = Record.from_dict({"model": "llama", "config": cfg, "status": "ok", "model_config": llama, "world_size": 1,
+                                "plan": plan.to_dict(), "recipe": dict(TINY_RECIPE.to_dict(), seq_len=2048)})
+        terms[kernel] = memory.components(rec)["logits"]
     b, s, V = 16, 2048, 128256
     assert terms["eager"] == 10 * b * s * V and terms["compiled"] == 2 * b * s * V
     assert terms["fused_linear"] < 0.05 * terms["eager"]  # one chunk of logits (fp32 + bf16) and the head's fp32 grad

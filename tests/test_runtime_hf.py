@@ -1,0 +1,55 @@
+"""The runtime hook in a stock HF Trainer: a real measurement (checkpointing every 2nd layer, which
+TrainingArguments cannot express) is exported; `hf.training_arguments` builds TrainingArguments of the installed
+transformers with the hook's fields off, `hf.prepare` checkpoints every 2nd layer of the user's model as the trial
+did, and the Trainer runs 2 optimizer steps."""
+import json
+
+import pytest
+import torch
+
+from trainscout.cli.main import main
+from trainscout.runtime import hf
+from trainscout.store import Store, default_url
+from trainscout.trial import run_trial
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory, ray_local):
+    d = tmp_path_factory.mktemp("hook")
+    (d / "store").mkdir()
+    store = Store(default_url(str(d / "store")))
+    rec = run_trial("tiny", {"precision": "fp32", "activation_checkpointing": 2, "micro_batch_size": 4}, device="cpu",
+                    steps=1, warmup=0, global_batch=8)
+    assert rec.status == "ok", rec.error
+    rec.key = "h" * 32
+    store.put(rec.key, rec)
+    store.checkpoint()
+    out = d / "exp"
+    assert main(["export", str(d / "store"), "--trial", "h", "--format", "all", "--out", str(out)]) == 0
+    return str(out)
+
+
+def test_the_hook_runs_the_measured_transforms_in_a_stock_trainer(export_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, Trainer
+    exported = json.loads(open(f"{export_dir}/trainscout.json").read())
+    assert exported["model_config"]["num_hidden_layers"] == 2 and exported["plan"]["checkpoint_every"] == 2
+    model = hf.prepare(AutoModelForCausalLM.from_config(hf.model_config(export_dir)), export_dir)
+    kinds = [type(layer).__name__ for layer in model.gpt_neox.layers]
+    assert kinds == ["CheckpointWrapper", "GPTNeoXLayer"]  # every 2nd layer, from the first, as the engines do it
+    args = hf.training_arguments(export_dir, output_dir=str(tmp_path / "run"), max_steps=2)
+    assert not args.gradient_checkpointing and not args.torch_compile  # the hook owns them: nothing twice
+    assert args.per_device_train_batch_size == 4 and args.gradient_accumulation_steps == 2
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 512, (16, 64)).tolist()]
+    result = Trainer(model=model, args=args, train_dataset=data).train()
+    assert result.global_step == 2 and torch.isfinite(torch.tensor(result.training_loss))
+
+
+def test_arguments_are_spelled_for_the_installed_transformers():
+    fields = hf.installed_fields()
+    out = hf.for_installed({"activation_checkpointing": True, "bf16": True})
+    name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    assert out == {name: True, "bf16": True}
+    with pytest.raises(ValueError, match="no field 'surely_not_a_field'"):
+        hf.for_installed({"surely_not_a_field": 1})
