@@ -8,7 +8,7 @@ import shlex
 
 import yaml
 
-from trainscout.spaces import Plan
+from trainscout.spaces import ConfigError, Plan
 from trainscout.trial import engines
 from trainscout.trial.records import Record
 
@@ -87,11 +87,18 @@ def launch_command(rec: Record, out_dir: str) -> str:
 
 
 def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
-    """Write the chosen formats into out_dir; returns the files written."""
+    """Write the chosen formats into out_dir; returns the files written. A format that cannot carry the measured
+    engine is refused (ConfigError, nothing written) when asked for by name, and left out of FORMATS (all) with the
+    reason in trainscout.json ("not_exported")."""
+    plan = Plan.from_dict(rec.plan)
+    engine = engines.get(plan.engine)
+    refused = [f for f in formats if f not in engine.formats]
+    if refused and tuple(formats) != FORMATS:
+        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {plan.engine} measurement: {engine.not_carried}")
+    formats = [f for f in formats if f in engine.formats]
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    plan = Plan.from_dict(rec.plan)
-    files = engines.get(plan.engine).files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
+    files = engine.files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
     paths = {name: os.path.abspath(os.path.join(out_dir, name)) for name in files}
 
     def write(name, text):
@@ -111,7 +118,8 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
         write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
     provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
-                  "started_at": rec.started_at, "hook": hook_only(rec)}
+                  "started_at": rec.started_at, "hook": hook_only(rec),
+                  "not_exported": {f: engine.not_carried for f in refused}}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
                                                        ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))
     return written

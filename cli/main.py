@@ -300,6 +300,14 @@ def cmd_export(a) -> int:
     rec = measurement(a.source, key=a.trial, best=a.best)
     for path in export(rec, a.out, formats):
         print(path)
+    with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
+        exported = json.load(f)
+    for fmt, why in exported["not_exported"].items():
+        print(f"not exported: {fmt}: {why}")
+    if exported["hook"] and "hf" in formats:
+        print(f"training_args.json cannot express {', '.join(exported['hook'])}: apply them with "
+              f"trainscout.runtime.hf.prepare(model, {a.out!r}) (README: your own trainer); a stock Trainer without it "
+              "runs without them, slower than measured")
     return 0
 
 

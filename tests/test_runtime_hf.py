@@ -53,3 +53,25 @@ def test_arguments_are_spelled_for_the_installed_transformers():
     assert out == {name: True, "bf16": True}
     with pytest.raises(ValueError, match="no field 'surely_not_a_field'"):
         hf.for_installed({"surely_not_a_field": 1})
+
+
+def test_a_pipeline_measurement_is_not_exported_as_plain_ddp(tmp_path):
+    """HF Trainer and accelerate have no pipeline engine: asked for by name, the format is refused (exit 2, nothing
+    written); with --format all only the launch command is written, and trainscout.json says why."""
+    from trainscout.analysis.export import FORMATS, export
+    from trainscout.spaces import ConfigError, Context, resolve
+    from trainscout.trial.models import TINY_RECIPE, resolve_model
+    from trainscout.trial.records import Record
+    cfg, plan = resolve({"pipeline_stages": 2, "micro_batch_size": 2, "precision": "fp32"},
+                        Context(world_size=2, num_layers=2, global_batch=16))
+    rec = Record.from_dict({"model": "tiny", "config": cfg, "status": "ok", "model_config": resolve_model("tiny").config,
+                            "device": "cpu", "world_size": 2, "plan": plan.to_dict(), "recipe": TINY_RECIPE.to_dict(),
+                            "grad_accum": plan.grad_accum, "hardware": {"device": "cpu"}, "versions": {},
+                            "metrics": {"tokens_per_s": 1.0}})
+    with pytest.raises(ConfigError, match="use --format command"):
+        export(rec, str(tmp_path / "hf"), ("hf",))
+    assert not (tmp_path / "hf").exists()
+    written = {p.rsplit("/", 1)[-1] for p in export(rec, str(tmp_path / "all"), FORMATS)}
+    assert written == {"launch.sh", "trainscout.json"}
+    why = json.loads((tmp_path / "all" / "trainscout.json").read_text())["not_exported"]
+    assert set(why) == {"hf", "deepspeed", "accelerate"} and "trainscout train" in why["hf"]

@@ -79,6 +79,10 @@ class Engine:
         return activations, logits
 
     # --- exports ------------------------------------------------------------------------------------------
+    # the export formats that can carry this engine (trainscout export --format); the others are refused with why
+    formats: ClassVar[tuple[str, ...]] = ("hf", "deepspeed", "accelerate", "command")
+    not_carried: ClassVar[str] = ""
+
     @classmethod
     def files(cls, rec: dict) -> dict[str, dict]:
         """Extra config files an export writes for this engine (name -> JSON object)."""

@@ -22,6 +22,9 @@ class PipelineEngine(Engine):
     """torch.distributed.pipelining stages, DDP over the data-parallel ranks."""
 
     name = "pipeline"
+    formats = ("command",)
+    not_carried = ("HF Trainer and accelerate have no pipeline engine (they would run plain DDP with a stage's share "
+                   "of the batch): use --format command, which runs it with `trainscout train`")
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1):
         from torch.distributed import pipelining
