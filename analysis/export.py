@@ -79,8 +79,10 @@ def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
 
 
 def launch_command(rec: Record, out_dir: str) -> str:
+    from trainscout.trial.models import model_names
     n = rec.world_size
-    return (f"trainscout train --config {shlex.quote(out_dir)} --model {shlex.quote(rec.model)} --steps 1000  "
+    model = f" --model {shlex.quote(rec.model)}" if rec.model in model_names() else ""  # else: trainscout.json's config
+    return (f"trainscout train --config {shlex.quote(os.path.abspath(out_dir))}{model} --steps 1000  "
             f"# or your own script: accelerate launch --config_file "
             f"{shlex.quote(os.path.join(out_dir, 'accelerate.yaml'))} --num_processes {n} your_train.py, with "
             f"TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")

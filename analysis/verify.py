@@ -26,7 +26,8 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
         if hw.get("gpu") != rec.hardware.get("gpu"):
             raise ConfigError("--trial", f"the measurement was taken on {rec.hardware.get('gpu')} but this box has "
                                          f"{hw.get('gpu') or 'no GPU'}: verify on the same hardware")
-    spec = prepare(rec.model, rec.config, device=device, workers=rec.world_size, steps=steps, warmup=warmup,
+    from trainscout.trial.models import stored_model
+    spec = prepare(stored_model(rec.model, rec.model_config), rec.config, device=device, workers=rec.world_size, steps=steps, warmup=warmup,
                    measure_accum=0, **overrides_of(rec.recipe))
     projected = rec.metrics
     run = execute(spec, timeout=timeout or max(900.0, 30 * steps * projected["step_s"]), address=address)

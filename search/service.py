@@ -207,6 +207,8 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     if not isinstance(args.max_failures, int) or args.max_failures < 0:
         raise ConfigError("--max-failures", f"--max-failures {args.max_failures} is not allowed: give an integer >= 0")
     fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE"))
+    from trainscout.trial.models import absolute
+    args.model = absolute(args.model)  # a relative config.json path would not resolve in the trials' directories
     from trainscout.trial.runner import detect_device
     device = detect_device(args.device)
     hw = hardware.fingerprint(device, args.gpus_per_trial)

@@ -101,7 +101,26 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     name = os.path.splitext(os.path.basename(name_or_path))[0]
     if name == "config":
         name = os.path.basename(os.path.dirname(os.path.abspath(name_or_path))) or name
-    return ModelSpec(name, full, replace(PYTHIA_RECIPE, seq_len=min(2048, int(full.get("max_position_embeddings") or 2048))))
+    return _from_config(name, full)
+
+
+def _from_config(name: str, config: dict) -> ModelSpec:
+    return ModelSpec(name, config, replace(PYTHIA_RECIPE, seq_len=min(2048, int(config.get("max_position_embeddings") or 2048))))
+
+
+def stored_model(name: str, config: dict | None) -> ModelSpec:
+    """The model a stored record or an export names: a built-in by its name, any other (a config.json model, known
+    by its file's name) by the full config stored with it, so verify and train work from any directory."""
+    if name in model_names() or not config:
+        return resolve_model(name)
+    return _from_config(name, config)
+
+
+def absolute(name_or_path: str) -> str:
+    """A model argument with a config.json path made absolute (search trials run in other working directories)."""
+    if name_or_path not in model_names() and os.path.exists(name_or_path):
+        return os.path.abspath(name_or_path)
+    return name_or_path
 
 
 OVERRIDABLE = ("global_batch", "seq_len", "total_steps", "grad_clip")

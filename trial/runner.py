@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from trainscout.spaces import ConfigError, Context, resolve
 
 from . import faults, hardware, metrics, probe
-from .models import resolve_model, with_overrides
+from .models import ModelSpec, resolve_model, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
 
@@ -33,7 +33,7 @@ def detect_device(device: str) -> str:
     return device
 
 
-def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
+def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
             measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
             total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
             fault: str | None = None, seed: int = 0, hw: dict | None = None) -> TrialSpec:
@@ -58,7 +58,7 @@ def prepare(model: str, settings: dict, *, device: str = "auto", workers: int = 
     if device == "cuda" and workers > hw.get("gpu_count", 0):
         raise ConfigError("--workers", f"--workers {workers} needs {workers} GPUs but {hw.get('gpu_count', 0)} "
                                        f"are visible: use --workers {hw.get('gpu_count', 0)} or fewer")
-    spec = resolve_model(model)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     recipe = with_overrides(spec.recipe, global_batch=global_batch, seq_len=seq_len, total_steps=total_steps,
                             total_tokens=total_tokens, grad_clip=grad_clip)
     ctx = context(spec.config, recipe.global_batch, workers, hw)

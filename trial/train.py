@@ -49,7 +49,8 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     kw = overrides_of(exp.get("recipe") or {})
     kw.update({k: v for k, v in recipe.items() if v is not None})
     workers = workers or (exp.get("hardware") or {}).get("world_size") or 1
-    spec = prepare(model or exp["model"], exp["config"], device=device, workers=workers, steps=steps, warmup=0,
+    from trainscout.trial.models import stored_model
+    spec = prepare(model or stored_model(exp["model"], exp.get("model_config")), exp["config"], device=device, workers=workers, steps=steps, warmup=0,
                    measure_accum=0, **kw)
     check_data(data, data_dtype, spec.recipe["seq_len"])
     out = os.path.abspath(out)
