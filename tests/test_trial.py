@@ -169,7 +169,8 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
     from trainscout.trial.runner import _worker_env
     monkeypatch.setattr("trainscout.trial.runner._worker_env",
                         lambda s: dict(_worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="5"))
-    r = execute(spec, timeout=240)
+    seen = []
+    r = execute(spec, timeout=240, on_step=seen.append)
     assert r.status == "ok", (r.error, r.stderr_tail)
     assert r.probe == [[16, "oom"], [8, "oom"], [4, "ok"]]
     # measured at the largest that fits and one below; the record is whichever projects the shorter step
@@ -178,6 +179,9 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
     mbs = 4 if t4 >= t2 else 2
     assert r.plan["micro_batch_size"] == r.metrics["micro_batch_size"] == mbs and r.grad_accum == 16 // mbs
     assert r.metrics["tokens_per_s"] == pytest.approx(max(t4, t2))
+    # the per-step values early stopping sees are on the record's basis: projected with the accumulation of the
+    # micro-batch that ran (4 here), not the first candidate's (1), which inflated them by that ratio
+    assert len(seen) == 2 and 0.5 < max(s["tokens_per_s"] for s in seen) / t4 < 2
     with pytest.raises(Exception, match="micro_batch_size=max"):
         prepare("tiny", {"micro_batch_size": "max"}, device="cpu", workers=2)
 

@@ -173,7 +173,10 @@ def _wait(ref, timeout: float, spec: TrialSpec, progress, on_step) -> dict:
         if progress is not None:
             while not progress.empty():
                 p = progress.get()
-                step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], spec.grad_accum)
+                # the accumulation of the micro-batch running now: micro_batch_size=max settles on one in the trial,
+                # and the spec's is the largest candidate's (ASHA was fed values inflated by that ratio, 8-16x)
+                accum = p.get("grad_accum") or spec.grad_accum
+                step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], accum)
                 on_step({"step": p["step"], "step_s": step_s, "loss": p.get("loss"),
                          "tokens_per_s": spec.tokens_per_step / step_s})
         if ready:

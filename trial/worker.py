@@ -178,7 +178,7 @@ def _train_loop(spec: TrialSpec) -> None:
         step, loss = timed_step(accum)
         steps.append(step)
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
-            progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"],
+            progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"], "grad_accum": plan.grad_accum,
                           "loss": None if loss is None else float(loss.detach().float().item()) * accum})
     t_timed = time.perf_counter()
     peaks = _peaks(device)
