@@ -118,12 +118,12 @@ def run_case(case, steps, store):
     label = label.replace("{n}", str(n))
     try:
         spec = prepare(model, settings, device="cuda", workers=workers, steps=steps, warmup=2, **kw)
-        r = execute(spec, timeout=600)
+        r = execute(spec, timeout=600).to_dict()
     except Exception as e:  # a bad case must not end the run
         spec, r = None, {"status": "invalid", "error": str(e), "metrics": None}
     if store is not None and spec is not None:
-        from trainscout.search.store import measurement_key
-        key = measurement_key(spec, spec["hardware"], hardware.versions())
+        from trainscout.store import measurement_key
+        key = measurement_key(spec, spec.hardware, hardware.versions())
         store.replace(key, dict(r, key=key))
     m = r.get("metrics") or {}
     row = {"case": label, "workers": workers, "status": r["status"], "error": (r.get("error") or "")[:300],
@@ -152,7 +152,7 @@ def main():
              if a.case is None or a.case in c[0]]
     store = None
     if a.store:
-        from trainscout.search.store import Store, default_url
+        from trainscout.store import Store, default_url
         os.makedirs(a.store, exist_ok=True)
         store = Store(default_url(a.store))
     from trainscout.trial.runner import ensure_ray

@@ -1,9 +1,9 @@
 """FSDP2: fully_shard each decoder layer, then the root; gradients reduce-scattered on the last micro-batch."""
 from __future__ import annotations
 
-from trainscout.runtime import decoder_layers, prepare_model
+from trainscout.runtime import decoder_layers
 
-from .base import adamw, autocast_dtype, causal_lm_loss, register_engine
+from .base import autocast_dtype, causal_lm_loss, register_engine
 from .plain import TorchEngine
 
 
@@ -13,23 +13,17 @@ class FsdpEngine(TorchEngine):
 
     name = "fsdp"
 
-    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
+    def shard(self, model, plan, device, world):
         import torch
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        model.to(device)
-        prepare_model(model, plan)
         dtype = autocast_dtype(plan.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         reshard = plan.fsdp.get("reshard_after_forward", True)
         for layer in decoder_layers(model):
             fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
-        self.fsdp_model = model
-        self.model = prepare_model(model, plan, after_sharding=True)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = adamw(self.params, recipe, device)
-        self.scaler = None
-        self.clip = recipe["grad_clip"]
+        self.fsdp_model = model  # FSDP2's own mixed precision: no autocast, no scaler (fp16 is refused)
+        return model
 
     def micro_step(self, batch, is_last: bool, scale: float):
         self.fsdp_model.set_requires_gradient_sync(is_last)

@@ -18,17 +18,22 @@ class TorchEngine(Engine):
         import torch
         model.to(device)
         prepare_model(model, plan)
-        self.ddp = None
-        if world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-            model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.model = prepare_model(model, plan, after_sharding=True)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        wrapped = self.shard(model, plan, device, world)
+        self.model = prepare_model(wrapped, plan, after_sharding=True)
+        self.params = [p for p in wrapped.parameters() if p.requires_grad]
         self.opt = adamw(self.params, recipe, device)
         self.dtype = autocast_dtype(plan.precision)
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type) if plan.precision == "fp16-mixed" else None
         self.clip = recipe["grad_clip"]
+
+    def shard(self, model, plan, device, world):
+        """The model as this engine distributes it: DDP on several ranks, as it is on one."""
+        self.ddp = None
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return model
 
     def micro_step(self, batch, is_last: bool, scale: float):
         import torch
