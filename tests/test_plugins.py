@@ -80,7 +80,7 @@ def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
     store = store_of(str(out))
     trials = store.trials("plug")
     assert len(trials) == 3 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
-    assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] == "ok" for t in trials)
+    assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] in ("ok", "stopped") for t in trials)
     for rec in store.measurements():
         want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec["config"]["cuda_alloc_conf"] != "default" else {}
         assert rec["plan"]["env"] == want
