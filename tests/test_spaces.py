@@ -142,6 +142,68 @@ def test_random_samples_never_break_an_invariant():
     assert ok > 100 and refused > 100
 
 
+def _special_values(knob) -> list:
+    """The words outside a knob's search domain that it takes (max, auto), as parse reads them."""
+    out = []
+    for word in ("max", "auto"):
+        try:
+            out.append(knob.parse(word))
+        except ConfigError:
+            pass
+    return out
+
+
+# small recipes (global batch 1..4) on 1-8 ranks, CPU and an H200; pipeline settings (none first) with a schedule of
+# one model chunk per rank and one of two (the chunks are what the layer count must split into)
+SMALL = [Context(world_size=w, device=box.device, num_layers=L, global_batch=g, capability=box.capability,
+                 installed=box.installed) for w in (1, 2, 4, 8) for g in (1, 2, 3, 4) for L in (2, 4) for box in (CTX, GPU)]
+PIPELINES = [{}] + [{"pipeline_stages": s, "pipeline_microbatches": m, "pipeline_schedule": sc}
+                    for s in spaces.get("pipeline_stages").choices[1:]
+                    for m in spaces.get("pipeline_microbatches").choices
+                    for sc in ("1f1b", "interleaved_1f1b")]
+
+
+def _resolves_or_refuses(settings, ctx):
+    """resolve() either gives a plan whose batch adds up or refuses with a one-line ConfigError naming the field
+    (any other exception fails the test: it would crash the search's feasibility check)."""
+    try:
+        cfg, plan = resolve(settings, ctx)
+    except ConfigError as e:
+        assert "\n" not in str(e) and e.field in str(e) and ":" in str(e), (settings, ctx, str(e))
+        return False
+    assert plan.micro_batch_size >= 1 and plan.grad_accum >= 1, (settings, ctx, plan)
+    assert ctx.data_parallel_ranks(cfg) * plan.sequences_per_call * plan.grad_accum == ctx.global_batch
+    return True
+
+
+def test_max_and_auto_refuse_only_with_config_error():
+    """Found by `search --set micro_batch_size=max` on the tiny recipe: the feasibility check sampled 32 pipeline
+    micro-batches for a per-rank batch of 16 and micro_batch_size's apply ended in `max() arg is an empty sequence`.
+    Every knob's max/auto value against small recipes and every pipeline setting, then random mixes of all knobs."""
+    specials = [(k, v) for k in KNOBS for v in _special_values(k)]
+    assert {("micro_batch_size", "max"), ("micro_batch_size", "auto")} <= {(k.name, v) for k, v in specials}
+    ok = 0
+    for knob, value in specials:
+        base = {knob.name: value, **{o: a[-1] for o, a in knob.requires.items()}}
+        for ctx in SMALL:
+            for pipe in PIPELINES:
+                ok += _resolves_or_refuses({**base, **pipe}, ctx)
+    rng = random.Random(1)
+    for _ in range(2000):
+        settings = {k.name: rng.choice([*k.choices, *_special_values(k)]) for k in KNOBS if rng.random() < 0.5}
+        ok += _resolves_or_refuses({**settings, **rng.choice(PIPELINES)}, rng.choice(SMALL))
+    assert ok > 100  # the loop reached plans, not only refusals
+
+
+def test_pipeline_micro_batches_beyond_the_per_rank_batch_name_the_fix():
+    for mbs in ("max", "auto", 1):
+        with pytest.raises(ConfigError) as e:
+            resolve({"micro_batch_size": mbs, "pipeline_stages": 2, "pipeline_microbatches": 32},
+                    Context(world_size=2, num_layers=4, global_batch=16))
+        assert e.value.field == ("micro_batch_size" if mbs == "max" else "pipeline_microbatches")
+        assert ("pipeline_stages=1" if mbs == "max" else "choose pipeline_microbatches=16") in str(e.value)
+
+
 def test_sampling_order_puts_requirements_first():
     order = [k.name for k in KNOBS]
     for i, k in enumerate(KNOBS):
