@@ -27,11 +27,15 @@ def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
         "weight_decay": recipe["weight_decay"], "max_grad_norm": recipe["grad_clip"],
         "lr_scheduler_type": "cosine", "warmup_steps": max(1, recipe["total_steps"] // 100),
         "bf16": plan.precision == "bf16-mixed", "fp16": plan.precision == "fp16-mixed",
-        "activation_checkpointing": plan.checkpoint_every == 1,  # every n-th layer has no TrainingArguments field
+        "activation_checkpointing": bool(plan.checkpoint_every),
         "torch_compile": plan.compile,
         "optim": "adamw_torch_fused" if rec.device == "cuda" else "adamw_torch",
-        "report_to": "none", "save_strategy": "no",
+        "report_to": "none",
+        # a checkpoint about every hour of the measured step time, the last two kept
+        "save_strategy": "steps", "save_steps": max(1, round(3600 / rec.m["step_s"])), "save_total_limit": 2,
     }
+    if plan.checkpoint_every > 1:  # transformers 5.2x; for_installed leaves it to the hook before that
+        args["activation_checkpointing_kwargs"] = {"every_n_layers": plan.checkpoint_every}
     if rec.device == "cuda":
         args["tf32"] = plan.tf32
     else:
@@ -54,11 +58,12 @@ def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict
 def hook_only(rec: Record) -> list[str]:
     """The measured knob settings that TrainingArguments cannot express: trainscout.runtime.hf.prepare applies them
     (without it a stock Trainer runs without them)."""
+    from trainscout.runtime import hf
     plan, cfg = rec.plan, rec.config
     out = []
     if plan.get("compile") and plan.get("compile_scope") == "layers":
         out.append("compile_scope=layers")
-    if plan.get("checkpoint_every", 0) > 1:
+    if plan.get("checkpoint_every", 0) > 1 and not hf.native_every_n():
         out.append(f"activation_checkpointing={plan['checkpoint_every']}")
     for knob, default in (("loss_kernel", "eager"), ("sdpa_backend", "auto"), ("fp8", "off")):
         if cfg.get(knob, default) != default:
@@ -73,9 +78,31 @@ def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
            "num_processes": rec.world_size, "mixed_precision": mp, "use_cpu": rec.device != "cuda",
            "distributed_type": "NO" if rec.world_size == 1 else ("MULTI_GPU" if rec.device == "cuda" else "MULTI_CPU")}
     cfg.update(engines.get(plan.engine).accelerate(rec.to_dict(), paths))
-    if plan.compile:
+    if "deepspeed_config_file" in (cfg.get("deepspeed_config") or {}):
+        del cfg["mixed_precision"]  # accelerate refuses it beside a DeepSpeed file, which sets the precision itself
+    if plan.compile and plan.compile_scope == "model":  # per-layer compile is the hook's (runtime.hf.prepare)
         cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     return cfg
+
+
+def check_accelerate(path: str) -> None:
+    """Load an accelerate config as `accelerate launch --config_file` does, and for DeepSpeed run the check the
+    launched Accelerator runs on it (the fields a DeepSpeed file owns): a config accelerate refuses fails the
+    export, not the user's job."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    args, defaults, mp_from_config = _validate_launch_command(
+        launch_command_parser().parse_args(["--config_file", path, "train.py"]))
+    ds = (defaults.deepspeed_config or {}) if defaults else {}
+    if args.use_deepspeed and "deepspeed_config_file" in ds:
+        from accelerate.utils import DeepSpeedPlugin
+        fields = list(ds) + (["mixed_precision"] if mp_from_config else [])
+        saved = os.environ.get("ACCELERATE_CONFIG_DS_FIELDS")
+        os.environ["ACCELERATE_CONFIG_DS_FIELDS"] = ",".join(fields).lower()
+        try:
+            DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
+        finally:
+            os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS") if saved is None else os.environ.update(
+                ACCELERATE_CONFIG_DS_FIELDS=saved)
 
 
 def launch_command(rec: Record, out_dir: str) -> str:
@@ -116,6 +143,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
         write("training_args.json", json.dumps(checked_hf_args(rec, os.path.join(out_dir, "run"), paths), indent=2))
     if "accelerate" in formats:
         write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
+        check_accelerate(written[-1])
     if "command" in formats:
         write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
     provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,

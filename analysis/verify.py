@@ -4,34 +4,85 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 
 from trainscout.spaces import ConfigError
 
 from .table import measurement, store_of
 
+RUNNERS = ("trainscout", "hf", "accelerate")
+
 
 def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int = 2, timeout: float | None = None,
-           address: str | None = None) -> dict:
+           address: str | None = None, runner: str = "trainscout") -> dict:
     """Measure the best (or the keyed) configuration for `steps` full optimizer steps; the comparison as a dict.
 
-    The verification runs in fresh worker processes like a trial, but with the full accumulation in every timed
-    step (measure_accum=0), so nothing is extrapolated; it is stored with the search as `verify-KEY.json`."""
-    from trainscout.trial import execute, hardware, prepare
-    from trainscout.trial.models import overrides_of
+    runner "trainscout": fresh worker processes like a trial, but with the full accumulation in every timed step
+    (measure_accum=0), so nothing is extrapolated. "hf": the export in a stock HF Trainer with the runtime hook (one
+    rank: a plain process; several: accelerate launch), "accelerate": always through `accelerate launch` with the
+    exported accelerate.yaml. Stored with the search as `verify-KEY.json` (`verify-RUNNER-KEY.json`)."""
+    if runner not in RUNNERS:
+        raise ConfigError("--runner", f"--runner {runner}: use one of {', '.join(RUNNERS)}")
+    from trainscout.trial import hardware
     store = store_of(source)
     rec = measurement(store, key, best=key is None)
-    device = rec.device
-    if device == "cuda":
+    if rec.device == "cuda":
         hw = hardware.fingerprint("cuda", rec.world_size)
         if hw.get("gpu") != rec.hardware.get("gpu"):
             raise ConfigError("--trial", f"the measurement was taken on {rec.hardware.get('gpu')} but this box has "
                                          f"{hw.get('gpu') or 'no GPU'}: verify on the same hardware")
-    from trainscout.trial.models import stored_model
+    out = _in_trainer(source, rec, runner, steps, warmup, timeout) if runner != "trainscout" else \
+        _in_trainscout(rec, steps, warmup, timeout, address)
+    path = source if os.path.isdir(source) else None
+    if path:
+        name = f"verify-{rec.key[:12]}.json" if runner == "trainscout" else f"verify-{runner}-{rec.key[:12]}.json"
+        with open(os.path.join(path, name), "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout: float | None) -> dict:
+    """The export of `rec` run by analysis/hf_run.py in a stock HF Trainer, in its own process(es)."""
+    from .export import export
+    folder = os.path.join(source if os.path.isdir(source) else tempfile.mkdtemp(), f"verify-{runner}-{rec.key[:12]}")
+    try:
+        export(rec, folder, ("hf", "accelerate"))
+    except ConfigError as e:
+        raise ConfigError("--runner", f"--runner {runner}: {e}; use --runner trainscout") from None
+    row = os.path.join(folder, "row.json")
+    cmd = ["-m", "trainscout.analysis.hf_run", folder, "--steps", str(steps), "--warmup", str(warmup), "--out", row]
+    if runner == "accelerate" or rec.world_size > 1:
+        cmd = ["-m", "accelerate.commands.launch", "--config_file", os.path.join(folder, "accelerate.yaml"), *cmd]
+    projected = rec.metrics
+    out = {"key": rec.key, "model": rec.model, "config": rec.config, "steps": steps, "runner": runner,
+           "projected_step_s": projected["step_s"], "export": folder, "command": " ".join([sys.executable, *cmd])}
+    limit = timeout or max(900.0, 30 * steps * projected["step_s"])
+    try:
+        done = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return out | {"status": "timeout", "error": f"the Trainer did not finish in {limit:.0f} s"}
+    if done.returncode != 0 or not os.path.exists(row):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return out | {"status": "crash", "error": f"exit {done.returncode}: {tail[0]}"}
+    with open(row, encoding="utf-8") as f:
+        r = json.load(f)
+    return out | {"status": "ok", "error": None, "measured_step_s": r["step_s"], "mean_step_s": r["mean_step_s"],
+                  "ratio": r["step_s"] / projected["step_s"], "projected_tokens_per_s": projected["tokens_per_s"],
+                  "measured_tokens_per_s": r["tokens_per_s"], "loss": r["loss"], "world_size": r["world_size"],
+                  "gpu": rec.hardware.get("gpu") if rec.device == "cuda" else None, "wall_s": r["wall_s"]}
+
+
+def _in_trainscout(rec, steps: int, warmup: int, timeout: float | None, address: str | None) -> dict:
+    from trainscout.trial import execute, prepare
+    from trainscout.trial.models import overrides_of, stored_model
+    device = rec.device
     spec = prepare(stored_model(rec.model, rec.model_config), rec.config, device=device, workers=rec.world_size, steps=steps, warmup=warmup,
                    measure_accum=0, **overrides_of(rec.recipe))
     projected = rec.metrics
     run = execute(spec, timeout=timeout or max(900.0, 30 * steps * projected["step_s"]), address=address)
-    out = {"key": rec.key, "model": rec.model, "config": rec.config, "steps": steps,
+    out = {"key": rec.key, "model": rec.model, "config": rec.config, "steps": steps, "runner": "trainscout",
            "projected_step_s": projected["step_s"], "status": str(run.status), "error": run.error}
     if run.ok:
         m = run.metrics
@@ -43,8 +94,4 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
                    spread=m["step_spread"], loss=m["loss"], gpu=m.get("gpu"), wall_s=run.wall_s,
                    seed_method_step_s=m.get("seed_method_step_s"),  # unsynchronised, one micro-batch x A
                    seed_method_ratio=(m.get("seed_method_step_s") or 0) / m["measured_step_s"])
-    path = source if os.path.isdir(source) else None
-    if path:
-        with open(os.path.join(path, f"verify-{rec.key[:12]}.json"), "w") as f:
-            json.dump(out, f, indent=1)
     return out

@@ -171,13 +171,18 @@ def cmd_estimate(a) -> int:
 
 def cmd_verify(a) -> int:
     from trainscout.analysis.verify import verify
-    r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address)
+    r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address,
+               runner=a.runner)
     if a.json:
         print(json.dumps(r))
     elif r["status"] != Status.OK:
         print(f"verify {r['key'][:12]} ended {r['status']}: {r['error']}")
     else:
-        print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps  ({r['gpu'] or 'cpu'})")
+        by = {"trainscout": "trainscout's workers", "hf": "a stock HF Trainer + trainscout.runtime.hf.prepare",
+              "accelerate": "accelerate launch + a stock HF Trainer + trainscout.runtime.hf.prepare"}[r["runner"]]
+        print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps in {by}  ({r['gpu'] or 'cpu'})")
+        if r.get("command"):
+            print(f"  ran: {r['command']}")
         print(f"  projected step {r['projected_step_s']:.4f} s   measured median {r['measured_step_s']:.4f} s "
               f"(mean {r['mean_step_s']:.4f} s)   measured/projected {r['ratio']:.3f}")
         print(f"  tokens/s projected {r['projected_tokens_per_s']:,.0f}  measured {r['measured_tokens_per_s']:,.0f}")
@@ -398,6 +403,9 @@ def build_parser() -> Parser:
     v = sub.add_parser("verify", help="train a stored configuration for N full steps: measured vs projected step time")
     v.add_argument("source", help="a search's --out folder or a storage URL")
     v.add_argument("--trial", default=None, help="a measurement key or prefix (default: the best)")
+    v.add_argument("--runner", default="trainscout", choices=("trainscout", "hf", "accelerate"),
+                   help="who trains: trainscout's workers (default), the export in a stock HF Trainer with the runtime "
+                        "hook (hf; several ranks: through accelerate launch), or always via accelerate launch")
     v.add_argument("--steps", type=positive_int("--steps"), default=200, help="timed full optimizer steps")
     v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     v.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit in seconds")

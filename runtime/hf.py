@@ -21,7 +21,8 @@ import os
 from . import plan_of, prepare_model
 
 # TrainingArguments fields whose name changed between transformers versions: ours -> the older spelling
-RENAMED = {"activation_checkpointing": "gradient_checkpointing"}
+RENAMED = {"activation_checkpointing": "gradient_checkpointing",
+           "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
 
 
 def load(export: str | dict) -> dict:
@@ -50,7 +51,8 @@ def prepare(model, export: str | dict, *, world_size: int | None = None):
 def hook_owned(export: str | dict) -> dict:
     """TrainingArguments fields `prepare` takes over: off in the arguments, applied to the model instead."""
     plan = load(export).get("plan") or {}
-    owned = {"activation_checkpointing": False}  # prepare checkpoints every n-th layer itself
+    owned = {"activation_checkpointing": False,  # prepare checkpoints every n-th layer itself
+             "activation_checkpointing_kwargs": None}
     if plan.get("compile") and plan.get("compile_scope") == "layers":
         owned["torch_compile"] = False  # prepare compiled each layer; HF would compile the whole model again
     return owned
@@ -63,10 +65,25 @@ def installed_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainingArguments)}
 
 
+def native_every_n() -> bool:
+    """Whether the installed transformers checkpoints every n-th layer itself (activation_checkpointing_kwargs=
+    {"every_n_layers": n}, 5.2x); before that only `prepare` can."""
+    import inspect
+
+    from transformers import PreTrainedModel
+    enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
+    return enable is not None and "every_n_layers" in inspect.signature(enable).parameters
+
+
 def for_installed(args: dict) -> dict:
     """Arguments spelled for the installed transformers (activation_checkpointing is gradient_checkpointing before
-    5.2x); a field this version does not know raises ValueError naming it."""
+    5.2x; checkpointing every n-th layer is left to `prepare` where the version cannot); a field this version does
+    not know raises ValueError naming it."""
     fields, out = installed_fields(), {}
+    args = dict(args)
+    if (args.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1) > 1 and not native_every_n():
+        args.pop("activation_checkpointing_kwargs")
+        args["activation_checkpointing"] = False  # all-or-nothing here: the hook checkpoints every n-th layer
     for k, v in args.items():
         name = k if k in fields else RENAMED.get(k)
         if name not in fields:

@@ -68,16 +68,23 @@ def test_hf_export_trains_two_steps(store_dir, tmp_path):
     assert (out / "accelerate.yaml").exists() and "accelerate launch" in (out / "launch.sh").read_text()
 
 
-def test_deepspeed_export_passes_deepspeeds_parser(store_dir, tmp_path):
+def test_deepspeed_export_passes_deepspeeds_parser_and_accelerates_launch_checks(store_dir, tmp_path):
+    """deepspeed.json leaves train_batch_size to the launch (micro-batch x accumulation x world size), so DeepSpeed
+    takes it on any GPU count; accelerate.yaml leaves the precision to that file (accelerate refuses both), and the
+    export ran accelerate's own launch checks on it."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import yaml
     from deepspeed.runtime.config import DeepSpeedConfig
     out = tmp_path / "ds"
-    assert main(["export", store_dir, "--trial", "k1", "--format", "deepspeed", "--out", str(out)]) == 0
+    assert main(["export", store_dir, "--trial", "k1", "--format", "all", "--out", str(out)]) == 0
     cfg = json.loads((out / "deepspeed.json").read_text())
-    # DeepSpeed checks batch = micro-batch x accumulation x world size against the world it runs in
-    cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+    assert "train_batch_size" not in cfg
     parsed = DeepSpeedConfig(cfg)
     assert parsed.zero_optimization_stage == 2 and parsed.gradient_accumulation_steps == 4
+    assert parsed.train_batch_size == 4 * 4  # one rank here: micro-batch x accumulation
+    acc = yaml.safe_load((out / "accelerate.yaml").read_text())
+    assert acc["distributed_type"] == "DEEPSPEED" and "mixed_precision" not in acc
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == str(out / "deepspeed.json")
 
 
 def test_export_needs_best_or_trial(store_dir, tmp_path, capsys):

@@ -3,6 +3,7 @@ TrainingArguments cannot express) is exported; `hf.training_arguments` builds Tr
 transformers with the hook's fields off, `hf.prepare` checkpoints every 2nd layer of the user's model as the trial
 did, and the Trainer runs 2 optimizer steps."""
 import json
+import os
 
 import pytest
 import torch
@@ -44,6 +45,39 @@ def test_the_hook_runs_the_measured_transforms_in_a_stock_trainer(export_dir, tm
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 512, (16, 64)).tolist()]
     result = Trainer(model=model, args=args, train_dataset=data).train()
     assert result.global_step == 2 and torch.isfinite(torch.tensor(result.training_loss))
+
+
+def test_without_the_hook_the_installed_trainer_checkpoints_every_2nd_layer_itself(export_dir, tmp_path):
+    """training_args.json alone, as a user without trainscout loads it: where the installed transformers has
+    every-n checkpointing the stock Trainer applies it natively (and the hook list leaves it out); before that the
+    export says the hook carries it. Checkpoints are saved (hourly by the measured step time), not switched off."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    args = json.loads(open(f"{export_dir}/training_args.json").read())
+    exported = json.loads(open(f"{export_dir}/trainscout.json").read())
+    assert args["save_strategy"] == "steps" and args["save_steps"] >= 1
+    if not hf.native_every_n():
+        assert "activation_checkpointing=2" in exported["hook"]
+        return
+    assert "activation_checkpointing=2" not in exported["hook"]
+    assert args["activation_checkpointing_kwargs"] == {"every_n_layers": 2}
+    args.update(output_dir=str(tmp_path / "run"), max_steps=1, save_strategy="no")
+    model = AutoModelForCausalLM.from_config(hf.model_config(export_dir))
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 512, (8, 64)).tolist()]
+    Trainer(model=model, args=TrainingArguments(**args), train_dataset=data).train()
+    assert [layer.gradient_checkpointing for layer in model.gpt_neox.layers] == [True, False]
+
+
+def test_verify_runs_the_export_in_a_stock_trainer(export_dir, capsys):
+    """trainscout verify --runner hf: the export, the hook and a stock HF Trainer in a process of their own, timed
+    per optimizer step; measured against projected as for the trainscout runner."""
+    store = os.path.join(os.path.dirname(export_dir), "store")
+    assert main(["verify", store, "--runner", "hf", "--steps", "2", "--warmup", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["status"] == "ok", r["error"]
+    assert r["runner"] == "hf" and r["world_size"] == 1 and r["measured_step_s"] > 0 and r["loss"] > 0
+    assert r["ratio"] == pytest.approx(r["measured_step_s"] / r["projected_step_s"])
+    assert os.path.exists(os.path.join(store, f"verify-hf-{r['key'][:12]}.json"))
+    assert os.path.exists(os.path.join(r["export"], "training_args.json"))
 
 
 def test_arguments_are_spelled_for_the_installed_transformers():

@@ -74,9 +74,9 @@ class DeepSpeedEngine(Engine):
 
     @classmethod
     def files(cls, rec):
-        cfg = deepspeed_config(rec["plan"], rec["recipe"], rec["grad_accum"])
-        cfg["train_batch_size"] = rec["recipe"]["global_batch"]  # the recipe's full global batch
-        return {"deepspeed.json": cfg}
+        # no train_batch_size: DeepSpeed (and HF, accelerate) derive it from micro-batch x accumulation x the world
+        # size of the launch, so the file runs on any GPU count (a fixed one fails DeepSpeed's assertion elsewhere)
+        return {"deepspeed.json": deepspeed_config(rec["plan"], rec["recipe"], rec["grad_accum"])}
 
     @classmethod
     def hf_args(cls, rec, paths):
