@@ -46,10 +46,11 @@ def prepare_model(model, plan: Plan, *, after_sharding: bool = False):
 def plan_of(exported: dict, *, world_size: int | None = None, device: str = "cuda") -> Plan:
     """The plan of an exported configuration (trainscout.json: model config, knob config, recipe, hardware)."""
     from trainscout.spaces import Context, resolve
+    from trainscout.trial.models import sizes
     mc = exported.get("model_config") or {}
     recipe, hw = exported.get("recipe") or {}, exported.get("hardware") or {}
     ctx = Context(world_size=world_size or hw.get("world_size") or 1, device=device,
-                  num_layers=int(mc.get("num_hidden_layers", 1)), global_batch=int(recipe.get("global_batch", 1)),
+                  num_layers=sizes(mc).layers if mc else 1, global_batch=int(recipe.get("global_batch", 1)),
                   installed=installed_packages(), capability=hw.get("capability", ""), model_config=mc)
     return resolve(exported["config"], ctx)[1]
 

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from trainscout.spaces import ConfigError
-from trainscout.trial import metrics
-from trainscout.trial.models import PYTHIA, build_model, resolve_model, with_overrides
+from trainscout.trial import memory, metrics, prepare
+from trainscout.trial.models import PYTHIA, Sizes, build_model, resolve_model, sizes, with_overrides
 
 
 def test_pythia_sizes_match_their_names():
@@ -82,3 +82,114 @@ def test_projection_counts_every_micro_batch():
     assert metrics.project_step([], [2.0], [0.5], 1) == pytest.approx(2.5)
     with pytest.raises(ValueError):
         metrics.project_step([], [2.0], [0.5], 4)
+
+
+# Published config.json files (openai-community/gpt2, bigscience/bloom-560m) with their sizes made tiny, and a
+# Llama-shaped one: GPT-2 names its sizes n_layer, n_embd, n_head, n_positions; BLOOM n_layer and n_head
+GPT2 = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+        "bos_token_id": 511, "embd_pdrop": 0.1, "eos_token_id": 511, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 128, "n_embd": 64, "n_head": 4, "n_layer": 2,
+        "n_positions": 128, "resid_pdrop": 0.1, "summary_activation": None, "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}}, "vocab_size": 512}
+BLOOM = {"apply_residual_connection_post_layernorm": False, "architectures": ["BloomForCausalLM"],
+         "attention_dropout": 0.0, "attention_softmax_in_fp32": True, "bias_dropout_fusion": True, "bos_token_id": 1,
+         "eos_token_id": 2, "hidden_dropout": 0.0, "hidden_size": 64, "initializer_range": 0.02,
+         "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": True, "model_type": "bloom", "n_head": 4,
+         "n_inner": None, "n_layer": 3, "offset_alibi": 100, "pad_token_id": 3, "pretraining_tp": 1,
+         "skip_bias_add": True, "skip_bias_add_qkv": False, "slow_but_exact": False, "unk_token_id": 0,
+         "use_cache": True, "vocab_size": 384}
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+         "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def write(tmp_path, d, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    (GPT2, Sizes(layers=2, hidden=64, heads=4, vocab=512, intermediate=256, tied=True, max_positions=128)),
+    (BLOOM, Sizes(layers=3, hidden=64, heads=4, vocab=384, intermediate=256, tied=True, max_positions=None)),
+    (LLAMA, Sizes(layers=2, hidden=64, heads=4, vocab=256, intermediate=160, tied=False, max_positions=256)),
+], ids=["gpt2", "bloom", "llama"])
+def test_config_json_of_other_families(tmp_path, cfg, expected):
+    """GPT-2 and BLOOM config.json files crashed every command (KeyError: 'num_hidden_layers'): the sizes are read
+    through transformers. The model builds and trains a step at the recipe's sequence length (GPT-2's n_positions
+    bounds it), and the memory model of `trainscout estimate` counts the built model's parameters."""
+    import torch
+    m = resolve_model(write(tmp_path, cfg))
+    assert sizes(m.config) == expected and (m.num_layers, m.hidden) == (expected.layers, expected.hidden)
+    assert m.recipe.seq_len == min(2048, expected.max_positions or 2048)
+    seq, attention = 16, "eager" if cfg is BLOOM else "sdpa"  # BLOOM has no SDPA attention in transformers
+    if cfg is BLOOM:
+        with pytest.raises(ConfigError, match="attention=sdpa: BloomForCausalLM has no sdpa attention.*set attention=eager"):
+            build_model(m.config, "sdpa", seq)
+    model = build_model(m.config, attention, seq)
+    x = torch.randint(0, expected.vocab, (2, seq))
+    model(input_ids=x, labels=x).loss.backward()
+    n_params = sum(p.numel() for p in model.parameters())
+    spec = prepare(m, {"micro_batch_size": 2, "attention": attention}, device="cpu", global_batch=4, seq_len=seq,
+                   hw={"device": "cpu"})
+    c = memory.components(spec)
+    assert c["weights"] > 0 and c["activations"] > 0 and c["logits"] == 10 * 2 * seq * expected.vocab
+    counted = memory._counts(spec.model_config)["N"]  # GPT-2's position table and Llama's gate are not counted
+    assert 0.7 < counted / n_params < 1.1, (counted, n_params)
+    longer = build_model(m.config, attention, 512).config  # a --seq-len beyond the positions: the table grows
+    assert getattr(longer, "max_position_embeddings", None) == (expected.max_positions and 512)
+
+
+def test_named_sizes_that_transformers_would_default_are_refused_or_named(tmp_path, capsys):
+    """A Llama config.json with only model_type became the 7B (transformers' defaults): without the layer count,
+    hidden size or heads it is refused; a vocabulary or MLP width left out is filled in and named on stderr, once."""
+    with pytest.raises(ConfigError, match=r"num_hidden_layers, hidden_size, num_attention_heads not given.*"
+                                          r"\(32, 4096, 32\).*give the model's sizes") as e:
+        resolve_model(write(tmp_path, {"model_type": "llama"}))
+    assert e.value.field == "--model" and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="num_attention_heads not given"):
+        resolve_model(write(tmp_path, {k: v for k, v in GPT2.items() if k != "n_head"}))
+    partial = {k: LLAMA[k] for k in ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads")}
+    path = write(tmp_path, partial, "partial.json")
+    capsys.readouterr()
+    m = resolve_model(path)
+    resolve_model(path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("config.json llama: vocab_size, intermediate_size, max_position_embeddings not "
+                                     "given: transformers' defaults used (32000, 11008, 2048)") in err
+    assert sizes(m.config).vocab == 32000 and m.num_layers == 2
+    resolve_model(write(tmp_path, GPT2))  # a complete file: nothing on stderr
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("content, fix", [
+    ('{"model_type": "llama", "hidden_size": 64.5, "num_hidden_layers": 2, "num_attention_heads": 4}',
+     "hidden_size=64.5 is not allowed: give a positive integer"),
+    ('{"model_type": "llama", "hidden_size": "64", "num_hidden_layers": 2, "num_attention_heads": 4}',
+     'hidden_size="64" is not allowed'),
+    ('{"model_type": "gpt2", "n_embd": true, "n_layer": 2, "n_head": 4}', "n_embd=true is not allowed"),
+    ('{"model_type": "gpt2", "n_embd": 64, "n_layer": 0, "n_head": 4}', "n_layer=0 is not allowed"),
+    ('{"model_type": "llama", "hidden_size": 65, "num_hidden_layers": 2, "num_attention_heads": 4}',
+     "transformers refuses this llama config .*not a multiple of the number of attention heads"),
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "rope_scaling": 5}',
+     "transformers refuses this llama config .*rope_parameters"),
+    ('{"model_type": ["llama"]}', "not known to transformers"),
+    ('{"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 4}',
+     "not a causal language model"),
+])
+def test_bad_sizes_name_the_field(tmp_path, content, fix):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=fix) as e:
+        resolve_model(str(path))
+    assert e.value.field == "--model" and "\n" not in str(e.value)
+
+
+def test_sizes_read_the_stored_spellings():
+    """Records and exports store transformers' to_dict(): GPT-2's keep n_layer/n_embd, and are read the same way."""
+    from transformers import AutoConfig
+    stored = AutoConfig.for_model(**GPT2).to_dict()
+    assert "num_hidden_layers" not in stored and sizes(stored).layers == 2 and sizes(stored).hidden == 64
+    assert sizes(resolve_model("tiny").config) == Sizes(layers=2, hidden=64, heads=4, vocab=512, intermediate=256,
+                                                        tied=False, max_positions=256)

@@ -32,11 +32,11 @@ GiB = 2**30
 
 
 def _counts(config: dict) -> dict:
-    h, L = int(config["hidden_size"]), int(config["num_hidden_layers"])
-    V, inter = int(config["vocab_size"]), int(config.get("intermediate_size") or 4 * h)
+    from .models import sizes
+    z = sizes(config)  # through transformers: GPT-2 and BLOOM spell the sizes n_layer, n_embd, n_head
+    h, L, V, inter, tied = z.hidden, z.layers, z.vocab, z.intermediate, z.tied
     per_layer = 4 * h * h + 2 * h * inter + 9 * h + inter  # qkv + out + mlp weights and biases, 2 layer norms
     embed = V * h
-    tied = bool(config.get("tie_word_embeddings"))
     return {"h": h, "L": L, "V": V, "per_layer": per_layer, "embed": embed,
             "N": L * per_layer + embed * (1 if tied else 2) + 2 * h}
 

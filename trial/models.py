@@ -1,8 +1,10 @@
 """Models and recipes, without the hub: the Pythia family as configs in code, or any causal-LM config.json."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 
 from trainscout.spaces import ConfigError
@@ -51,11 +53,71 @@ class ModelSpec:
 
     @property
     def num_layers(self) -> int:
-        return int(self.config["num_hidden_layers"])
+        return sizes(self.config).layers
 
     @property
     def hidden(self) -> int:
-        return int(self.config["hidden_size"])
+        return sizes(self.config).hidden
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A model's sizes under transformers' common names, whatever its config spells them (GPT-2: n_layer, n_embd,
+    n_head, n_positions; BLOOM: n_layer, n_head): read this, never the config dict's keys."""
+
+    layers: int                # num_hidden_layers
+    hidden: int                # hidden_size
+    heads: int | None          # num_attention_heads (None for a model without attention heads)
+    vocab: int                 # vocab_size
+    intermediate: int          # the MLP's inner width: intermediate_size, GPT-2's n_inner, else 4 * hidden
+    tied: bool                 # tie_word_embeddings: the head shares the embedding's weights
+    max_positions: int | None  # max_position_embeddings; None where the model has no limit (BLOOM's ALiBi)
+
+
+_INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")  # the MLP width's spellings
+_SIZES: dict[str, Sizes] = {}
+
+
+def sizes(config: dict) -> Sizes:
+    """The sizes of a model config dict (a built-in's, a config.json's, or one stored with a record), read through
+    its transformers config class so that every spelling the class accepts means the same. Cached: the memory
+    model reads them for every configuration it estimates. ConfigError when a size is not a positive integer."""
+    try:
+        key = json.dumps(config, sort_keys=True, default=repr)
+    except TypeError:  # keys that do not sort (mixed int and str): read it uncached
+        return _sizes_of(hf_config(config))
+    if key not in _SIZES:
+        _SIZES[key] = _sizes_of(hf_config(config))
+    return _SIZES[key]
+
+
+def hf_config(config: dict):
+    """The transformers config object of a model config dict (ConfigError when transformers cannot read it)."""
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.for_model(**config)
+    except Exception as e:  # a config stored by another transformers version, say
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        raise ConfigError("--model", f"transformers cannot read the {config.get('model_type')!r} model config ({why}): "
+                                     "give a config.json this transformers reads")
+
+
+def _sizes_of(hf) -> Sizes:
+    def size(name, required=True):
+        v = getattr(hf, name, None)
+        if v is None and not required:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError("--model", f"the {hf.model_type} config's {name}={v!r} is not allowed: give a positive integer")
+        return v
+    hidden = size("hidden_size")
+    # only a width the class declares: a stray key (BLOOM's published configs carry "n_inner": null) is not read
+    declared = {f.name for f in dataclasses.fields(hf)} | set(hf.attribute_map) if dataclasses.is_dataclass(hf) else None
+    inter = next((size(n) for n in _INTERMEDIATE if (declared is None or n in declared)
+                  and getattr(hf, n, None) is not None), 4 * hidden)
+    return Sizes(layers=size("num_hidden_layers"), hidden=hidden, heads=size("num_attention_heads", required=False),
+                 vocab=size("vocab_size"), intermediate=inter, tied=bool(getattr(hf, "tie_word_embeddings", False)),
+                 max_positions=size("max_position_embeddings", required=False))
 
 
 def _gpt_neox(hidden: int, layers: int, heads: int, vocab: int = 50304, max_pos: int = 2048) -> dict:
@@ -77,26 +139,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if not (name_or_path.endswith(".json") or os.sep in name_or_path):
         raise ConfigError("--model", f"unknown model {name_or_path!r}: use one of {', '.join(model_names())} "
                                      "or the path of a config.json")
-    try:
-        with open(name_or_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError("--model", f"cannot read {name_or_path}: {e.__class__.__name__}: "
-                                     f"{str(e).splitlines()[0] if str(e) else ''}; give a readable config.json")
-    except RecursionError:
-        raise ConfigError("--model", f"{name_or_path} nests too deeply: give a transformers config.json")
-    if not isinstance(cfg, dict) or "model_type" not in cfg:
-        raise ConfigError("--model", f"{name_or_path} has no \"model_type\": give a transformers config.json")
-    from transformers import AutoConfig, AutoModelForCausalLM
-    try:
-        hf = AutoConfig.for_model(**cfg)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError("--model", f"{name_or_path}: model_type {cfg['model_type']!r} is not known to transformers ({e})")
-    if type(hf) not in AutoModelForCausalLM._model_mapping:
-        raise ConfigError("--model", f"{name_or_path}: {cfg['model_type']} is not a causal language model")
-    for key in ("num_hidden_layers", "hidden_size"):
-        if not isinstance(getattr(hf, key, None), int) or getattr(hf, key) < 1:
-            raise ConfigError("--model", f"{name_or_path}: {key} must be a positive integer")
+    hf = _read_config_json(name_or_path)
     full = hf.to_dict()
     name = os.path.splitext(os.path.basename(name_or_path))[0]
     if name == "config":
@@ -104,8 +147,71 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     return _from_config(name, full)
 
 
+# The sizes a config.json must give: transformers' defaults for them describe some other model (Llama's: 7B).
+ESSENTIAL = ("num_hidden_layers", "hidden_size", "num_attention_heads")
+# Sizes a config.json may leave to transformers' defaults: used, with a warning naming them and the values.
+DEFAULTABLE = ("vocab_size", "intermediate_size", "max_position_embeddings")
+_LEGACY = {"hidden_size": ("n_embed",)}  # kwargs a config class still reads under an older name (BLOOM)
+_warned: set[str] = set()
+
+
+def _read_config_json(path: str):
+    """The transformers config of a causal-LM config.json, or a one-line ConfigError on --model naming the field.
+
+    Policy for sizes the file leaves out: without the layer count, hidden size or head count (under any name the
+    class reads: n_layer, n_embd, ...) it is refused, as transformers' defaults describe another model (a Llama
+    with only "model_type" would become the 7B); vocab_size, intermediate_size and max_position_embeddings are
+    filled in from transformers' defaults, which a warning on stderr names with their values (once per file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError("--model", f"cannot read {path}: {e.__class__.__name__}: "
+                                     f"{str(e).splitlines()[0] if str(e) else ''}; give a readable config.json")
+    except RecursionError:
+        raise ConfigError("--model", f"{path} nests too deeply: give a transformers config.json")
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ConfigError("--model", f"{path} has no \"model_type\": give a transformers config.json")
+    import transformers
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    kind = cfg["model_type"]
+    if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
+        raise ConfigError("--model", f"{path}: model_type {kind!r} is not known to transformers "
+                                     f"{transformers.__version__}: give a model type it has, or upgrade it")
+    cls = CONFIG_MAPPING[kind]
+    spelled = {name: (name, cls.attribute_map.get(name, name), *_LEGACY.get(name, ()))
+               for name in (*ESSENTIAL, *DEFAULTABLE)}
+    for name, keys in spelled.items():  # before transformers reads them, so the error names the file's field
+        for k in keys:
+            v = cfg.get(k)
+            if k in cfg and not (v is None and name not in ESSENTIAL) and (
+                    not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError("--model", f"{path}: {k}={json.dumps(v)} is not allowed: give a positive integer")
+    try:
+        hf, default = cls(**cfg), cls()
+    except Exception as e:  # strict dataclass validation, a class's own checks (a ZeroDivisionError included)
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        raise ConfigError("--model", f"{path}: transformers refuses this {kind} config ({why}): fix that field")
+    if type(hf) not in AutoModelForCausalLM._model_mapping:
+        raise ConfigError("--model", f"{path}: {kind} is not a causal language model")
+    given = {name: any(k in cfg for k in keys) or getattr(hf, name, None) != getattr(default, name, None)
+             for name, keys in spelled.items()}
+    missing = [n for n in ESSENTIAL if hasattr(default, n) and not given[n]]
+    if missing:
+        raise ConfigError("--model", f"{path}: {', '.join(missing)} not given, and transformers' {kind} defaults "
+                                     f"({', '.join(str(getattr(default, n)) for n in missing)}) describe another model: "
+                                     "give the model's sizes in the config.json")
+    filled = [n for n in DEFAULTABLE if not given[n] and getattr(hf, n, None) is not None]
+    if filled and path not in _warned:
+        _warned.add(path)
+        print(f"trainscout: warning: config.json {kind}: {', '.join(filled)} not given: transformers' defaults used "
+              f"({', '.join(str(getattr(hf, n)) for n in filled)})", file=sys.stderr)
+    _sizes_of(hf)
+    return hf
+
+
 def _from_config(name: str, config: dict) -> ModelSpec:
-    return ModelSpec(name, config, replace(PYTHIA_RECIPE, seq_len=min(2048, int(config.get("max_position_embeddings") or 2048))))
+    return ModelSpec(name, config, replace(PYTHIA_RECIPE, seq_len=min(2048, sizes(config).max_positions or 2048)))
 
 
 def stored_model(name: str, config: dict | None) -> ModelSpec:
@@ -152,9 +258,14 @@ def with_overrides(recipe: Recipe, *, global_batch=None, seq_len=None, total_ste
 
 def build_model(config: dict, attn_implementation: str, seq_len: int):
     """A freshly initialised causal LM from its config dict (no weights are downloaded)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = dict(config)
-    if cfg.get("max_position_embeddings", seq_len) < seq_len:
-        cfg["max_position_embeddings"] = seq_len
-    hf = AutoConfig.for_model(**cfg)
+    from transformers import AutoModelForCausalLM
+    hf = hf_config(config)
+    if (sizes(config).max_positions or seq_len) < seq_len:  # through the class: GPT-2 spells it n_positions
+        hf.max_position_embeddings = seq_len
+    model_class = AutoModelForCausalLM._model_mapping[type(hf)]
+    supports = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(attn_implementation)
+    if supports and getattr(model_class, supports, True) is False:  # BLOOM has eager attention only
+        knob = {"sdpa": "sdpa", "flash_attention_2": "flash"}[attn_implementation]
+        raise ConfigError("attention", f"attention={knob}: {model_class.__name__} has no {attn_implementation} "
+                                       "attention in this transformers: set attention=eager")
     return AutoModelForCausalLM.from_config(hf, attn_implementation=attn_implementation)

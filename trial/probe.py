@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 
+from .models import sizes
 from .records import RankResult, TrialSpec
 from .status import Status, classify
 
@@ -74,7 +75,7 @@ def _probe_step(engine, plan, spec: TrialSpec, accum: int, device) -> None:
     fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
     if fake and plan.micro_batch_size > int(fake):
         torch.empty(1 << 46, dtype=torch.uint8, device=device)
-    x = torch.randint(0, int(spec.model_config["vocab_size"]), (plan.sequences_per_call, spec.recipe["seq_len"]),
+    x = torch.randint(0, sizes(spec.model_config).vocab, (plan.sequences_per_call, spec.recipe["seq_len"]),
                       device=device)
     for _ in range(2):  # what warm-up will run: the measured micro-batches, twice (allocator reuse included)
         for i in range(accum):

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from trainscout.spaces import ConfigError, Context, resolve
 
 from . import faults, hardware, metrics, probe
-from .models import ModelSpec, resolve_model, with_overrides
+from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
 
@@ -85,7 +85,7 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
 
 def context(model_config: dict, global_batch: int, workers: int, hw: dict) -> Context:
     """What knobs are checked against: the box (hardware fingerprint), the model and the recipe's batch."""
-    return Context(world_size=workers, device=hw["device"], num_layers=int(model_config["num_hidden_layers"]),
+    return Context(world_size=workers, device=hw["device"], num_layers=sizes(model_config).layers,
                    global_batch=global_batch, installed=hardware.installed_optional(),
                    capability=str(hw.get("capability") or ""), model_config=model_config)
 
@@ -289,7 +289,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     last = [st["micro"][-1] for r in ranks for st in r.steps]
     tok_s = spec.tokens_per_step / step_s
     cfg = spec.model_config
-    fpt = metrics.flops_per_token(n_params, int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), recipe["seq_len"])
+    fpt = metrics.flops_per_token(n_params, sizes(cfg).layers, sizes(cfg).hidden, recipe["seq_len"])
     device_name = ranks[0].device_name
     peak = metrics.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
     out = {

@@ -15,6 +15,7 @@ import tempfile
 import time
 import traceback
 
+from .models import sizes
 from .records import RankResult, TrialSpec
 
 
@@ -135,7 +136,7 @@ def _train_loop(spec: TrialSpec) -> None:
     if spec.data:  # `trainscout train --data`: a tokenized memmap, each rank its own sequences
         batch = _memmap_batches(spec, plan, data_rank, world // max(1, plan.pipeline.get("stages", 1)), device)
     else:  # synthetic tokens: the throughput of a step does not depend on their values
-        vocab = int(spec.model_config["vocab_size"])
+        vocab = sizes(spec.model_config).vocab
         gen = torch.Generator(device="cpu").manual_seed(1000 + data_rank)
         batches = [torch.randint(0, vocab, (plan.sequences_per_call, recipe["seq_len"]), generator=gen).to(device)
                    for _ in range(min(accum, 4))]
