@@ -145,17 +145,20 @@ def _train_loop(spec: TrialSpec) -> None:
     n_steps, host = [0], [0.0]
 
     def optimizer_step_marks(accum):
-        marks = [clock.mark()]
+        marks, losses = [clock.mark()], []
         for i in range(accum):
             t = time.perf_counter()
             loss = engine.micro_step(batch(n_steps[0], i), is_last=(i == accum - 1), scale=1.0 / accum)
             if i == 0:  # the seed paper's timer: host time around one micro-batch, no device synchronisation
                 host[0] = time.perf_counter() - t
             marks.append(clock.mark())
+            if loss is not None:  # a pipeline's ranks without the last stage have none
+                losses.append(loss.detach())
         n_steps[0] += 1
         engine.optimizer_step()
         marks.append(clock.mark())
-        return marks, loss
+        # each micro-batch's loss comes scaled by 1/accum: their sum is the step's mean loss per token
+        return marks, (torch.stack(losses).float().sum() if losses else None)
 
     def timed_step(accum):
         """One optimizer step, synchronised: its phase times (and the seed paper's host timer beside them)."""
@@ -180,7 +183,7 @@ def _train_loop(spec: TrialSpec) -> None:
         steps.append(step)
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
             progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"], "grad_accum": plan.grad_accum,
-                          "loss": None if loss is None else float(loss.detach().float().item()) * accum})
+                          "loss": None if loss is None else float(loss.item())})
     t_timed = time.perf_counter()
     peaks = _peaks(device)
     below = None
@@ -189,7 +192,7 @@ def _train_loop(spec: TrialSpec) -> None:
     if spec.save_dir:
         engines.save(engine, model, names, spec.save_dir, rank)
 
-    mine = RankResult(rank=rank, steps=steps, loss=None if loss is None else float(loss.detach().float().item()),
+    mine = RankResult(rank=rank, steps=steps, loss=None if loss is None else float(loss.item()),
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
                       probe=probe, below=below, build_s=t_built - t0, warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

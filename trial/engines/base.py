@@ -47,7 +47,8 @@ class Engine:
         raise NotImplementedError
 
     def micro_step(self, batch, is_last: bool, scale: float):
-        """Forward + backward of one micro-batch (the last of a step synchronises gradients); returns the loss."""
+        """Forward + backward of one micro-batch (the last of a step synchronises gradients); returns its mean loss
+        per token times scale (1/accumulation: a step's micro-batches sum to the step's mean loss), or None."""
         raise NotImplementedError
 
     def optimizer_step(self) -> None:

@@ -51,7 +51,7 @@ class DeepSpeedEngine(Engine):
         self.engine.backward(loss)
         if not is_last:
             self.engine.step()  # not a boundary: only advances DeepSpeed's micro-step counter
-        return loss
+        return loss.detach() * scale  # scaled as the other engines' (Engine.micro_step)
 
     def optimizer_step(self):
         self.engine.step()
