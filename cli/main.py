@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import stat
 import sys
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.status import Status
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,6 +48,65 @@ def positive_int(flag: str):
             raise argparse.ArgumentTypeError(f"{v} is not allowed: give a positive integer")
         return v
     return conv
+
+
+def positive_seconds(flag: str):
+    """An argparse type: a finite number of seconds > 0 (leaving the flag out means the default)."""
+    def conv(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a number: give a positive number of seconds")
+        if not (0 < v < math.inf):
+            raise argparse.ArgumentTypeError(f"{s} is not allowed: give a positive number of seconds "
+                                             "(leave the flag out for the default)")
+        return v
+    return conv
+
+
+def seed_int(s: str) -> int:
+    """An argparse type: a sampler seed, 0 .. 2**32 - 1 (numpy's range, which Optuna's samplers use)."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number: give an integer from 0 to {2**32 - 1}")
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"{v} is not allowed: give an integer from 0 to {2**32 - 1}")
+    return v
+
+
+def input_file(flag: str, path: str | None) -> None:
+    """An input file given by a flag: a FIFO, a device or a socket is refused (reading one blocks forever); a
+    missing path is left to the reader, which names what it needs."""
+    if path is None:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ConfigError(flag, f"{flag} {path} is not a regular file (a pipe, a device or a socket): give a file")
+
+
+def out_folder(flag: str, path: str | None) -> str:
+    """An output folder, checked before anything runs (trainscout.store.check_folder)."""
+    from trainscout.store import check_folder
+    return check_folder(path, flag)
+
+
+SIZE = re.compile(r"\s*((?:\d+(?:\.\d*)?|\.\d+))\s*(gib|gb|mib|mb|g)\s*", re.I)
+
+
+def gpu_memory(text: str) -> float:
+    """--gpu-memory: a positive finite size with a unit (80GiB, 141GB, 512MiB) in bytes; a bare number, zero,
+    a negative size or inf is refused (a bare number was read as bytes: every configuration 'did NOT fit')."""
+    from trainscout.trial import memory
+    m = SIZE.fullmatch(text or "")
+    value = memory.parse_size(text) if m else 0.0
+    if not m or not (0 < value < math.inf):
+        raise ConfigError("--gpu-memory", f"--gpu-memory {text} is not a size: give a positive size with a unit, "
+                                          "e.g. 80GiB or 141GB (GiB, GB, MiB or MB)")
+    return value
 
 
 def nonneg_float(flag: str):
@@ -95,6 +157,7 @@ def cmd_knobs(a) -> int:
 
 def cmd_trial(a) -> int:
     from trainscout.trial import execute, prepare
+    input_file("--model", a.model)
     spec = prepare(a.model, parse_sets(a.set), device=a.device, workers=a.workers, steps=a.steps, warmup=a.warmup,
                    measure_accum=a.measure_accum, fault=a.inject_fault, **recipe_kwargs(a))
     record = execute(spec, timeout=a.timeout, address=a.address)
@@ -137,12 +200,8 @@ def print_trial(r) -> None:
 def cmd_estimate(a) -> int:
     """Predicted peak memory per rank, without a GPU; calibrated on a store's measurements of that GPU."""
     from trainscout.trial import memory, prepare
-    capacity = None
-    if a.gpu_memory:
-        try:
-            capacity = memory.parse_size(a.gpu_memory)
-        except ValueError:
-            raise ConfigError("--gpu-memory", f"--gpu-memory {a.gpu_memory} is not a size: write it like 80GiB or 141GB")
+    capacity = None if a.gpu_memory is None else gpu_memory(a.gpu_memory)
+    input_file("--model", a.model)
     hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu}
     spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, **recipe_kwargs(a))
     cal = None
@@ -196,6 +255,9 @@ def cmd_train(a) -> int:
     from tqdm import tqdm
 
     from trainscout.trial.train import train
+    out_folder("--out", a.out)
+    for flag, path in (("--config", a.config), ("--data", a.data), ("--model", a.model)):
+        input_file(flag, path)
     bar = tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json)
 
     def on_step(m):
@@ -225,28 +287,58 @@ def duration(s: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
+SEARCH_RULES = """Search the knob space with real trials (Ray Tune + Optuna + ASHA).
+
+Output folders: a new search into a folder (or --storage) that already holds a search of that name (the folder's
+name) is refused: continue it with --resume DIR, or give another --out. --resume DIR continues the search with the
+settings it was started with; it may take a larger --trials (it says so), a --time-budget for this run, --storage
+and --address; --model, --space, --set, --steps, --seed and the other settings may be repeated but not changed
+(refused, naming the flag). A search does not measure a configuration twice while others are left. While a
+search runs in a folder, a second one there is refused. Ctrl-C stops the running trials, keeps every result measured and exits
+130; --resume continues."""
+
 # The CPU demo: tiny model, 2 workers, 6 trials, knobs that need no compiler (inductor, DeepSpeed's C++ ops)
 DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1,
         "sets": {"compile": "false", "loss_kernel": "eager", "zero_stage": "0", "tf32": "true"}}
 
 
+SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", "seed": 0, "steps": 5, "warmup": 2,
+                   "max_failures": 0}  # applied after parsing: a resume must know which flags were given
+
+
 def cmd_search(a) -> int:
-    from trainscout.search.service import SearchArgs, run_search
+    from trainscout.search.service import SearchArgs, resumed, run_search
+    stream = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout
+    input_file("--space", a.space)
+    sets = parse_sets(a.set) if a.set else None
+    recipe = {k: v for k, v in recipe_kwargs(a).items() if v is not None}
     if a.resume:
-        from trainscout.store import Store, default_url
+        from trainscout.store import Store, default_url, storage_url
         if not os.path.isdir(a.resume):
             raise ConfigError("--resume", f"--resume {a.resume}: no such folder: give the --out folder of a search")
-        store = Store(a.storage or default_url(a.resume))
+        if a.out is not None and os.path.abspath(a.out) != os.path.abspath(a.resume):
+            raise ConfigError("--out", f"--out {a.out} with --resume {a.resume}: a resumed search stays in its folder: "
+                                       "leave --out out")
+        storage = storage_url(a.storage) if a.storage else None
+        if storage is None and not os.path.isfile(os.path.join(a.resume, "results.db")):
+            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there (no results.db): start one "
+                                          "with --out, or give its --storage")
+        store = Store(storage or default_url(a.resume))
         name = os.path.basename(os.path.abspath(a.resume))
         saved = store.search_args(name)
         if saved is None:
             raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there: start one with --out")
-        args = SearchArgs(**saved)
-        args.out = a.resume  # the folder may have moved since (another machine, a copy)
-        args.storage = a.storage or args.storage  # None: OUT/results.db
-        args.address = a.address or args.address
-        args.time_budget_s = a.time_budget or args.time_budget_s
+        given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
+                 "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
+                 "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
+                 "storage": storage, "address": a.address}
+        args, notes = resumed(saved, a.resume, given, done=len(store.trials(name)))
+        for note in notes:
+            print(f"resuming {name}: {note}", file=stream)
     else:
+        for k, v in SEARCH_DEFAULTS.items():
+            if getattr(a, k) is None:
+                setattr(a, k, v)
         if a.model is None:
             import torch
             if torch.cuda.is_available():
@@ -254,21 +346,36 @@ def cmd_search(a) -> int:
             print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
             a.model, a.trials, a.gpus_per_trial = DEMO["model"], a.trials or DEMO["trials"], DEMO["workers"]
             a.steps, a.warmup = DEMO["steps"], DEMO["warmup"]
-            a.set = [f"{k}={v}" for k, v in DEMO["sets"].items()] + (a.set or [])
+            sets = dict(DEMO["sets"], **(sets or {}))
+        input_file("--model", a.model)
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
-                          time_budget_s=a.time_budget, space=a.space, sets=parse_sets(a.set), storage=a.storage,
+                          time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
                           address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
-                          max_failures=a.max_failures, recipe={k: v for k, v in recipe_kwargs(a).items() if v is not None})
-    summary = run_search(args)
+                          max_failures=a.max_failures, recipe=recipe)
+    summary = run_search(args, stream=stream, resume=bool(a.resume))
     if a.json:
         print(json.dumps(summary))
+    if summary.get("interrupted"):
+        n = summary["trials"]
+        print(f"trainscout: interrupted: {n} trial{'s' if n != 1 else ''} ended and {'are' if n != 1 else 'is'} kept "
+              f"in the store; continue with: trainscout search --resume {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
+INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a trial without a record)
+
+
 def cmd_results(a) -> int:
-    from trainscout.analysis.table import dumps, load, store_of
+    from trainscout.analysis.table import METRICS, dumps, load, store_of
+    from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
         if a.import_file:
+            input_file("--import", a.import_file)
+            if "://" in a.source:
+                a.source = storage_url(a.source, "DIR")  # an in-memory store would drop what is imported
+            else:
+                out_folder("DIR", a.source)
             store = store_of(a.source, create=True)
             added, present = store.import_jsonl(a.import_file)
             store.checkpoint()
@@ -276,7 +383,17 @@ def cmd_results(a) -> int:
         else:
             print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
         return 0
-    df = load(a.source)
+    store = store_of(a.source)
+    df = load(store)
+    # why a trial failed or did not run: the record's error, else the search's row (an invalid trial has no record)
+    why = {(s, t["trial"]): t["error"] for s in store.searches() for t in store.trials(s) if t.get("error")}
+    df["error"] = [e if isinstance(e, str) and e else why.get((s, t)) for e, s, t in
+                   zip(df["error"], df["search"], df["trial"])]
+    for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
+        vals = df[col].dropna()
+        if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \
+                and (vals == vals.round()).all():
+            df[col] = df[col].astype("Int64")
     for col, want in (("model", a.model), ("gpu", a.gpu), ("status", a.status)):
         if want:
             df = df[df[col].astype(str).str.contains(want, case=False, regex=False)]
@@ -291,7 +408,8 @@ def cmd_results(a) -> int:
     else:
         shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "peak_memory_gib", "projected_days",
                              "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
-                             "precision", "key") if c in df.columns]
+                             "precision", "key", "error") if c in df.columns]
+        df = df.assign(error=[one_line(e, 80) if isinstance(e, str) else "" for e in df["error"]])
         print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
     return 0
 
@@ -301,6 +419,7 @@ def cmd_export(a) -> int:
     from trainscout.analysis.table import measurement
     if bool(a.trial) == bool(a.best):
         raise ConfigError("--best", "give --best or --trial KEY (one of them)")
+    out_folder("--out", a.out)
     formats = FORMATS if a.format == "all" else (a.format,)
     rec = measurement(a.source, key=a.trial, best=a.best)
     for path in export(rec, a.out, formats):
@@ -318,15 +437,18 @@ def cmd_export(a) -> int:
 
 def cmd_report(a) -> int:
     from trainscout.analysis.report import analyse, summary, write_html
+    out = a.out if a.out is not None else (a.source if "://" not in a.source else "report")
+    out_folder("--out", out)
+    input_file("--prices", a.prices)
     analysis = analyse(a.source, a.prices)
     print(summary(analysis))
-    out = a.out or (a.source if "://" not in a.source else "report")
     print(f"report: {write_html(analysis, out)}")
     return 0
 
 
 def build_parser() -> Parser:
     p = Parser(prog="trainscout", description=__doc__.splitlines()[0].replace("The `trainscout` command line. ", ""))
+    p.add_argument("--version", action="store_true", help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
 
     k = sub.add_parser("knobs", help="list every knob: domain, default, constraints, description")
@@ -342,34 +464,40 @@ def build_parser() -> Parser:
     t.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first (compile happens here)")
     t.add_argument("--measure-accum", type=int, default=None,
                    help="micro-batches per timed step (default min(accumulation, 4); 0 = the full step)")
-    t.add_argument("--timeout", type=nonneg_float("--timeout"), default=None,
-                   help="hard limit for the whole trial in seconds (default 300 on CPU, 900 on GPU)")
+    t.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
+                   help="hard limit for the whole trial in seconds, > 0 (default 300 on CPU, 900 on GPU)")
     t.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     add_recipe_flags(t)
     t.set_defaults(func=cmd_trial)
 
-    s = sub.add_parser("search", help="search the knob space with real trials (Ray Tune + Optuna + ASHA)")
+    s = sub.add_parser("search", help="search the knob space with real trials (Ray Tune + Optuna + ASHA)",
+                       description=SEARCH_RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", default=None, help="as for trial; without --model and without a GPU: the CPU demo")
-    s.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    s.add_argument("--gpus-per-trial", type=positive_int("--gpus-per-trial"), default=1,
-                   help="ranks per trial: GPUs (on the CPU: worker processes)")
-    s.add_argument("--trials", type=positive_int("--trials"), default=None, help="number of trials in all")
-    s.add_argument("--time-budget", type=duration, default=None, help="stop starting trials after this (30m, 2h)")
+    s.add_argument("--device", default=None, help="auto (default), cpu or cuda")
+    s.add_argument("--gpus-per-trial", type=positive_int("--gpus-per-trial"), default=None,
+                   help="ranks per trial: GPUs (on the CPU: worker processes); default 1")
+    s.add_argument("--trials", type=positive_int("--trials"), default=None,
+                   help="number of trials in all (with --resume: a larger number runs more)")
+    s.add_argument("--time-budget", type=duration, default=None,
+                   help="stop starting trials after this (30m, 2h); with --resume: for this run")
     s.add_argument("--space", default=None, help="YAML space file: knob: value (fixed) or knob: [values]")
     s.add_argument("--set", action="append", metavar="KNOB=VALUE", help="fix a knob (repeatable)")
-    s.add_argument("--out", default="runs/search", help="output folder (results.db, logs)")
+    s.add_argument("--out", default=None, help="output folder (results.db, logs); default runs/search")
     s.add_argument("--storage", default=None, help="SQLAlchemy URL of the results store (default: OUT/results.db)")
     s.add_argument("--address", default=None, help="Ray cluster address (auto: attach to a running cluster)")
     s.add_argument("--resume", default=None, metavar="DIR", help="continue the search whose --out was DIR")
-    s.add_argument("--seed", type=int, default=0, help="sampler seed")
-    s.add_argument("--steps", type=positive_int("--steps"), default=5, help="timed optimizer steps per trial")
-    s.add_argument("--warmup", type=int, default=2, help="untimed steps per trial")
-    s.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit per trial in seconds")
-    s.add_argument("--max-failures", type=int, default=0,
-                   help="measure a crashed trial again up to this many times (oom, invalid, timeout: never)")
-    s.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
+    s.add_argument("--seed", type=seed_int, default=None, help="sampler seed, 0 .. 2**32-1; default 0")
+    s.add_argument("--steps", type=positive_int("--steps"), default=None,
+                   help="timed optimizer steps per trial; default 5")
+    s.add_argument("--warmup", type=int, default=None, help="untimed steps per trial; default 2")
+    s.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
+                   help="hard limit per trial in seconds, > 0 (default 300 on CPU, 900 on GPU)")
+    s.add_argument("--max-failures", type=int, default=None,
+                   help="measure a crashed trial again up to this many times (oom, invalid, timeout: never); default 0")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON at the end (alone on stdout; "
+                                                       "the progress goes to stderr)")
     add_recipe_flags(s)
     s.set_defaults(func=cmd_search)
 
@@ -394,7 +522,7 @@ def build_parser() -> Parser:
     tr.add_argument("--out", default="runs/train", help="checkpoint folder (config.json + model.safetensors)")
     tr.add_argument("--workers", type=positive_int("--workers"), default=None, help="ranks (default: as exported)")
     tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    tr.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit in seconds")
+    tr.add_argument("--timeout", type=positive_seconds("--timeout"), default=None, help="hard limit in seconds, > 0")
     tr.add_argument("--address", default=None, help="Ray cluster address")
     tr.add_argument("--json", action="store_true", help="print one JSON object at the end")
     add_recipe_flags(tr)
@@ -417,7 +545,8 @@ def build_parser() -> Parser:
     m.add_argument("--model", required=True, help="as for trial")
     m.add_argument("--set", action="append", metavar="KNOB=VALUE", help="set a knob (repeatable)")
     m.add_argument("--workers", type=positive_int("--workers"), default=1, help="GPUs the configuration spans")
-    m.add_argument("--gpu-memory", default=None, help="capacity per GPU to check against, e.g. 80GiB")
+    m.add_argument("--gpu-memory", default=None,
+                   help="capacity per GPU to check against: a size with a unit, e.g. 80GiB or 141GB")
     m.add_argument("--calibrate", default=None, metavar="DIR",
                    help="fit the model on the measured peaks in this store (a search's --out or a URL)")
     m.add_argument("--gpu", default=None, help="with --calibrate: only measurements of this GPU name")
@@ -442,10 +571,22 @@ def build_parser() -> Parser:
     return p
 
 
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+    try:
+        return installed("trainscout")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         a = build_parser().parse_args(argv)
+        if a.version:
+            print(f"trainscout {version()}")
+            return 0
         if not getattr(a, "func", None):
             build_parser().print_help()
             return EXIT_BAD_INPUT

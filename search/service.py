@@ -8,16 +8,21 @@ avoid them (an exception would be a FAIL, which TPE ignores).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import signal
+import stat
 import sys
+import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, fmt
-from trainscout.store import Store, default_url, measurement_key, open_store
+from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.runner import context, remove_orphaned_placement_groups
 from trainscout.trial.status import DETERMINISTIC, Status
@@ -29,6 +34,10 @@ if TYPE_CHECKING:
 
 METRIC = "tokens_per_s"
 MEMORY_MARGIN = 0.10  # a configuration predicted over the GPU's memory by more than this is not launched
+LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
+TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
+RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
+SEED_RANGE = 2**32  # numpy's, which Optuna's samplers seed
 
 
 @dataclass
@@ -52,6 +61,7 @@ class SearchArgs:
     recipe: dict = field(default_factory=dict)
     name: str | None = None
     max_failures: int = 0  # a crashed trial is measured again up to this many times (oom/invalid/timeout never)
+    space_content: dict | None = None  # the space file as read when the search started: a resume uses it
 
     def search_name(self) -> str:
         return self.name or os.path.basename(os.path.abspath(self.out))
@@ -70,7 +80,7 @@ def _trainable(config: dict, base: dict) -> None:
         spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
                        hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
     except ConfigError as e:
-        store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings)
+        store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
     mem = base.get("memory")
@@ -80,10 +90,11 @@ def _trainable(config: dict, base: dict) -> None:
         predicted = memory.predict(spec, mem["calibration"])
         if predicted > mem["capacity"] * (1 + mem["margin"]):
             gib = predicted / memory.GiB
+            why = f"predicted {gib:.1f} GiB per rank > {mem['capacity'] / memory.GiB:.0f} GiB"
             store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0,
-                            dict(spec.config, predicted_gib=round(gib, 2)))
+                            dict(spec.config, predicted_gib=round(gib, 2)), error=why)
             tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "predicted_gib": gib,
-                         "error": f"predicted {gib:.1f} GiB per rank > {mem['capacity'] / memory.GiB:.0f} GiB"})
+                         "error": why})
             return
     key = measurement_key(spec, base["hardware"], hardware.versions())
     record = store.get(key)
@@ -108,7 +119,7 @@ def _trainable(config: dict, base: dict) -> None:
         store.replace(key, record)  # a crash or timeout measured again: the newer record wins
     m = record.m
     value = m.get(METRIC, 0.0) if record.ok else 0.0
-    store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config)
+    store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib")})
@@ -140,24 +151,30 @@ def _progress_callback(url: str, search: str, printer):
 
         def on_trial_error(self, iteration, trials, trial, **info):
             remove_orphaned_placement_groups()
-            open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0, trial.config)
-            printer(trial, {"status": str(Status.CRASH), METRIC: 0.0})
+            try:  # a Tune error holds the traceback: its last line says what failed
+                lines = [ln.strip() for ln in str(trial.get_error() or "").splitlines() if ln.strip()]
+            except Exception:  # the error file may be gone; the row is what matters
+                lines = []
+            why = lines[-1][:2000] if lines else "the trial's actor failed"
+            open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0, trial.config, error=why)
+            printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
 
     return Progress()
 
 
 class Printer:
-    """The live table: one row per finished trial, with the best so far."""
+    """The live table: one row per finished trial, with the best so far, and why a trial failed or did not run."""
 
     def __init__(self, space: Space, stream=None):
         self.space, self.stream, self.best, self.n = space, stream, None, 0
+        self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
         self.header = False
 
     def __getstate__(self):  # Ray Tune pickles its callbacks; an open stream is not picklable
         return dict(self.__dict__, stream=None)
 
     def __call__(self, trial, r: dict):
-        out = self.stream or sys.stdout
+        out = self.stream or (sys.stderr if self.to_stderr else sys.stdout)
         if not self.header:
             print(f"{'#':>3} {'trial':10} {'status':8} {'tokens/s':>11} {'run':>11} {'best tok/s':>11}  config",
                   file=out)
@@ -171,8 +188,9 @@ class Printer:
         searched = " ".join(f"{k}={fmt(trial.config[k])}" for k, vs in self.space.domains.items()
                             if len(vs) > 1 and k in trial.config)
         status = r.get("status", "?") + ("*" if r.get("cached") else "")
+        why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
         print(f"{self.n:>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
-              f"{days:>11} {(self.best or 0):>11,.0f}  {searched}", file=out, flush=True)
+              f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
 
 
 def fault_schedule(text: str | None) -> dict[int, str]:
@@ -199,13 +217,26 @@ def _numbered(trial) -> str:
 
 
 def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
-    """Check everything before anything is started or written: (space, base spec, hardware)."""
+    """Check everything before anything is started or written: (space, base spec, hardware). Paths are made
+    absolute here (the model's config.json, the store, the space file), as the trials run in Ray's working
+    directories, and the space file is read once: args.space_content is what the search (and a resume) uses."""
     if args.trials is None and args.time_budget_s is None:
         raise ConfigError("--trials", "give --trials N or --time-budget (e.g. 30m)")
-    if args.trials is not None and args.trials < 1:
+    if args.trials is not None and (not isinstance(args.trials, int) or args.trials < 1):
         raise ConfigError("--trials", f"--trials {args.trials} is not allowed: give a positive integer")
+    if args.time_budget_s is not None and not (0 < args.time_budget_s < math.inf):
+        raise ConfigError("--time-budget", f"--time-budget {args.time_budget_s} is not allowed: "
+                                           "write e.g. 90s, 30m or 2h")
     if not isinstance(args.max_failures, int) or args.max_failures < 0:
         raise ConfigError("--max-failures", f"--max-failures {args.max_failures} is not allowed: give an integer >= 0")
+    if not isinstance(args.seed, int) or isinstance(args.seed, bool) or not 0 <= args.seed < SEED_RANGE:
+        raise ConfigError("--seed", f"--seed {args.seed} is not allowed: give an integer from 0 to {SEED_RANGE - 1}")
+    if args.timeout is not None and not (0 < args.timeout < math.inf):
+        raise ConfigError("--timeout", f"--timeout {args.timeout} is not allowed: give a positive number of seconds "
+                                       "(leave it out for the default: 300 s on the CPU, 900 s on a GPU)")
+    check_folder(args.out, "--out")
+    if args.storage:
+        args.storage = storage_url(args.storage)
     fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE"))
     from trainscout.trial.models import absolute
     args.model = absolute(args.model)  # a relative config.json path would not resolve in the trials' directories
@@ -216,48 +247,221 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     # a trial of the defaults validates the model, recipe and worker count
     base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
     ctx = context(base.model_config, base.recipe["global_batch"], workers, hw)
-    raw = load_space_file(args.space) if args.space else {}
-    return Space.build(raw, args.sets, ctx), base, hw
+    if args.space_content is None:
+        args.space_content = read_space(args.space) if args.space else {}
+        args.space = os.path.abspath(args.space) if args.space else None
+    return Space.build(args.space_content, args.sets, ctx), base, hw
 
 
-def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
-    """Run (or continue) a search; returns a summary with the best configurations."""
-    space, _, hw = validate(args)
-    if args.storage:
-        store = open_store(args.storage)  # a bad URL is refused before anything is written
-        os.makedirs(args.out, exist_ok=True)
-    else:
-        os.makedirs(args.out, exist_ok=True)
-        store = open_store(default_url(args.out))
-    url = store.url
-    name = args.search_name()
+def read_space(path: str) -> dict:
+    """A space file's mapping; a FIFO, a device or a socket is refused (reading one blocked forever)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ConfigError("--space", f"cannot read {path}: {e.strerror}: give a readable YAML file")
+    if not stat.S_ISREG(mode):
+        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a pipe, a device or a socket)"
+        raise ConfigError("--space", f"--space {path} is {what}: give a YAML file")
+    return load_space_file(path)
+
+
+# --- resume: what may change ----------------------------------------------------------------------------------
+FIXED_ON_RESUME = {"model": "--model", "device": "--device", "gpus_per_trial": "--gpus-per-trial", "space": "--space",
+                   "sets": "--set", "seed": "--seed", "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout",
+                   "max_failures": "--max-failures"}
+RECIPE_FLAGS = {"global_batch": "--global-batch", "seq_len": "--seq-len", "total_steps": "--train-steps",
+                "total_tokens": "--train-tokens", "grad_clip": "--grad-clip"}
+
+
+def resumed(saved: dict, out: str, given: dict, done: int) -> tuple[SearchArgs, list[str]]:
+    """The search saved in a store, continued from `out`, with the flags given on the command line (None: not
+    given). A resume may take more --trials, a --time-budget for this run, --storage and --address; a setting that
+    defines the search (model, space, knobs, steps, recipe, seed, ...) given with another value is refused, naming
+    it: the trials would not be comparable, and an Optuna study cannot change its space. Returns (args, notes)."""
+    known = {f.name for f in fields(SearchArgs)}
+    args = SearchArgs(**{k: v for k, v in saved.items() if k in known})
+    args.out = out  # the folder may have moved since (another machine, a copy)
+
+    def refuse(flag, value, before):
+        raise ConfigError(flag, f"{flag} {value} differs from the search in {out} ({flag} {before}): a resumed search "
+                                f"keeps its settings: leave {flag} out, or start a new search with another --out")
+    for name, flag in FIXED_ON_RESUME.items():
+        value = given.get(name)
+        if value is None:
+            continue
+        before = getattr(args, name)
+        if name == "model":
+            from trainscout.trial.models import absolute
+            same = absolute(value) == before
+        elif name == "space":
+            content = read_space(value)
+            same = (content == args.space_content if args.space_content is not None
+                    else before is not None and os.path.abspath(value) == os.path.abspath(before))
+        elif name == "seed" and not (isinstance(before, int) and 0 <= before < SEED_RANGE):
+            same = True  # a store an older version left with an unusable seed: the resume gives one
+            args.seed = value
+        elif name == "sets":
+            same = {k: str(v) for k, v in value.items()} == {k: str(v) for k, v in (before or {}).items()}
+            value = " --set ".join(f"{k}={v}" for k, v in value.items())
+            before = " --set ".join(f"{k}={v}" for k, v in (before or {}).items()) or "(none)"
+        else:
+            same = value == before
+        if not same:
+            refuse(flag, value, before)
+    for name, flag in RECIPE_FLAGS.items():
+        value = (given.get("recipe") or {}).get(name)
+        if value is not None and value != args.recipe.get(name):
+            refuse(flag, value, args.recipe.get(name, "(the model's)"))
+    notes = []
+    trials = given.get("trials")
+    if trials is not None and trials != args.trials:
+        if (args.trials is not None and trials < args.trials) or trials < done:
+            raise ConfigError("--trials", f"--trials {trials} is fewer than the search's {args.trials or done}: a "
+                                          "resume may only add trials: give a larger --trials or leave it out")
+        before = args.trials if args.trials is not None else "(none: a time budget)"
+        notes.append(f"--trials {before} -> {trials}: {trials - done} to go")
+        args.trials = trials
+    if given.get("time_budget_s") is not None:
+        args.time_budget_s = given["time_budget_s"]
+        notes.append(f"a time budget of {given['time_budget_s']:g} s for this run")
+    args.storage = given.get("storage") or args.storage  # None: OUT/results.db
+    args.address = given.get("address") or args.address
+    return args, notes
+
+
+# --- one search per folder ----------------------------------------------------------------------------------
+def hold_folder(out: str) -> int:
+    """Take the folder's lock for this driver (flock: the kernel drops it when the process ends, SIGKILL included);
+    a folder whose lock a running search holds is refused with its PID. Returns the lock's descriptor."""
+    import fcntl
+    fd = os.open(os.path.join(out, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError("--out", f"--out {out} is in use by a running search (pid {pid}): wait for it to end, "
+                                   "or give another --out")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _refuse_existing(store: Store, name: str, out: str, resume: bool) -> dict | None:
+    """The saved settings of the search `name`; a new search (not resume) of a name the store holds is refused."""
     saved = store.search_args(name)
-    if saved is None:
-        store.add_search(name, asdict(args))
+    if saved is not None and not resume:
+        n = len(store.trials(name))
+        raise ConfigError("--out", f"--out {out} already holds the search {name} ({n} trial{'s' if n != 1 else ''}): "
+                                   f"use --resume {out} to continue it (a larger --trials runs more), or another --out")
+    return saved
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------------------
+_INTERRUPTED = threading.Event()
+
+
+@contextlib.contextmanager
+def _catch_interrupt():
+    """Ctrl-C (SIGINT) while Tune runs: no trial is started, the running ones are stopped (a Tune stopper), what the
+    store holds is kept, and run_search says so. Tune's own handler stops the same way but tells nobody (the search
+    exited 0 with a normal summary), so it is switched off. A second Ctrl-C quits at once."""
+    _INTERRUPTED.clear()
+
+    def on_sigint(sig, frame):
+        _INTERRUPTED.set()
+        print("trainscout: interrupted: stopping the running trials (Ctrl-C again to quit at once)",
+              file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, previous)
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: no handler of ours (nor Tune's)
+        previous = None
+    env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        if env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C ended the search running (or last run) in this process."""
+    return _INTERRUPTED.is_set()
+
+
+def _interrupt_stopper():
+    from ray.tune import Stopper
+
+    class StopOnInterrupt(Stopper):
+        """Ends the whole experiment once Ctrl-C was pressed (Tune asks on every step of its loop)."""
+
+        def __call__(self, trial_id, result):
+            return False
+
+        def stop_all(self):
+            return interrupted()  # a module function: a pickled copy of the stopper reads the same flag
+    return StopOnInterrupt()
+
+
+def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
+    """Run (or, resume=True, continue) a search; returns a summary with the best configurations ("interrupted":
+    True when Ctrl-C ended it). A new search into a store that holds a search of its name (the --out folder's) is
+    refused, and so is a second search on a folder while one runs there."""
+    stream = stream or sys.stdout
+    space, _, hw = validate(args)
+    name = args.search_name()
+    store = open_store(args.storage) if args.storage else None  # a bad URL is refused before anything is written
+    if store is None and os.path.exists(os.path.join(args.out, "results.db")):
+        store = open_store(default_url(args.out))
+    if store is not None:  # refused before the folder is touched
+        _refuse_existing(store, name, args.out, resume)
+    os.makedirs(args.out, exist_ok=True)
+    lock = hold_folder(args.out)
+    try:
+        store = store or open_store(default_url(args.out))
+        saved = _refuse_existing(store, name, args.out, resume)  # again, now that no other driver can start here
+        if saved is None:
+            store.add_search(name, asdict(args))
+        elif asdict(args) != saved:
+            store.update_search(name, asdict(args))  # more --trials: the next resume starts from them
+        return _search(args, store, name, space, hw, stream)
+    finally:
+        os.close(lock)
+
+
+def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream) -> dict:
+    url = store.url
     done = store.trials(name)
     remaining = None if args.trials is None else args.trials - len(done)
     if remaining is not None and remaining <= 0:
+        print(f"search {name}: all {args.trials} trials done; give a larger --trials with --resume to run more",
+              file=stream)
         return summarize(store, name, stream, out=args.out)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's verbose=0 then prints nothing of its own
     import optuna
     import ray
     from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
 
     from trainscout.trial.runner import ensure_ray
     ensure_ray(args.address)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
-    _fail_interrupted(ostorage, name)
-    sampler = make_sampler(args.seed, args.trials)
+    drawn = recover_interrupted(ostorage, name, store)
+    # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
+    sampler = make_sampler((args.seed + drawn) % SEED_RANGE, args.trials)
     calibration = None  # the memory model fitted once on this GPU's stored peaks: pruning and the start point use it
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
         from trainscout.trial import memory
         calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
     start = [] if done else start_points(args, space, hw, calibration)
-    searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler,
-                            study_name=name, storage=ostorage, points_to_evaluate=start or None)
+    searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE)
     scheduler = make_scheduler(args.steps)
     if hw["device"] == "cuda":
         concurrent = max(1, int(ray.cluster_resources().get("GPU", 0)) // args.gpus_per_trial)
@@ -271,7 +475,8 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
         base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
                           "calibration": calibration}
-    printer = Printer(space, None if stream is sys.stdout else stream)
+    printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream)
+    printer.to_stderr = stream is sys.stderr
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
@@ -281,13 +486,17 @@ def run_search(args: SearchArgs, stream=sys.stdout) -> dict:
                                     reuse_actors=False),  # a stopped trial's actor dies, and its ranks with it
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
-                                  failure_config=tune.FailureConfig(max_failures=0)))
+                                  stop=_interrupt_stopper(), failure_config=tune.FailureConfig(max_failures=0)))
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}), "
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
           f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
           f"store {url}", file=stream, flush=True)
-    tuner.fit()
-    return summarize(store, name, stream, out=args.out)
+    with _catch_interrupt():
+        tuner.fit()
+    summary = summarize(store, name, stream, out=args.out)
+    if interrupted():
+        summary["interrupted"] = True
+    return summary
 
 
 def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None) -> list[dict]:
@@ -356,15 +565,71 @@ def space_knobs():
     return (k.name for k in all_knobs())
 
 
-def _fail_interrupted(ostorage, name: str) -> None:
-    """Optuna trials left RUNNING by a driver that was killed are marked FAIL (their measurement was lost)."""
+def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] | None = None, seed: int = 0):
+    """Ray Tune's OptunaSearch on the study `name`, handing Tune only configurations the study has not measured nor
+    is measuring. A resumed sampler starts its seed's draws again (a 4-trial search, killed and resumed, ended with
+    2 distinct configurations), and TPE proposes its best again and again (skipping such a draw does not move it:
+    the samplers ignore FAIL trials). So a draw equal to such a configuration is marked FAIL, with the user
+    attribute "skipped", and replaced by a random configuration the study has not measured (enqueued, user
+    attribute "explore"); where none is found (a space measured in full) the repeat runs, and the store answers it.
+    Each Optuna trial carries its Tune trial's id (TUNE_ID): a resume matches one left RUNNING to the store's row."""
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+    size = math.prod(len(v) for v in space.domains.values())  # at least the number of distinct configurations
+    scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))  # in memory: random draws
+
+    def key(params: dict) -> str:
+        return json.dumps(params, sort_keys=True, default=str)
+
+    def unmeasured(measured: set[str]) -> dict | None:
+        for _ in range(RANDOM_TRIES):
+            t = scratch.ask()
+            space.sample(t)
+            if key(t.params) not in measured:
+                return t.params
+        return None
+
+    class DistinctOptunaSearch(OptunaSearch):
+        def suggest(self, trial_id):
+            config = super().suggest(trial_id)
+            drawn = self._ot_trials[trial_id]
+            drawn.set_user_attr(TUNE_ID, trial_id)
+            others = [t for t in self._ot_study.get_trials(deepcopy=False, states=states) if t.number != drawn.number]
+            twin = next((t for t in others if t.params == drawn.params), None)
+            measured = {key(t.params) for t in others}
+            fresh = unmeasured(measured) if twin is not None and len(measured) < size else None
+            if fresh is None:
+                return config
+            drawn.set_user_attr("skipped", f"a draw of trial {twin.number}'s configuration again")
+            self._ot_study.tell(drawn, state=optuna.trial.TrialState.FAIL)
+            del self._ot_trials[trial_id]
+            self._ot_study.enqueue_trial(fresh, user_attrs={"explore": f"instead of trial {drawn.number}'s draw"})
+            config = super().suggest(trial_id)
+            self._ot_trials[trial_id].set_user_attr(TUNE_ID, trial_id)
+            return config
+
+    return DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
+                                storage=ostorage, points_to_evaluate=start or None)
+
+
+def recover_interrupted(ostorage, name: str, store: Store) -> int:
+    """Optuna trials left RUNNING by a driver that was killed or interrupted: one whose Tune trial the store holds
+    (it finished; only the driver's report to Optuna was lost) is completed with the stored value, so the sampler
+    knows it was measured; any other is marked FAIL (its measurement was lost). Returns the study's trial count."""
     import optuna
     try:
         study = optuna.load_study(study_name=name, storage=ostorage)
     except KeyError:
-        return
+        return 0
+    rows = {t["trial"]: t for t in store.trials(name)}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        row = rows.get(t.user_attrs.get(TUNE_ID))
+        if row is not None:
+            ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
+        else:
+            ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+    return len(study.trials)
 
 
 def _days(d: float) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import sys
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.records import Record, TrialSpec
-from trainscout.trial.status import DETERMINISTIC, Status  # DETERMINISTIC: outcomes served from the store
+from trainscout.trial.status import DETERMINISTIC, MEASURED, Status  # DETERMINISTIC: outcomes served from the store
 
 META = sa.MetaData()
 MEASUREMENTS = sa.Table(
@@ -48,6 +49,7 @@ SEARCH_TRIALS = sa.Table(
     sa.Column("tokens_per_s", sa.Float),
     sa.Column("config", sa.Text, nullable=False),
     sa.Column("created_at", sa.String(32), nullable=False),
+    sa.Column("error", sa.Text),  # why it did not run or failed (invalid: the refusal); added to older stores on write
 )
 SEARCHES = sa.Table(
     "trainscout_searches", META,
@@ -63,6 +65,52 @@ def now() -> str:
 
 def default_url(out_dir: str) -> str:
     return "sqlite:///" + os.path.abspath(os.path.join(out_dir, "results.db"))
+
+
+def storage_url(url: str, flag: str = "--storage") -> str:
+    """A storage URL that every process of a search opens as the same database: a relative SQLite path made absolute
+    (the trials run in Ray's working directories, where it named another file each: every measurement was lost), an
+    in-memory SQLite database (one per process, gone when it ends) refused with the fix. Other URLs as given."""
+    try:
+        u = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        return url  # Store() refuses it, naming the flag
+    if u.get_backend_name() != "sqlite":
+        return url
+    db = u.database or ""
+    uri = db.startswith("file:")
+    path = db[5:].split("?")[0] if uri else db
+    if not path or path == ":memory:" or "mode=memory" in db or u.query.get("mode") == "memory":
+        raise ConfigError(flag, f"{flag} {url} is an in-memory SQLite database (each process its own, lost when it "
+                                f"ends): give a file, e.g. sqlite:///{os.path.abspath('results.db')}, "
+                                f"or leave {flag} out")
+    if os.path.isabs(path):
+        return url
+    db = "file:" + os.path.abspath(path) + db[5 + len(path):] if uri else os.path.abspath(path)
+    return u.set(database=db).render_as_string(hide_password=False)
+
+
+def check_folder(path: str | None, flag: str = "--out") -> str:
+    """An output folder that can be made and written (nothing is created here): its absolute path, or ConfigError
+    with the fix for an empty name, a file on the way or a folder that is not writable."""
+    if path is None or not str(path).strip():
+        raise ConfigError(flag, f"{flag} is empty: give a folder, e.g. {flag} runs/out")
+    full = os.path.abspath(path)
+    probe = full
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        what = "is a file" if probe == full else f"is on the way and is a file ({probe})"
+        raise ConfigError(flag, f"{flag} {path} {what}, not a folder: give a folder path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(flag, f"{flag} {path}: {probe} is not writable: give a folder you can write to")
+    return full
+
+
+def one_line(text: str | None, width: int = 100) -> str:
+    """An error as one line of at most `width` characters (its first non-empty line)."""
+    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def measurement_key(spec: TrialSpec, hardware: dict, versions: dict) -> str:
@@ -105,6 +153,26 @@ class Store:
             raise ConfigError("--storage", f"cannot open storage {url!r}: {str(e).splitlines()[0][:200]}; "
                                            "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
         self.url = url
+        self._error_column = None  # whether trainscout_search_trials has "error" (a store older than it has not)
+
+    def _has_error_column(self) -> bool:
+        if not self._error_column:
+            cols = sa.inspect(self.engine).get_columns(SEARCH_TRIALS.name)
+            self._error_column = any(c["name"] == "error" for c in cols)
+        return self._error_column
+
+    def _add_error_column(self) -> None:
+        """Older stores get the column when a search writes to them (reading one changes nothing)."""
+        if self._has_error_column():
+            return
+        try:
+            with self.engine.begin() as c:
+                c.exec_driver_sql(f"ALTER TABLE {SEARCH_TRIALS.name} ADD COLUMN error TEXT")
+        except sa.exc.DBAPIError:  # another process added it first
+            self._error_column = None
+            if not self._has_error_column():
+                raise
+        self._error_column = True
 
     @staticmethod
     def _engine_kwargs(url: str) -> dict:
@@ -172,32 +240,53 @@ class Store:
 
     def import_jsonl(self, path: str) -> tuple[int, int]:
         """Add the measurements of an exported file; a key already here is kept (merged, not duplicated).
-        Imported rows are marked with their origin. Returns (added, already present)."""
+        Imported rows are marked with their origin. Every line is checked before anything is written, and the
+        file is added in one transaction (all or nothing). Returns (added, already present)."""
         try:
             with open(path, encoding="utf-8") as f:
                 lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError("--import", f"cannot read {path}: {e}: give a file written by --export")
-        records = []
-        for n, line in lines:  # every line is checked before anything is written
+        rows = {}
+        for n, line in lines:
             try:
                 rec = json.loads(line)
+            except ValueError:
+                rec = None
+            problem = imported_problem(rec)
+            if problem is None:
                 key, source = rec.pop("key"), rec.pop("source", "local")
-                if not all(field in rec for field in ("status", "model", "config")):
-                    raise KeyError("status/model/config")
-            except (ValueError, KeyError, TypeError, AttributeError):
-                raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement: "
+                origin = source if source.startswith("imported:") else f"imported:{os.path.basename(path)}"
+                try:
+                    row = self._row(key, rec, origin)
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    problem = f"{type(e).__name__}: {str(e)[:80]}"
+            if problem is not None:
+                raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement ({problem}): "
                                               "give a file written by `trainscout results DIR --export FILE`")
-            origin = source if str(source).startswith("imported:") else f"imported:{os.path.basename(path)}"
-            records.append((key, rec, origin))
-        added = sum(self.put(key, rec, source=origin) for key, rec, origin in records)
-        return added, len(records) - added
+            rows.setdefault(key, row)  # a key twice in the file: the first is kept, as for a key already stored
+        with self.engine.begin() as c:
+            present = {r[0] for r in c.execute(sa.select(MEASUREMENTS.c.key))}
+            new = [row for key, row in rows.items() if key not in present]
+            if new:
+                c.execute(MEASUREMENTS.insert(), new)
+        return len(new), len(lines) - len(new)
 
     # --- searches -------------------------------------------------------------------------------------------
     def add_search(self, name: str, args: dict) -> None:
+        self._add_error_column()
         with self.engine.begin() as c:
             if c.execute(sa.select(SEARCHES.c.name).where(SEARCHES.c.name == name)).first() is None:
                 c.execute(SEARCHES.insert().values(name=name, args=json.dumps(args), created_at=now()))
+
+    def update_search(self, name: str, args: dict) -> None:
+        """A resumed search's settings (more --trials): the next resume starts from them."""
+        with self.engine.begin() as c:
+            c.execute(SEARCHES.update().where(SEARCHES.c.name == name).values(args=json.dumps(args)))
+
+    def searches(self) -> list[str]:
+        with self.engine.connect() as c:
+            return [r[0] for r in c.execute(sa.select(SEARCHES.c.name).order_by(SEARCHES.c.created_at))]
 
     def search_args(self, name: str) -> dict | None:
         with self.engine.connect() as c:
@@ -205,22 +294,67 @@ class Store:
         return json.loads(row[0]) if row else None
 
     def add_trial(self, search: str, trial: str, key: str | None, status: Status, cached: bool,
-                  tokens_per_s: float | None, config: dict) -> bool:
-        """One row per finished trial of a search; False if that trial was already recorded."""
+                  tokens_per_s: float | None, config: dict, error: str | None = None) -> bool:
+        """One row per finished trial of a search, with why it failed or did not run (error); False if that trial
+        was already recorded."""
+        self._add_error_column()
         try:
             with self.engine.begin() as c:
                 c.execute(SEARCH_TRIALS.insert().values(
                     search=search, trial=trial, key=key, status=str(status), cached=cached, tokens_per_s=tokens_per_s,
-                    config=json.dumps(config, sort_keys=True, default=str), created_at=now()))
+                    config=json.dumps(config, sort_keys=True, default=str), created_at=now(),
+                    error=None if error is None else str(error)[:4000]))
             return True
         except sa.exc.IntegrityError:
             return False
 
     def trials(self, search: str) -> list[dict]:
+        cols = [c for c in SEARCH_TRIALS.c if c.name != "error" or self._has_error_column()]
         with self.engine.connect() as c:
-            rows = c.execute(sa.select(SEARCH_TRIALS).where(SEARCH_TRIALS.c.search == search)
+            rows = c.execute(sa.select(*cols).where(SEARCH_TRIALS.c.search == search)
                              .order_by(SEARCH_TRIALS.c.created_at)).mappings().all()
-        return [dict(r, config=json.loads(r["config"])) for r in rows]
+        return [{"error": None, **r, "config": json.loads(r["config"])} for r in rows]
+
+
+def imported_problem(rec) -> str | None:
+    """What makes an imported line unusable (None: nothing). An ok measurement must carry what results, export and
+    report read from it: finite positive tokens/s and step time, the plan and the recipe."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if not isinstance(rec.get("key"), str) or not 0 < len(rec["key"]) <= 64:
+        return "no key"
+    if not isinstance(rec.get("source", "local"), str):
+        return "source is not text"
+    if not isinstance(rec.get("model"), str) or not rec["model"]:
+        return "no model"
+    if not isinstance(rec.get("config"), dict):
+        return "config is not an object"
+    if rec.get("status") not in [str(s) for s in MEASURED]:
+        return f"status {rec.get('status')!r} is not one of {'|'.join(MEASURED)}"
+    for name, kind in (("device", str), ("error", str), ("started_at", str), ("hardware", dict), ("plan", dict),
+                       ("recipe", dict), ("metrics", dict), ("model_config", dict), ("versions", dict)):
+        if rec.get(name) is not None and not isinstance(rec[name], kind):
+            return f"{name} is not {'text' if kind is str else 'an object'}"
+    for name in ("world_size", "grad_accum", "measured_accum", "timed_steps"):
+        v = rec.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            return f"{name} is not a positive integer"
+    for name, v in (rec.get("metrics") or {}).items():
+        if name in ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days") and v is not None and (
+                not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
+            return f"metrics.{name} is not a finite number >= 0"
+    if rec["status"] == Status.OK:
+        m = rec.get("metrics") or {}
+        for name in ("tokens_per_s", "step_s"):
+            if not isinstance(m.get(name), (int, float)) or isinstance(m[name], bool) or not m[name] > 0:
+                return f"status ok without metrics.{name}"
+        if not rec.get("plan") or not rec.get("recipe"):
+            return "status ok without its plan and recipe"
+        for name in ("global_batch", "seq_len", "total_steps"):
+            v = rec["recipe"].get(name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                return f"recipe.{name} is not a positive integer"
+    return None
 
 
 _OPEN: dict[str, Store] = {}

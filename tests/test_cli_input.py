@@ -1,0 +1,537 @@
+"""Bad input to the command line, and what a user sees: one line naming the field and the fix (exit 2) before
+anything starts or is written; results already measured are never lost; exit 0 means it did what was asked.
+
+Every test but the last calls cli.main.main in-process and needs no Ray and no trial (validation comes first).
+The last runs one real tiny search on the CPU: interrupted (exit 130), then resumed with more trials and --json."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from importlib.metadata import version
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import sqlalchemy as sa
+
+from trainscout.cli.main import main
+from trainscout.search import service
+from trainscout.search.service import SearchArgs, make_sampler, make_searcher, recover_interrupted, resumed, validate
+from trainscout.search.space import Space
+from trainscout.spaces import ConfigError, all_knobs
+from trainscout.store import Store, default_url, storage_url
+from trainscout.trial.records import Record
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a recorded GPU store, of the schema before trials had an error column
+BENCH_STORE = os.path.join(ROOT, "bench", "data", "gpu-2026-11-30-s4", "gpus1", "results.db")
+SEARCH = ["search", "--model", "tiny", "--device", "cpu", "--trials", "2"]
+
+
+def one_line_error(capsys, field: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("trainscout: error: ") and "Traceback" not in err, err
+    assert field in err, err
+    return err
+
+
+def bench_store(tmp_path) -> Store:
+    """A copy of a recorded GPU store (opening the tracked file would change it)."""
+    path = tmp_path / "bench" / "results.db"
+    path.parent.mkdir()
+    shutil.copy(BENCH_STORE, path)
+    return Store(default_url(str(path.parent)))
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"trainscout {version('trainscout')}\n"
+
+
+# --- storage: absolute, never in memory ------------------------------------------------------------------------
+def test_a_relative_sqlite_storage_is_made_absolute_before_any_trial(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = SearchArgs(model="tiny", out="o", device="cpu", trials=2, storage="sqlite:///rel.db")
+    validate(args)
+    assert args.storage == "sqlite:///" + str(tmp_path / "rel.db")
+    uri = sa.engine.make_url(storage_url("sqlite:///file:rel.db?uri=true"))
+    assert uri.database == f"file:{tmp_path / 'rel.db'}" and dict(uri.query) == {"uri": "true"}
+    assert storage_url("sqlite:////abs/results.db") == "sqlite:////abs/results.db"
+    assert storage_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert not (tmp_path / "o").exists() and not (tmp_path / "rel.db").exists()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared&uri=true",
+                                 "sqlite:///file:x?mode=memory&uri=true"])
+def test_an_in_memory_storage_is_refused(tmp_path, capsys, url):
+    assert main(SEARCH + ["--out", str(tmp_path / "o"), "--storage", url]) == 2
+    assert "in-memory" in one_line_error(capsys, "--storage")
+    assert main(["results", url, "--import", str(tmp_path / "x.jsonl")]) == 2  # the import would vanish with it
+    one_line_error(capsys, "DIR")
+    assert not (tmp_path / "o").exists()
+
+
+# --- output folders --------------------------------------------------------------------------------------------
+def _read_only_dir(tmp_path) -> str:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    if os.access(ro, os.W_OK):  # root writes anyway: a read-only mount then, where there is one
+        ro.chmod(0o755)
+        ro.rmdir()
+        if os.path.isdir("/proc/sys") and not os.access("/proc/sys", os.W_OK):
+            return "/proc/sys/trainscout-test"
+        pytest.skip("no read-only folder here (root, and no read-only mount)")
+    return str(ro / "sub")
+
+
+@pytest.mark.parametrize("command", [SEARCH, ["export", "SRC", "--best"], ["report", "SRC"],
+                                     ["train", "--config", "SRC"]], ids=["search", "export", "report", "train"])
+@pytest.mark.parametrize("case", ["file", "under-a-file", "empty", "read-only"])
+def test_bad_out_folders_exit_2_before_anything_runs(tmp_path, capsys, command, case):
+    afile, ro = tmp_path / "afile", tmp_path / "ro"
+    afile.write_text("mine\n")
+    out = {"file": str(afile), "under-a-file": str(afile / "sub"), "empty": ""}.get(case)
+    out = _read_only_dir(tmp_path) if out is None else out
+    argv = [str(tmp_path / "nosuch") if a == "SRC" else a for a in command]
+    try:
+        rc = main(argv + ["--out", out])
+    finally:
+        if ro.exists():
+            ro.chmod(0o755)
+    assert rc == 2
+    one_line_error(capsys, "--out")
+    assert afile.read_text() == "mine\n"  # nothing written, nothing created
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["afile"] + (["ro"] if ro.exists() else []))
+    assert not ro.exists() or not any(ro.iterdir())
+
+
+def test_a_new_search_into_a_folder_holding_a_search_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for out, name, argv in ((tmp_path / "s", "s", ["--out", str(tmp_path / "s")]),
+                            (tmp_path / "runs" / "search", "search", [])):  # the default folder too
+        out.mkdir(parents=True)
+        store = Store(default_url(str(out)))
+        store.add_search(name, asdict(SearchArgs(model="tiny", out=str(out), device="cpu", trials=2)))
+        store.add_trial(name, "t1", None, "invalid", False, 0.0, {"zero_stage": 0}, error="why")
+        before = sorted(os.listdir(out))
+        assert main(SEARCH[:-1] + ["4", "--set", "zero_stage=1"] + argv) == 2
+        err = one_line_error(capsys, "--out")
+        assert f"--resume {out if argv else 'runs/search'}" in err and "another --out" in err, err
+        assert sorted(os.listdir(out)) == before and len(store.trials(name)) == 1
+
+
+# --- resume: what it may change -------------------------------------------------------------------------------
+def saved_search(tmp_path, **kw) -> tuple[str, SearchArgs]:
+    out = tmp_path / "s"
+    out.mkdir()
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [1, 2]\n")
+    args = SearchArgs(model="tiny", out=str(out), device="cpu", trials=4, space=str(space), steps=1, warmup=0,
+                      sets={"compile": "false"}, recipe={"global_batch": 4}, **kw)
+    validate(args)  # as a search saves them: absolute paths, the space file's content
+    Store(default_url(str(out))).add_search("s", asdict(args))
+    return str(out), args
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--model", "pythia-14m"], "--model"),
+    (["--set", "compile=true"], "--set"),
+    (["--set", "compile=false", "--set", "tf32=false"], "--set"),
+    (["--space", "OTHER"], "--space"),
+    (["--steps", "3"], "--steps"),
+    (["--warmup", "1"], "--warmup"),
+    (["--seed", "7"], "--seed"),
+    (["--device", "auto"], "--device"),
+    (["--gpus-per-trial", "2"], "--gpus-per-trial"),
+    (["--timeout", "30"], "--timeout"),
+    (["--global-batch", "8"], "--global-batch"),
+    (["--trials", "3"], "--trials"),                          # fewer than the search was started with
+    (["--out", "ELSEWHERE"], "--out"),
+])
+def test_resume_refuses_settings_that_differ_from_the_saved_ones(tmp_path, capsys, flags, field):
+    out, _ = saved_search(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text("micro_batch_size: [1, 4]\n")
+    flags = [str(other) if f == "OTHER" else str(tmp_path / "x") if f == "ELSEWHERE" else f for f in flags]
+    assert main(["search", "--resume", out, *flags]) == 2
+    one_line_error(capsys, field)
+    assert Store(default_url(out)).trials("s") == []
+
+
+def test_resume_takes_more_trials_and_the_same_settings_and_says_so(tmp_path):
+    out, args = saved_search(tmp_path)
+    same = {"model": "tiny", "device": "cpu", "space": args.space, "sets": {"compile": "false"}, "steps": 1,
+            "recipe": {"global_batch": 4}, "trials": 6, "time_budget_s": 90.0}
+    resumed_args, notes = resumed(asdict(args), out, same, done=3)
+    assert resumed_args.trials == 6 and resumed_args.time_budget_s == 90.0 and resumed_args.model == "tiny"
+    assert notes == ["--trials 4 -> 6: 3 to go", "a time budget of 90 s for this run"]
+    (tmp_path / "space.yaml").write_text("micro_batch_size: [1, 2, 4]\n")  # edited since: the search keeps its own
+    resumed_args, _ = resumed(asdict(args), out, {}, done=3)
+    assert resumed_args.space_content == {"micro_batch_size": [1, 2]}
+    with pytest.raises(ConfigError, match="--space"):
+        resumed(asdict(args), out, {"space": args.space}, done=3)
+
+
+def test_resume_of_a_finished_search_runs_nothing_and_json_is_alone_on_stdout(tmp_path, capsys):
+    out, args = saved_search(tmp_path)
+    store = Store(default_url(out))
+    for i in range(4):
+        store.add_trial("s", f"t{i}", None, "invalid", False, 0.0, {"micro_batch_size": i}, error="refused")
+    assert main(["search", "--resume", out, "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["trials"] == 4  # nothing but the JSON on stdout
+    assert "all 4 trials done" in cap.err and "4 trials: 4 invalid" in cap.err
+
+
+# --- one search per folder at a time ---------------------------------------------------------------------------
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def hold(folder) -> subprocess.Popen:
+    """Another process holding a folder's search lock, as a running search's driver does."""
+    os.makedirs(folder, exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, os.path.join(folder, service.LOCK_FILE)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_second_search_on_a_folder_while_one_runs_is_refused(tmp_path, capsys):
+    out, _ = saved_search(tmp_path)
+    holders = [hold(out), hold(tmp_path / "new")]
+    try:
+        for argv in (["search", "--resume", out], SEARCH + ["--out", str(tmp_path / "new")]):
+            assert main(argv) == 2
+            err = one_line_error(capsys, "--out")
+            assert "in use by a running search (pid " in err and "another --out" in err, err
+    finally:
+        for p in holders:
+            p.kill()
+            p.wait()
+    os.close(service.hold_folder(out))  # the kernel dropped the lock with its holder (SIGKILL)
+    assert Store(default_url(out)).trials("s") == [] and os.listdir(tmp_path / "new") == [service.LOCK_FILE]
+
+
+# --- numbers that were accepted and meant something else ------------------------------------------------------
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
+def test_a_seed_outside_the_samplers_range_is_refused(tmp_path, capsys, seed):
+    assert main(SEARCH + ["--out", str(tmp_path / "o"), "--seed", seed]) == 2
+    one_line_error(capsys, "--seed")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="--seed"):
+        validate(SearchArgs(model="tiny", out=str(tmp_path / "o"), device="cpu", trials=2, seed=int(seed)))
+
+
+def test_a_store_left_with_an_unusable_seed_can_be_resumed_with_one(tmp_path, capsys):
+    out, args = saved_search(tmp_path)
+    Store(default_url(out)).update_search("s", dict(asdict(args), seed=-1))  # as an older version saved it
+    assert main(["search", "--resume", out]) == 2
+    assert "give an integer from 0" in one_line_error(capsys, "--seed")
+    resumed_args, _ = resumed(dict(asdict(args), seed=-1), out, {"seed": 5}, done=0)
+    assert resumed_args.seed == 5
+
+
+@pytest.mark.parametrize("argv", [SEARCH + ["--timeout", "0"], ["trial", "--model", "tiny", "--timeout", "0"],
+                                  ["train", "--config", "x", "--timeout", "0"], SEARCH + ["--timeout", "-5"]],
+                         ids=["search", "trial", "train", "negative"])
+def test_timeout_0_is_refused_not_read_as_the_default(tmp_path, capsys, argv):
+    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] != "trial" else [])) == 2
+    assert "positive number of seconds" in one_line_error(capsys, "--timeout")
+
+
+@pytest.mark.parametrize("size", ["0", "0GiB", "-1GiB", "inf", "infGiB", "nanGB", "80000000000", "1e3GB", "80 GiBs",
+                                  ""])
+def test_gpu_memory_needs_a_positive_size_with_a_unit(capsys, size):
+    assert main(["estimate", "--model", "tiny", f"--gpu-memory={size}"]) == 2
+    one_line_error(capsys, "--gpu-memory")
+
+
+def test_gpu_memory_with_a_unit_is_checked_against(capsys):
+    assert main(["estimate", "--model", "tiny", "--gpu-memory", "80GiB"]) == 0
+    assert "fits in 80.0 GiB" in capsys.readouterr().out
+    assert main(["estimate", "--model", "tiny", "--gpu-memory", "1 MiB"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)  # a FIFO that is opened blocks forever: the test would hang, not fail
+@pytest.mark.parametrize("argv, field", [
+    (SEARCH + ["--space", "FIFO"], "--space"),
+    (["search", "--model", "FIFO", "--device", "cpu", "--trials", "2"], "--model"),
+    (["trial", "--model", "FIFO"], "--model"),
+    (["estimate", "--model", "FIFO"], "--model"),
+    (["results", "STORE", "--import", "FIFO"], "--import"),
+    (["train", "--config", "FIFO"], "--config"),
+    (["train", "--config", "STORE", "--data", "FIFO"], "--data"),
+    (["report", "STORE", "--prices", "FIFO"], "--prices"),
+])
+def test_a_pipe_as_an_input_file_is_refused(tmp_path, capsys, monkeypatch, argv, field):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "store").mkdir()
+    argv = [str(tmp_path / "fifo") if a == "FIFO" else str(tmp_path / "store") if a == "STORE" else a for a in argv]
+    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] == "search" else [])) == 2
+    assert "not a regular file" in one_line_error(capsys, field)
+    with pytest.raises(ConfigError, match="--space"):  # the service refuses it too (a search started from Python)
+        service.read_space(str(tmp_path / "fifo"))
+
+
+# --- results --import ----------------------------------------------------------------------------------------
+def _good_record(tmp_path) -> dict:
+    return next(m for m in bench_store(tmp_path).measurements() if m.ok).to_dict()
+
+
+def _unset(d, path):
+    d = json.loads(json.dumps(d))
+    *parents, last = path.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    if last in node:
+        del node[last]
+    return d
+
+
+def _set(d, path, value):
+    d = json.loads(json.dumps(d))
+    *parents, last = path.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return d
+
+
+BAD_RECORDS = {
+    "ok-without-metrics": (lambda r: _set(r, "metrics", None), "without metrics.tokens_per_s"),
+    "ok-metrics-missing": (lambda r: _unset(r, "metrics"), "without metrics.tokens_per_s"),
+    "ok-without-step": (lambda r: _unset(r, "metrics.step_s"), "without metrics.step_s"),
+    "tokens-text": (lambda r: _set(r, "metrics.tokens_per_s", "fast"), "metrics.tokens_per_s"),
+    "tokens-nan": (lambda r: _set(r, "metrics.tokens_per_s", math.nan), "metrics.tokens_per_s"),
+    "ok-without-plan": (lambda r: _unset(r, "plan"), "plan and recipe"),
+    "recipe-steps-text": (lambda r: _set(r, "recipe.total_steps", "many"), "recipe.total_steps"),
+    "status-unknown": (lambda r: _set(r, "status", "great"), "status"),
+    "config-list": (lambda r: _set(r, "config", [1, 2]), "config"),
+    "hardware-list": (lambda r: _set(r, "hardware", ["h200"]), "hardware"),
+    "world-size-text": (lambda r: _set(r, "world_size", "two"), "world_size"),
+    "key-number": (lambda r: _set(r, "key", 5), "no key"),
+    "no-model": (lambda r: _unset(r, "model"), "no model"),
+    "a-list": (lambda r: [r], "not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_import_refuses_a_malformed_record_and_writes_nothing(tmp_path, capsys, case):
+    mutate, why = BAD_RECORDS[case]
+    good = _good_record(tmp_path)
+    lines = [good, mutate(dict(good, key="f" * 32))]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["results", str(tmp_path / "s"), "--import", str(path)]) == 2
+    err = one_line_error(capsys, "--import")
+    assert "line 2" in err and why in err, err
+    assert Store(default_url(str(tmp_path / "s"))).measurements() == []  # not even the good first line
+
+
+def test_an_imported_measurement_can_be_exported(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(_good_record(tmp_path)) + "\n")
+    assert main(["results", str(tmp_path / "s"), "--import", str(path)]) == 0
+    assert main(["results", str(tmp_path / "s"), "--import", str(path)]) == 0  # again: merged, not duplicated
+    assert capsys.readouterr().out.splitlines()[-1] == "imported 0 measurements, 1 already present"
+    assert main(["export", str(tmp_path / "s"), "--best", "--format", "command", "--out", str(tmp_path / "e")]) == 0
+    assert (tmp_path / "e" / "launch.sh").exists()
+
+
+# --- why a trial did not run: the live table, the store, `results` ------------------------------------------------
+def tiny_space() -> Space:
+    """micro_batch_size x activation_checkpointing (4 configurations), every other knob at its default."""
+    domains = {"micro_batch_size": (1, 2), "activation_checkpointing": ("none", "full")}
+    return Space({k.name: k.default for k in all_knobs() if k.name not in domains}, domains)
+
+
+def test_the_live_table_shows_why_a_trial_did_not_run(capsys):
+    printer = service.Printer(tiny_space(), sys.stderr)  # --json: the table goes to stderr
+    trial = SimpleNamespace(trial_id="0123456789ab", config={"micro_batch_size": 1, "activation_checkpointing": "full"})
+    printer(trial, {"status": "invalid", service.METRIC: 0.0, "error": "offload_params=true needs zero_stage=3 (got "
+                    "0): set zero_stage=3 or offload_params=false\nsecond line"})
+    printer(trial, {"status": "ok", service.METRIC: 100.0, "error": None, "projected_days": 2.0})
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    header, invalid, ok = cap.err.splitlines()
+    assert "invalid" in invalid and "(offload_params=true needs zero_stage=3 (got 0): set zero_stage=3" in invalid
+    assert "second line" not in cap.err and ok.endswith("activation_checkpointing=full")  # no reason for an ok trial
+
+
+class FakeContext:
+    def get_trial_id(self):
+        return "t0001"
+
+    def get_trial_name(self):
+        return "trial_0_t0001"
+
+
+def test_an_invalid_trial_keeps_its_reason_in_the_store_and_in_results(tmp_path, capsys, monkeypatch):
+    import ray.tune
+
+    from trainscout.trial import hardware
+    reports = []
+    monkeypatch.setattr(ray.tune, "get_context", lambda: FakeContext())
+    monkeypatch.setattr(ray.tune, "report", lambda m: reports.append(m))
+    url = default_url(str(tmp_path))
+    base = {"model": "tiny", "workers": 1, "steps": 1, "warmup": 0, "hardware": hardware.fingerprint("cpu", 1),
+            "seed": 0, "recipe": {}, "storage": url, "search": "s", "timeout": 5, "address": None,
+            "trial_dir": str(tmp_path / "trials"), "knob_names": list(service.space_knobs()), "faults": {}, "offset": 0}
+    store = Store(url)
+    store.add_search("s", {})
+    service._trainable({"zero_stage": 0, "offload_params": True}, base)  # refused before launch
+    [row] = store.trials("s")
+    assert row["status"] == "invalid" and "offload_params" in row["error"] and reports[-1]["error"] == row["error"]
+    rec = Record(model="tiny", config={"micro_batch_size": 2}, status="ok", device="cpu", world_size=1,
+                 metrics={"tokens_per_s": 1234.5, "step_s": 0.5})
+    store.put("k" * 32, rec)
+    store.add_trial("s", "t0002", "k" * 32, "ok", False, 1234.5, {"micro_batch_size": 2})
+    assert main(["results", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[-1] == "error" and "offload_params=true needs zero_stage=3" in table[1]
+    assert main(["results", str(tmp_path), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["world_size"] for r in rows] == ["", "1"]  # an integer, not 1.0, beside a row without a record
+    assert "offload_params" in rows[0]["error"]
+    assert main(["results", str(tmp_path), "--format", "json"]) == 0
+    assert [r["world_size"] for r in json.loads(capsys.readouterr().out)] == [None, 1]
+
+
+def test_an_older_store_is_read_as_it_is_and_gains_the_error_column_on_write(tmp_path, capsys):
+    store = bench_store(tmp_path)
+    def columns():
+        return {c["name"] for c in sa.inspect(store.engine).get_columns("trainscout_search_trials")}
+    assert "error" not in columns()
+    [name, *_] = store.searches()
+    assert all(t["error"] is None for t in store.trials(name))
+    assert main(["results", str(tmp_path / "bench")]) == 0 and "error" in capsys.readouterr().out
+    assert "error" not in columns()  # reading changed nothing
+    store.add_trial(name, "new", None, "invalid", False, 0.0, {}, error="refused: fix it")
+    assert "error" in columns() and {t["trial"]: t for t in store.trials(name)}["new"]["error"] == "refused: fix it"
+
+
+# --- resume: configurations already measured are not drawn again (no Ray, no GPU) ---------------------------------
+def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path):
+    """A resumed sampler starts its seed's draws again (a 4-trial search, killed and resumed, ended with 2 distinct
+    configurations), and TPE proposes its best again. A draw of a configuration the study measured is skipped and
+    replaced by a random one not measured - here even with the very same seed - and a trial the killed driver left
+    RUNNING counts as measured where the store holds its row."""
+    space, url = tiny_space(), default_url(str(tmp_path))
+    store = Store(url)
+    ostorage = optuna.storages.RDBStorage(url)
+
+    def draw(searcher, tid, value=None):
+        searcher.suggest(tid)
+        params = json.dumps(searcher._ot_trials[tid].params, sort_keys=True)
+        if value is not None:
+            searcher.on_trial_complete(tid, {service.METRIC: value})
+            store.add_trial("s", tid, None, "ok", False, value, {})
+        return params
+
+    first = make_searcher(space, "s", ostorage, make_sampler(1, 4))
+    a1 = draw(first, "a1", 10.0)
+    draw(first, "a2")  # the driver is killed while a2 runs: nothing stored, left RUNNING
+    a3 = draw(first, "a3")  # a3 ended and was stored, but the driver died before telling Optuna
+    store.add_trial("s", "a3", None, "ok", False, 30.0, {})
+    assert recover_interrupted(ostorage, "s", store) >= 3  # the study's trials, draws skipped already included
+    by_tune = {t.user_attrs[service.TUNE_ID]: t for t in optuna.load_study(study_name="s", storage=ostorage).trials}
+    assert by_tune["a2"].state == optuna.trial.TrialState.FAIL
+    assert by_tune["a3"].state == optuna.trial.TrialState.COMPLETE and by_tune["a3"].value == 30.0
+
+    plain = optuna.create_study(sampler=make_sampler(1, 4), direction="maximize")
+    space.sample(plain.ask())
+    assert json.dumps(plain.trials[0].params, sort_keys=True) == a1  # the replay, without the check
+    again = make_searcher(space, "s", ostorage, make_sampler(1, 4))  # the same seed: the worst case
+    b1 = draw(again, "b1", 40.0)
+    b2 = draw(again, "b2", 50.0)
+    assert len({a1, a3, b1, b2}) == 4  # every configuration of the space, each once
+    study = optuna.load_study(study_name="s", storage=ostorage)
+    skipped = [t for t in study.trials if "skipped" in t.user_attrs]
+    assert skipped and all(t.state == optuna.trial.TrialState.FAIL for t in skipped)
+    explored = [t.state for t in study.trials if "explore" in t.user_attrs]
+    assert explored == [optuna.trial.TrialState.COMPLETE] * len(skipped)
+    n = len(study.trials)
+    assert draw(again, "b3", 60.0) in {a1, a3, b1, b2}  # none left: the repeat is handed to Tune at once (the
+    assert len(optuna.load_study(study_name="s", storage=ostorage).trials) == n + 1  # store answers it), no redraw
+
+
+# --- one real tiny search: Ctrl-C, then --resume with more trials and --json -------------------------------------
+FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
+         "--set", "attention=sdpa", "--set", "sdpa_backend=math", "--set", "precision=fp32", "--set", "fsdp=off"]
+
+
+@pytest.mark.timeout(1500)
+def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ray_local):
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [1, 2]\nactivation_checkpointing: [none, full]\n")
+    out = tmp_path / "s"
+    argv = ["search", "--model", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--global-batch", "4",
+            "--seed", "1", "--space", str(space), "--out", str(out), *FIXED]
+    returned = threading.Event()
+
+    def ctrl_c_after_the_first_trial():  # only while the search's own handler is installed (Tune is running)
+        store = None
+        while not returned.wait(0.5):
+            if store is None and (out / "results.db").exists():
+                store = Store(default_url(str(out)))
+            handler = getattr(signal.getsignal(signal.SIGINT), "__qualname__", "")
+            if store is not None and store.trials("s") and handler.startswith("_catch_interrupt"):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+    threading.Thread(target=ctrl_c_after_the_first_trial, daemon=True).start()
+    try:
+        rc = main(argv + ["--trials", "2"])
+    finally:
+        returned.set()
+    cap = capsys.readouterr()
+    assert rc == 130, cap.err[-3000:]
+    assert f"interrupted: 1 trial ended and is kept in the store; continue with: trainscout search --resume {out}" \
+        in cap.err, cap.err[-3000:]
+    store = Store(default_url(str(out)))
+    before = store.trials("s")
+    assert len(before) == 1
+
+    t0 = time.time()
+    assert main(["search", "--resume", str(out), "--trials", "3", "--json"]) == 0
+    cap = capsys.readouterr()
+    summary = json.loads(cap.out)  # the JSON alone on stdout
+    assert summary["trials"] == 3 and "interrupted" not in summary
+    assert "resuming s: --trials 2 -> 3: 2 to go" in cap.err and "best tok/s" in cap.err, cap.err[-3000:]
+    after = store.trials("s")
+    assert len(after) == 3 and after[0] == before[0]  # what was measured before Ctrl-C is kept as it was
+    configs = {(t["config"]["micro_batch_size"], t["config"]["activation_checkpointing"]) for t in after}
+    assert len(configs) == 3, after  # the resume drew no configuration again
+    study = optuna.load_study(study_name="s", storage=default_url(str(out)))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    ok = [m for m in store.measurements() if m.ok]
+    assert ok, [t["status"] for t in after]
+    for m in ok:  # the mean per-token loss of a step, not divided by the accumulation (2 or 4 micro-batches here)
+        assert m.grad_accum >= 2 and 0.8 * math.log(512) < m.metrics["loss"] < 1.5 * math.log(512), m.metrics["loss"]
+
+    assert main(["results", str(out), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 3 and {r["world_size"] for r in rows} <= {"1", ""} and "error" in rows[0]
+    print(f"resume of 2 trials: {time.time() - t0:.0f} s")
