@@ -35,7 +35,7 @@ class Tokens:
         return {"input_ids": x, "labels": x}
 
 
-def run(export: str, *, steps: int = 20, warmup: int = 3, hook: bool = True) -> dict:
+def run(export: str, *, steps: int = 20, warmup: int = 3, hook: bool = True, extra: dict | None = None) -> dict:
     """Train the export for warmup + steps optimizer steps in a stock HF Trainer; the timing as a dict."""
     import torch
     from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
@@ -61,7 +61,7 @@ def run(export: str, *, steps: int = 20, warmup: int = 3, hook: bool = True) -> 
 
     total = warmup + steps
     with tempfile.TemporaryDirectory() as out:
-        over = dict(output_dir=out, max_steps=total, logging_steps=10**6, save_strategy="no")
+        over = dict(output_dir=out, max_steps=total, logging_steps=10**6, save_strategy="no", **(extra or {}))
         if hook:
             args = hf.training_arguments(export, **over)
         else:  # every field as written
@@ -90,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compile happens here)")
     p.add_argument("--no-hook", action="store_true", help="TrainingArguments alone, without hf.prepare")
     p.add_argument("--out", default=None, help="write the JSON row here (rank 0)")
+    p.add_argument("--arg", action="append", default=[], metavar="FIELD=JSON",
+                   help="override a TrainingArguments field (repeatable), e.g. --arg logging_nan_inf_filter=false")
     a = p.parse_args(argv)
-    row = run(a.export, steps=a.steps, warmup=a.warmup, hook=not a.no_hook)
+    extra = {k: json.loads(v) for k, _, v in (x.partition("=") for x in a.arg)}
+    row = run(a.export, steps=a.steps, warmup=a.warmup, hook=not a.no_hook, extra=extra) | {"args": extra}
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(row), flush=True)
         if a.out:

@@ -45,7 +45,30 @@ def prepare(model, export: str | dict, *, world_size: int | None = None):
     whole-model compile (compile_scope=model) is left to TrainingArguments(torch_compile=True), HF's own."""
     exp = load(export)
     model.config.use_cache = False
-    return prepare_model(model, plan_of(exp, world_size=world_size, device=(exp.get("hardware") or {}).get("device", "cuda")))
+    model = prepare_model(model, plan_of(exp, world_size=world_size, device=(exp.get("hardware") or {}).get("device", "cuda")))
+    return loss_only(model)
+
+
+def loss_only(model):
+    """The model's forward without logits where it computed the loss for training (labels given, gradients on).
+
+    Why: accelerate (under HF Trainer) wraps a mixed-precision forward in convert_outputs_to_fp32, which copies every
+    16-bit output to fp32: a full fp32 copy of the logits per micro-batch that the Trainer never reads (seq x vocab x
+    4 bytes per sequence: 26 GB at Pythia-160M micro-batch 64). Evaluation and generation (no labels, or no
+    gradients) keep their logits."""
+    import functools
+
+    import torch
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def without_logits(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        if kwargs.get("labels") is not None and torch.is_grad_enabled() and getattr(out, "loss", None) is not None:
+            out["logits"] = None
+        return out
+    model.forward = without_logits
+    return model
 
 
 def hook_owned(export: str | dict) -> dict:

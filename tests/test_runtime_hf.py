@@ -39,6 +39,10 @@ def test_the_hook_runs_the_measured_transforms_in_a_stock_trainer(export_dir, tm
     model = hf.prepare(AutoModelForCausalLM.from_config(hf.model_config(export_dir)), export_dir)
     kinds = [type(layer).__name__ for layer in model.gpt_neox.layers]
     assert kinds == ["CheckpointWrapper", "GPTNeoXLayer"]  # every 2nd layer, from the first, as the engines do it
+    ids = torch.randint(0, 512, (2, 16))
+    assert model(input_ids=ids, labels=ids).logits is None  # training: no logits for accelerate to copy to fp32
+    with torch.no_grad():
+        assert model(input_ids=ids, labels=ids).logits.shape == (2, 16, 512)  # evaluation keeps them
     args = hf.training_arguments(export_dir, output_dir=str(tmp_path / "run"), max_steps=2)
     assert not args.gradient_checkpointing and not args.torch_compile  # the hook owns them: nothing twice
     assert args.per_device_train_batch_size == 4 and args.gradient_accumulation_steps == 2
