@@ -44,15 +44,28 @@ def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     return args
 
 
-def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
+def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> tuple[dict, list[str]]:
     """hf_args spelled for the installed transformers and built by its TrainingArguments (a field it refuses fails
-    the export, not the user's run)."""
+    the export, not the user's run); with what the built arguments would run differently from the measurement."""
+    import torch
+    import transformers
     from transformers import TrainingArguments
 
     from trainscout.runtime import hf
     args = hf.for_installed(hf_args(rec, output_dir, paths))
-    TrainingArguments(**args)
-    return args
+    if rec.device == "cuda" and not torch.cuda.is_available():
+        # a GPU measurement exported on a machine without one: TrainingArguments' device checks (bf16, tf32 need
+        # that GPU) cannot pass here, so the fields and values are checked as for the CPU and the device at launch
+        built = TrainingArguments(**{**args, "use_cpu": True, "tf32": None, "fp16": False})
+    else:
+        built = TrainingArguments(**args)
+    notes = []
+    if (args.get("fsdp_config") or {}).get("version") == 2 and \
+            (getattr(built, "fsdp_plugin_args", None) or {}).get("fsdp_version") != 2:
+        notes.append(f"training_args.json alone runs FSDP1 with transformers {transformers.__version__} (FSDP2 from "
+                     "TrainingArguments needs 5.x): launch it with accelerate launch --config_file accelerate.yaml, "
+                     "which asks for FSDP2 (fsdp_version: 2)")
+    return args, notes
 
 
 def hook_only(rec: Record) -> list[str]:
@@ -121,6 +134,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
     reason in trainscout.json ("not_exported")."""
     plan = Plan.from_dict(rec.plan)
     engine = engines.get(plan.engine)
+    notes: list[str] = []
     refused = [f for f in formats if f not in engine.formats]
     if refused and tuple(formats) != FORMATS:
         raise ConfigError("--format", f"--format {refused[0]} cannot carry a {plan.engine} measurement: {engine.not_carried}")
@@ -140,7 +154,8 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
         for name, obj in files.items():
             write(name, json.dumps(obj, indent=2))
     if "hf" in formats:
-        write("training_args.json", json.dumps(checked_hf_args(rec, os.path.join(out_dir, "run"), paths), indent=2))
+        hf_json, notes = checked_hf_args(rec, os.path.join(out_dir, "run"), paths)
+        write("training_args.json", json.dumps(hf_json, indent=2))
     if "accelerate" in formats:
         write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
         check_accelerate(written[-1])
@@ -149,7 +164,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
     provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook_only(rec),
-                  "not_exported": {f: engine.not_carried for f in refused}}
+                  "not_exported": {f: engine.not_carried for f in refused}, "notes": notes}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
                                                        ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))
     return written

@@ -280,11 +280,16 @@ def cmd_train(a) -> int:
 
 
 def duration(s: str) -> float:
-    """30m, 2h, 90s or plain seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", s or "")
-    if not m or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a duration: write e.g. 90s, 30m or 2h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    """A duration as people type it: 90s, 30m, 2h, 1h30m, 1h 30m 10s, 1.5h, or plain seconds."""
+    text = (s or "").strip().lower()
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms]?)", text)
+    units = [u for _, u in parts]
+    ok = parts and re.fullmatch(r"(\s*\d+(?:\.\d+)?\s*[hms]?)+", text) and \
+        (len(parts) == 1 or ("" not in units and units == sorted(set(units), key="hms".index)))
+    total = sum(float(v) * {"": 1, "s": 1, "m": 60, "h": 3600}[u] for v, u in parts) if ok else 0
+    if not ok or not 0 < total < float("inf"):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a duration: write e.g. 90s, 30m, 2h or 1h30m")
+    return total
 
 
 SEARCH_RULES = """Search the knob space with real trials (Ray Tune + Optuna + ASHA).
@@ -428,6 +433,8 @@ def cmd_export(a) -> int:
         exported = json.load(f)
     for fmt, why in exported["not_exported"].items():
         print(f"not exported: {fmt}: {why}")
+    for note in exported.get("notes", []):
+        print(f"note: {note}")
     if exported["hook"] and "hf" in formats:
         print(f"training_args.json cannot express {', '.join(exported['hook'])}: apply them with "
               f"trainscout.runtime.hf.prepare(model, {a.out!r}) (README: your own trainer); a stock Trainer without it "

@@ -16,11 +16,13 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory, ray_local):
-    """A store with two real measurements (plain and ZeRO-2) and one invalid trial, as a search writes them."""
+    """A store with three real measurements (plain, ZeRO-2 + optimizer offload, FSDP2) and one invalid trial, as a
+    search writes them."""
     d = str(tmp_path_factory.mktemp("out"))
     store = Store(default_url(d))
     store.add_search("s", {"model": "tiny"})
-    for i, settings in enumerate([{"precision": "fp32"}, {"precision": "fp32", "zero_stage": 2}]):
+    for i, settings in enumerate([{"precision": "fp32"}, {"precision": "fp32", "zero_stage": 2, "offload_optimizer": True},
+                                  {"precision": "fp32", "fsdp": "full_shard"}]):
         rec = run_trial("tiny", {**settings, "micro_batch_size": 4}, device="cpu", workers=2, steps=2, warmup=1,
                         global_batch=32)
         assert rec.status == "ok", rec.error
@@ -36,7 +38,7 @@ def store_dir(tmp_path_factory, ray_local):
 def test_load_gives_one_row_per_trial_with_knobs_and_metrics(store_dir):
     from trainscout.analysis import table
     df = table.load(store_dir)
-    assert len(df) == 3 and set(df["status"]) == {"ok", "invalid"}
+    assert len(df) == 4 and set(df["status"]) == {"ok", "invalid"}
     ok = df[df["status"] == "ok"]
     assert (ok["tokens_per_s"] > 0).all() and set(ok["zero_stage"]) == {0, 2} and (ok["micro_batch_size"] == 4).all()
     assert df[df["status"] == "invalid"]["tokens_per_s"].isna().all()
@@ -45,9 +47,9 @@ def test_load_gives_one_row_per_trial_with_knobs_and_metrics(store_dir):
 def test_results_cli_formats(store_dir, capsys):
     assert main(["results", store_dir, "--status", "ok", "--sort", "tokens_per_s", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == 2 and rows[0]["tokens_per_s"] >= rows[1]["tokens_per_s"]
+    assert len(rows) == 3 and rows[0]["tokens_per_s"] >= rows[1]["tokens_per_s"] >= rows[2]["tokens_per_s"]
     assert main(["results", store_dir, "--format", "csv"]) == 0
-    assert capsys.readouterr().out.count("\n") == 4  # header + 3 trials
+    assert capsys.readouterr().out.count("\n") == 5  # header + 4 trials
     assert main(["results", store_dir, "--sort", "nope"]) == 2
 
 
@@ -81,17 +83,41 @@ def test_deepspeed_export_passes_deepspeeds_parser_and_accelerates_launch_checks
     assert "train_batch_size" not in cfg
     parsed = DeepSpeedConfig(cfg)
     assert parsed.zero_optimization_stage == 2 and parsed.gradient_accumulation_steps == 4
+    assert parsed.zero_config.offload_optimizer.device == "cpu"
     assert parsed.train_batch_size == 4 * 4  # one rank here: micro-batch x accumulation
     acc = yaml.safe_load((out / "accelerate.yaml").read_text())
     assert acc["distributed_type"] == "DEEPSPEED" and "mixed_precision" not in acc
     assert acc["deepspeed_config"]["deepspeed_config_file"] == str(out / "deepspeed.json")
 
 
+def test_fsdp2_export_is_fsdp2_for_the_installed_consumers(store_dir, tmp_path, capsys):
+    """An FSDP2 measurement: TrainingArguments of the installed transformers build FSDP2 (5.x), or the export says
+    training_args.json alone would run FSDP1 there and names the launch that runs FSDP2; accelerate.yaml asks for
+    FSDP2 and passed accelerate's own launch checks at export time."""
+    import yaml
+    from transformers import TrainingArguments
+    out = tmp_path / "fsdp"
+    assert main(["export", store_dir, "--trial", "k2", "--format", "all", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    args = json.loads((out / "training_args.json").read_text())
+    built = TrainingArguments(**{**args, "output_dir": str(tmp_path / "run")})
+    notes = json.loads((out / "trainscout.json").read_text())["notes"]
+    if (getattr(built, "fsdp_plugin_args", None) or {}).get("fsdp_version") == 2:
+        assert notes == []
+    else:
+        assert "runs FSDP1" in notes[0] and "runs FSDP1" in printed
+    acc = yaml.safe_load((out / "accelerate.yaml").read_text())
+    assert acc["distributed_type"] == "FSDP" and acc["fsdp_config"]["fsdp_version"] == 2 and acc["num_processes"] == 2
+
+
 def test_export_needs_best_or_trial(store_dir, tmp_path, capsys):
     assert main(["export", store_dir, "--format", "hf", "--out", str(tmp_path / "x")]) == 2
     assert main(["export", store_dir, "--trial", "zzz", "--format", "hf", "--out", str(tmp_path / "x")]) == 2
     assert main(["results", str(tmp_path / "nothing-here")]) == 2
-    assert main(["export", store_dir, "--best", "--format", "deepspeed", "--out", str(tmp_path / "b")]) == 0
+    assert main(["export", store_dir, "--best", "--format", "all", "--out", str(tmp_path / "b")]) == 0
+    # a DeepSpeed config of a measurement that ran without DeepSpeed: refused with the fix, nothing written
+    assert main(["export", store_dir, "--trial", "k0", "--format", "deepspeed", "--out", str(tmp_path / "d")]) == 2
+    assert "use --format hf, accelerate or command" in capsys.readouterr().err and not (tmp_path / "d").exists()
 
 
 def test_results_round_trip_between_stores(store_dir, tmp_path, capsys):
@@ -102,7 +128,7 @@ def test_results_round_trip_between_stores(store_dir, tmp_path, capsys):
     assert main(["results", str(fresh), "--import", str(f)]) == 0
     assert main(["results", str(fresh), "--import", str(f)]) == 0
     out = capsys.readouterr().out
-    assert "imported 2 measurements, 0 already present" in out and "imported 0 measurements, 2 already present" in out
+    assert "imported 3 measurements, 0 already present" in out and "imported 0 measurements, 3 already present" in out
     src = {m.key: m.to_dict() for m in Store(default_url(store_dir)).measurements()}
     dst = {m.key: m.to_dict() for m in Store(default_url(str(fresh))).measurements()}
     assert src.keys() == dst.keys()

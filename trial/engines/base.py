@@ -81,8 +81,9 @@ class Engine:
 
     # --- exports ------------------------------------------------------------------------------------------
     # the export formats that can carry this engine (trainscout export --format); the others are refused with why
-    formats: ClassVar[tuple[str, ...]] = ("hf", "deepspeed", "accelerate", "command")
-    not_carried: ClassVar[str] = ""
+    formats: ClassVar[tuple[str, ...]] = ("hf", "accelerate", "command")
+    not_carried: ClassVar[str] = ("a DeepSpeed config carries a ZeRO measurement only (zero_stage >= 1), and this one "
+                                  "ran without DeepSpeed: use --format hf, accelerate or command")
 
     @classmethod
     def files(cls, rec: dict) -> dict[str, dict]:

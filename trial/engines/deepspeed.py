@@ -35,6 +35,7 @@ class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO: the model's transforms first, then deepspeed.initialize, then (compile) engine.compile()."""
 
     name = "deepspeed"
+    formats = ("hf", "deepspeed", "accelerate", "command")
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1):
         import deepspeed

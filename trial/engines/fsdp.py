@@ -45,7 +45,7 @@ class FsdpEngine(TorchEngine):
     def hf_args(cls, rec, paths):
         reshard = rec["plan"]["fsdp"].get("reshard_after_forward", True)
         return {"fsdp": "full_shard" if reshard else "shard_grad_op",
-                "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": reshard}}
+                "fsdp_config": {"version": 2, "reshard_after_forward": reshard}}  # transformers 5.x's key
 
     @classmethod
     def accelerate(cls, rec, paths):
