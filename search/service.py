@@ -122,7 +122,7 @@ def _trainable(config: dict, base: dict) -> None:
     store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
-                 "peak_memory_gib": m.get("peak_memory_gib")})
+                 "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0)})
 
 
 def _stopped_before(store, search: str, settings: dict) -> float | None:
@@ -165,10 +165,28 @@ def _progress_callback(url: str, search: str, printer):
 class Printer:
     """The live table: one row per finished trial, with the best so far, and why a trial failed or did not run."""
 
-    def __init__(self, space: Space, stream=None):
+    def __init__(self, space: Space, stream=None, *, total: int | None = None, budget_s: float | None = None,
+                 ranks: int = 1, unit: str = "GPU"):
         self.space, self.stream, self.best, self.n = space, stream, None, 0
         self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
         self.header = False
+        # the progress line: trials to go (None: until the budget), the budget, the ranks each trial holds
+        self.total, self.budget_s, self.ranks, self.unit = total, budget_s, ranks, unit
+        self.t0, self.device_s = time.time(), 0.0
+
+    def progress(self) -> str:
+        """One line: trials done of the total, elapsed and ETA, best so far, device-seconds the trials held."""
+        elapsed = time.time() - self.t0
+        eta = []
+        if self.total:
+            eta.append(elapsed / self.n * max(0, self.total - self.n))
+        if self.budget_s:
+            eta.append(max(0.0, self.budget_s - elapsed))
+        left = f"ETA {_clock(min(eta))}" if eta else "ETA -"
+        done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        best = f"{self.best:,.0f} tok/s" if self.best else "-"
+        return (f"    {done} trials, {_clock(elapsed)} elapsed, {left}, best {best}, "
+                f"{self.device_s:,.0f} {self.unit}-s measured")
 
     def __getstate__(self):  # Ray Tune pickles its callbacks; an open stream is not picklable
         return dict(self.__dict__, stream=None)
@@ -189,8 +207,16 @@ class Printer:
                             if len(vs) > 1 and k in trial.config)
         status = r.get("status", "?") + ("*" if r.get("cached") else "")
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
+        self.device_s += (r.get("wall_s") or 0.0) * self.ranks
         print(f"{self.n:>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
               f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
+        print(self.progress(), file=out, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    """4m12s, 1h05m, 37s."""
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def fault_schedule(text: str | None) -> dict[int, str]:
@@ -475,7 +501,9 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
         base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
                           "calibration": calibration}
-    printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream)
+    printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
+                      budget_s=args.time_budget_s, ranks=args.gpus_per_trial,
+                      unit="GPU" if hw["device"] == "cuda" else "worker")
     printer.to_stderr = stream is sys.stderr
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
@@ -543,12 +571,37 @@ def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     return None
 
 
+FEASIBLE = (Status.OK, Status.STOPPED, Status.RUNNING)  # RUNNING: the last step ASHA saw of a stopped trial
+
+
+def outcome_attrs(result: dict) -> dict:
+    """What an Optuna trial carries of its outcome (user attributes, for optuna-dashboard and any tool reading the
+    study): status and reason, the measurement's key, the metrics, and `constraint` (> 0: infeasible). The value
+    stays the tokens/s, 0 for an infeasible outcome, so TPE learns that region is bad; its constraints_func reads
+    `constraint`, so it also knows why."""
+    status = str(Status.STOPPED if result.get("status") == Status.RUNNING else result.get("status", Status.CRASH))
+    attrs = {"status": status, "constraint": [0.0 if status in FEASIBLE else 1.0]}
+    if result.get("error"):
+        attrs["error"] = one_line(str(result["error"]), 500)
+    for k in ("key", "cached", "mfu", "peak_memory_gib", "projected_days", "predicted_gib", "wall_s"):
+        if result.get(k) is not None:
+            attrs[k] = result[k]
+    attrs[METRIC] = result.get(METRIC) or 0.0
+    return attrs
+
+
+def _constraint(trial) -> list[float]:
+    return trial.user_attrs.get("constraint", [0.0])
+
+
 def make_sampler(seed: int, trials: int | None):
-    """TPE made for conditional spaces (multivariate, grouped), seeded; a few random trials first."""
+    """TPE made for conditional spaces (multivariate, grouped), seeded; a few random trials first; infeasible
+    outcomes (oom, invalid, pruned, crash, timeout) are constraint violations as well as value 0."""
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, constant_liar=True,
-                                      n_startup_trials=min(10, max(3, (trials or 30) // 3)))
+                                      n_startup_trials=min(10, max(3, (trials or 30) // 3)),
+                                      constraints_func=_constraint)
 
 
 def make_scheduler(steps: int):
@@ -609,6 +662,13 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
             self._ot_trials[trial_id].set_user_attr(TUNE_ID, trial_id)
             return config
 
+        def on_trial_complete(self, trial_id, result=None, error=False):
+            drawn = self._ot_trials.get(trial_id)
+            if drawn is not None and result and trial_id not in self._completed_trials:
+                for k, v in outcome_attrs(result).items():
+                    drawn.set_user_attr(k, v)
+            super().on_trial_complete(trial_id, result, error)
+
     return DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
                                 storage=ostorage, points_to_evaluate=start or None)
 
@@ -626,6 +686,8 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         row = rows.get(t.user_attrs.get(TUNE_ID))
         if row is not None:
+            for k, v in outcome_attrs({**row, METRIC: row["tokens_per_s"]}).items():
+                ostorage.set_trial_user_attr(t._trial_id, k, v)
             ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
         else:
             ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)

@@ -1,8 +1,8 @@
 """Bad input to the command line, and what a user sees: one line naming the field and the fix (exit 2) before
 anything starts or is written; results already measured are never lost; exit 0 means it did what was asked.
 
-Every test but the last calls cli.main.main in-process and needs no Ray and no trial (validation comes first).
-The last runs one real tiny search on the CPU: interrupted (exit 130), then resumed with more trials and --json."""
+Every test but one calls cli.main.main in-process and needs no Ray and no trial (validation comes first).
+One runs a real tiny search on the CPU: interrupted (exit 130), then resumed with more trials and --json."""
 from __future__ import annotations
 
 import csv
@@ -369,16 +369,22 @@ def tiny_space() -> Space:
 
 
 def test_the_live_table_shows_why_a_trial_did_not_run(capsys):
-    printer = service.Printer(tiny_space(), sys.stderr)  # --json: the table goes to stderr
+    printer = service.Printer(tiny_space(), sys.stderr, total=4, ranks=2)  # --json: the table goes to stderr
+    printer.t0 -= 60  # the search started a minute ago
     trial = SimpleNamespace(trial_id="0123456789ab", config={"micro_batch_size": 1, "activation_checkpointing": "full"})
     printer(trial, {"status": "invalid", service.METRIC: 0.0, "error": "offload_params=true needs zero_stage=3 (got "
                     "0): set zero_stage=3 or offload_params=false\nsecond line"})
-    printer(trial, {"status": "ok", service.METRIC: 100.0, "error": None, "projected_days": 2.0})
+    printer(trial, {"status": "ok", service.METRIC: 100.0, "error": None, "projected_days": 2.0, "wall_s": 20.0})
     cap = capsys.readouterr()
     assert cap.out == ""
-    header, invalid, ok = cap.err.splitlines()
+    header, invalid, progress1, ok, progress2 = cap.err.splitlines()
     assert "invalid" in invalid and "(offload_params=true needs zero_stage=3 (got 0): set zero_stage=3" in invalid
     assert "second line" not in cap.err and ok.endswith("activation_checkpointing=full")  # no reason for an ok trial
+    # the progress line after each row: done/total, elapsed, ETA from the pace so far, best, device-seconds held
+    assert progress1.split() == ["1/4", "trials,", "1m00s", "elapsed,", "ETA", "3m00s,", "best", "-,", "0", "GPU-s",
+                                 "measured"]
+    assert "2/4 trials" in progress2 and "ETA 1m00s" in progress2 and "best 100 tok/s" in progress2
+    assert "40 GPU-s measured" in progress2  # 20 s x 2 ranks
 
 
 class FakeContext:
@@ -535,3 +541,16 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(rows) == 3 and {r["world_size"] for r in rows} <= {"1", ""} and "error" in rows[0]
     print(f"resume of 2 trials: {time.time() - t0:.0f} s")
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
+                                          ("1h 30m 10s", 5410), ("1.5h", 5400), ("600", 600)])
+def test_time_budgets_in_the_forms_people_type(text, seconds):
+    from trainscout.cli.main import duration
+    assert duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "1m1h", "30mm", "1h30", "-5m", "abc"])
+def test_a_time_budget_that_is_not_one_is_refused_naming_the_forms(text, capsys):
+    assert main(["search", "--model", "tiny", "--device", "cpu", f"--time-budget={text}"]) == 2
+    assert "1h30m" in capsys.readouterr().err

@@ -73,13 +73,13 @@ def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
              "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1}
     sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
     res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                          "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "3", "--seed", "0",
+                          "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "2", "--seed", "0",
                           "--global-batch", "16", "--out", str(out), *sets], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     from trainscout.analysis.table import store_of
     store = store_of(str(out))
     trials = store.trials("plug")
-    assert len(trials) == 3 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
+    assert len(trials) == 2 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
     assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] in ("ok", "stopped") for t in trials)
     for rec in store.measurements():
         want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec["config"]["cuda_alloc_conf"] != "default" else {}

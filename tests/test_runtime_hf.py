@@ -115,7 +115,7 @@ def test_a_pipeline_measurement_is_not_exported_as_plain_ddp(tmp_path):
     assert set(why) == {"hf", "deepspeed", "accelerate"} and "trainscout train" in why["hf"]
 
 
-def test_a_relative_config_json_model_searches_verifies_and_trains(tmp_path, monkeypatch):
+def test_a_relative_config_json_model_searches_verifies_and_trains(tmp_path, monkeypatch, capsys, ray_local):
     """--model ./my-config.json from one directory: the search's trials (run in Ray's directories) measure it;
     verify and train, run from another directory, rebuild it from the stored config."""
     import subprocess
@@ -129,19 +129,17 @@ def test_a_relative_config_json_model_searches_verifies_and_trains(tmp_path, mon
     fixed = ["--set", "precision=fp32", "--set", "micro_batch_size=4", "--set", "compile=false",
              "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "fsdp=off", "--set", "pipeline_stages=1",
              "--set", "activation_checkpointing=none", "--set", "attention=sdpa", "--set", "tf32=true"]
-    cli = [sys.executable, "-m", "trainscout.cli"]
-
-    def run(cwd, *args):
-        r = subprocess.run([*cli, *args], cwd=cwd, capture_output=True, text=True, timeout=400)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        return r.stdout
-    out = run(work, "search", "--model", "./my-config.json", "--device", "cpu", "--gpus-per-trial", "1", "--trials", "1",
-              "--steps", "1", "--warmup", "0", "--global-batch", "8", "--seq-len", "64", "--out", str(tmp_path / "s"),
-              *fixed)
-    assert "1 ok" in out
-    assert "1 full optimizer steps" in run(elsewhere, "verify", str(tmp_path / "s"), "--steps", "1", "--warmup", "0")
-    run(elsewhere, "export", str(tmp_path / "s"), "--best", "--format", "all", "--out", str(tmp_path / "exp"))
+    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "./my-config.json", "--device",
+                        "cpu", "--gpus-per-trial", "1", "--trials", "1", "--steps", "1", "--warmup", "0",
+                        "--global-batch", "8", "--seq-len", "64", "--out", str(tmp_path / "s"), *fixed],
+                       cwd=work, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0 and "1 ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    monkeypatch.chdir(elsewhere)  # the rest as the same user would run it from another directory (in-process)
+    assert main(["verify", str(tmp_path / "s"), "--steps", "1", "--warmup", "0"]) == 0
+    assert "1 full optimizer steps" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "s"), "--best", "--format", "all", "--out", str(tmp_path / "exp")]) == 0
     assert "--model" not in (tmp_path / "exp" / "launch.sh").read_text()  # the export's stored config is the model
-    trained = json.loads(run(elsewhere, "train", "--config", str(tmp_path / "exp"), "--steps", "1",
-                             "--out", str(tmp_path / "ckpt"), "--json").strip().splitlines()[-1])
-    assert trained["status"] == "ok"
+    capsys.readouterr()
+    assert main(["train", "--config", str(tmp_path / "exp"), "--steps", "1", "--out", str(tmp_path / "ckpt"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "ok"
