@@ -25,20 +25,22 @@ from . import cost, table
 STATUS_TEXT = {
     Status.OOM: "out of memory", Status.TIMEOUT: "ran past its time limit; workers killed",
     Status.CRASH: "a rank crashed",
-    Status.INVALID: "refused before running: the configuration cannot run here (the search stores no reason)",
+    Status.INVALID: "refused before running: the configuration cannot run here",
     Status.STOPPED: "stopped early by ASHA: slower than its peers at the same step",
     Status.PRUNED: "skipped: the memory model predicted it over the GPU's memory",
 }
 STATUS_COLOR = {Status.OK: "#2e7d32", Status.OOM: "#c62828", Status.TIMEOUT: "#ef6c00", Status.CRASH: "#6a1b9a",
                 Status.INVALID: "#757575", Status.STOPPED: "#1565c0", Status.PRUNED: "#8d6e63"}
 TOP = 10  # best configurations listed
+NO_SEARCH = "(measurements)"  # the search column of a store's measurements when it holds no search rows
+FEW_TRIALS = 20  # below this many measured trials, knob importance is a hint: PED-ANOVA's top quantile is 2-4 trials
 _PLOT = itertools.count(1)
 
 
 @dataclass
 class Analysis:
     source: str
-    df: pd.DataFrame                 # the results table (analysis.table.load) with hardware and costs
+    df: pd.DataFrame                 # the results table (analysis.table.load_resolved) with hardware and costs
     prices: list[cost.Price]
     prices_path: str | None
     records: dict                    # measurement key -> stored Record (for started_at / wall_s)
@@ -47,6 +49,7 @@ class Analysis:
     failures: list[dict]             # per status that is not ok: count and one example
     importance: list[dict]           # per search: PED-ANOVA importances of the knobs it searched
     varied: list[str]                # knobs with more than one value in the store
+    searched: bool = True            # False: a store of measurements only (one row per measurement, no search)
     generated: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -55,10 +58,13 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     """Everything the summary and report.html show. ConfigError for a bad prices file or an empty store."""
     prices = cost.load_prices(prices_path)  # checked before anything heavy
     store = table.store_of(source) if isinstance(source, str) else source
-    df = table.load(store)
+    df = table.load_resolved(store)  # the trials, or the measurements of a store without searches
     if df.empty:
-        raise ConfigError("DIR", f"{source} holds no trials: run `trainscout search --out DIR` first, then report")
-    df = cost.with_costs(df, prices)
+        raise ConfigError("DIR", f"{source} holds no trials or measurements: run `trainscout search --out DIR` (or "
+                                 "`trainscout results DIR --import FILE`) first, then report")
+    searched = bool(df["search"].notna().any())
+    df = cost.with_costs(df.assign(search=df["search"].fillna(NO_SEARCH)), prices)
+    df.insert(0, "n", range(1, len(df) + 1))  # the trial's number in the report: its row in the trial table
     records = {m.key: m for m in store.measurements()}
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
@@ -76,7 +82,7 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     return Analysis(source=str(source if isinstance(source, str) else getattr(source, "url", source)), df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
-                    varied=varied)
+                    varied=varied, searched=searched)
 
 
 def _first_line(text: str, limit: int = 300) -> str:
@@ -193,6 +199,36 @@ def where(row) -> str:
     return f"{row.get('hardware') or '?'} x{int(n)}" if not _na(n) else str(row.get("hardware") or "?")
 
 
+def label(row) -> str:
+    """A trial as its row in the trial table names it: number, trial id, key."""
+    key = row.get("key")
+    return f"#{row['n']} {row.get('trial') or ''}" + (f" [{str(key)[:8]}]" if isinstance(key, str) else "")
+
+
+def gpu_s_text(row) -> str:
+    v = row.get("gpu_s")
+    if _na(v):
+        return "n/a"
+    return f"≈{v:,.0f} (est.)" if row.get("gpu_s_estimated") else f"{v:,.0f}"
+
+
+def spent_text(a: Analysis) -> str | None:
+    """The device time the trials held, with the share estimated for trials ASHA stopped (they leave no record)."""
+    df = a.df
+    if not df["gpu_s"].notna().any():
+        return None
+    unit = "GPU-hours" if (df["device"] != "cpu").any() else "worker-hours (CPU)"
+    est = df[df["gpu_s_estimated"]]
+    text = f"{df['gpu_s'].sum() / 3600:,.3g} {unit} spent"
+    if len(est):
+        text += (f", of which ≈{est['gpu_s'].sum() / 3600:,.3g} by {len(est)} trial(s) ASHA stopped early "
+                 "(estimated: the median of the search's measured trials; a stopped trial leaves no record)")
+    unknown = int((df["gpu_s"].isna()).sum())
+    if unknown:
+        text += f"; {unknown} trial(s) without a record of their time are not counted"
+    return text
+
+
 # --- terminal summary ------------------------------------------------------------------------------------------
 def summary(a: Analysis, top: int = 5) -> str:
     df = a.df
@@ -200,7 +236,13 @@ def summary(a: Analysis, top: int = 5) -> str:
     cached = int(df["cached"].sum())
     parts = ", ".join(f"{int(n)} {s}" for s, n in counts.items()) + (f"; {cached} served from the store" if cached else "")
     searches = df["search"].nunique()
-    lines = [f"report of {a.source}: {searches} search{'es' if searches != 1 else ''}, {len(df)} trials ({parts})"]
+    if a.searched:
+        lines = [f"report of {a.source}: {searches} search{'es' if searches != 1 else ''}, {len(df)} trials ({parts})"]
+    else:
+        lines = [f"report of {a.source}: {len(df)} measurements, no search ({parts})"]
+    spent = spent_text(a)
+    if spent:
+        lines.append(spent)
     if len(a.best):
         lines.append("best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
                      "the GPUs and machines):")
@@ -238,6 +280,14 @@ def summary(a: Analysis, top: int = 5) -> str:
 
 
 # --- plots (inline SVG) ----------------------------------------------------------------------------------------
+def _dot(fig, ax, x, y, title: str, **kw) -> None:
+    """One plotted point with a hover title (an SVG <title>), so that a dot can be matched to its table row."""
+    tips = fig.__dict__.setdefault("_tips", {})
+    gid = f"tip{len(tips)}"
+    tips[gid] = title
+    ax.scatter([x], [y], gid=gid, **kw)
+
+
 def _svg(fig) -> str:
     import matplotlib
     buf = io.StringIO()
@@ -250,7 +300,9 @@ def _svg(fig) -> str:
     # the plots share one document: give each plot's ids (and the references to them) its own prefix
     p = f"p{next(_PLOT)}-"
     s = re.sub(r'(\sid=")([^"]+")', rf"\g<1>{p}\2", s)
-    return re.sub(r'(url\(#|href="#)', rf"\g<1>{p}", s)
+    s = re.sub(r'(url\(#|href="#)', rf"\g<1>{p}", s)
+    tips = fig.__dict__.get("_tips", {})
+    return re.sub(rf'(<g id="{p}(tip\d+)">)', lambda m: f"{m[1]}<title>{_e(tips.get(m[2], ''))}</title>", s)
 
 
 def _figure(w: float, h: float):
@@ -299,8 +351,10 @@ def plot_pareto(a: Analysis) -> str:
     groups = [_group(r) for r in b.to_dict("records")]
     for g, color in colors.items():
         sel = b[[x == g for x in groups]]
-        if len(sel):
-            ax.scatter(sel["peak_memory_gib"], sel["projected_days"], s=40, color=color, alpha=0.75, label=g, zorder=2)
+        for j, (i, r) in enumerate(sel.iterrows()):
+            _dot(fig, ax, r["peak_memory_gib"], r["projected_days"],
+                 f"{label(r)}: {num(r['tokens_per_s'])} tokens/s, {days(r['projected_days'])} days (best #{i + 1})",
+                 s=40, color=color, alpha=0.75, label=g if j == 0 else "_nolegend_", zorder=2)
     for model, g in b.groupby("model"):
         front = pareto_front(list(zip(g["peak_memory_gib"], g["projected_days"], g.index)))
         f = g.loc[front]
@@ -369,7 +423,8 @@ def plot_knob_values(a: Analysis) -> str:
         _note(axes.flat[0], "no knob took two values among successful trials")
         return _svg(fig)
     colors = _colors(a)
-    groups = [_group(r) for r in ok.to_dict("records")]
+    rows = ok.to_dict("records")
+    groups = [_group(r) for r in rows]
     if len(colors) > 1:
         fig.legend(handles=[axes.flat[0].scatter([], [], color=c, label=g) for g, c in colors.items()],
                    loc="outside upper center", ncols=min(3, len(colors)), fontsize=8, frameon=False)
@@ -378,12 +433,14 @@ def plot_knob_values(a: Analysis) -> str:
         vals = [_native(knob, v) for v in ok[name]]
         order = [fmt(c) for c in knob.choices if fmt(c) in {fmt(v) for v in vals if v is not None}]
         order += sorted({fmt(v) for v in vals if v is not None} - set(order))
-        for xi, label in enumerate(order):
-            pts = [(t, colors.get(g, "#1f77b4")) for v, t, g in zip(vals, ok["tokens_per_s"], groups)
-                   if v is not None and fmt(v) == label]
-            ys = [t for t, _ in pts]
+        for xi, value in enumerate(order):
+            pts = [(t, colors.get(g, "#1f77b4"), r) for v, t, g, r in zip(vals, ok["tokens_per_s"], groups, rows)
+                   if v is not None and fmt(v) == value]
+            ys = [t for t, *_ in pts]
             xs = [xi + (j - (len(ys) - 1) / 2) * min(0.08, 0.6 / max(1, len(ys))) for j in range(len(ys))]
-            ax.scatter(xs, ys, s=28, c=[c for _, c in pts], alpha=0.8, zorder=2)
+            for x, (t, c, r) in zip(xs, pts):
+                _dot(fig, ax, x, t, f"{label(r)}: {num(t)} tokens/s, {name}={value}", s=28, color=c, alpha=0.8,
+                     zorder=2)
             if len(colors) <= 1:  # a median across different hardware would mean nothing
                 med = sorted(ys)[len(ys) // 2]
                 ax.plot([xi - 0.3, xi + 0.3], [med, med], color="#c62828", lw=2, zorder=3)

@@ -40,7 +40,9 @@ def load(source: str) -> pd.DataFrame:
             m = rec.m if rec else {}
             hw = (rec.hardware if rec else None) or {}
             row = {"search": search, "trial": t["trial"], "status": t["status"], "cached": bool(t["cached"]),
-                   "error": rec.error if rec else None, "model": rec.model if rec else None,
+                   # why it failed or did not run: the record's error, else the search's row (an invalid or
+                   # pruned trial has no record)
+                   "error": (rec.error if rec else None) or t.get("error"), "model": rec.model if rec else None,
                    "device": rec.device if rec else None, "world_size": rec.world_size if rec else None,
                    "gpu": hw.get("gpu"), "key": t["key"], "created_at": t["created_at"]}
             row.update({k: t["config"].get(k) for k in knobs})
@@ -71,3 +73,50 @@ def measurement(source: str, key: str | None = None, best: bool = False) -> Reco
 
 def dumps(df: pd.DataFrame) -> str:
     return json.dumps(json.loads(df.to_json(orient="records")), indent=1)
+
+
+def load_resolved(source) -> pd.DataFrame:
+    """What users see: load()'s rows, one per trial in the order the search recorded them, or, for a store with
+    measurements and no search rows (a benchmark grid, a `results --import`), one row per measurement by start time;
+    with what each one actually ran: micro_batch (the record's plan, not "max"), grad_accum, wall_s, and gpu_s
+    (wall_s x world_size: GPU-seconds, worker-seconds on a CPU; 0 for a trial served from the store or refused before
+    running). A trial ASHA stopped leaves no record: its gpu_s is the median of its search's measured trials,
+    flagged gpu_s_estimated."""
+    store = store_of(source) if isinstance(source, str) else source
+    records = {m.key: m for m in store.measurements()}
+    df = load(store)
+    if df.empty and records:
+        knobs = [k.name for k in all_knobs()]
+        rows = []
+        for rec in sorted(records.values(), key=lambda r: (r.started_at or "", r.key)):
+            m, hw = rec.m, rec.hardware or {}
+            row = {"search": None, "trial": rec.trial_id or rec.key[:12], "status": str(rec.status), "cached": False,
+                   "error": rec.error, "model": rec.model, "device": rec.device, "world_size": rec.world_size,
+                   "gpu": hw.get("gpu"), "key": rec.key, "created_at": rec.started_at}
+            row.update({k: rec.config.get(k) for k in knobs})
+            row.update({k: (m.get(k) if rec.ok else None) for k in METRICS})
+            rows.append(row)
+        df = pd.DataFrame(rows, columns=df.columns)
+    mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
+    for r in df.to_dict("records"):
+        rec = records.get(r["key"]) if isinstance(r["key"], str) else None
+        plan_mbs = (rec.plan or {}).get("micro_batch_size") if rec else r.get("micro_batch_size")
+        mbs.append(plan_mbs if isinstance(plan_mbs, int) and not isinstance(plan_mbs, bool) else None)
+        accum.append(rec.grad_accum if rec else None)
+        wall.append(rec.wall_s if rec else None)
+        if r["cached"] or r["status"] in (Status.INVALID, Status.PRUNED):
+            gpu_s.append(0.0)  # nothing ran for this trial
+        elif rec and rec.wall_s is not None:
+            gpu_s.append(float(rec.wall_s) * (rec.world_size or 1))
+        else:
+            gpu_s.append(None)
+        estimated.append(False)
+    df = df.assign(micro_batch=pd.array(mbs, dtype="Int64"), grad_accum=pd.array(accum, dtype="Int64"),
+                   wall_s=pd.array(wall, dtype="Float64").astype(float),
+                   gpu_s=pd.array(gpu_s, dtype="Float64").astype(float), gpu_s_estimated=estimated)
+    measured = df[~df["cached"] & df["key"].map(lambda k: k in records) & df["gpu_s"].notna()]
+    for i in df.index[(df["status"] == Status.STOPPED) & ~df["cached"] & df["gpu_s"].isna()]:
+        same = measured[measured["search"] == df.at[i, "search"]]["gpu_s"]
+        if len(same):
+            df.at[i, "gpu_s"], df.at[i, "gpu_s_estimated"] = float(same.median()), True
+    return df.reset_index(drop=True)

@@ -210,8 +210,10 @@ def cmd_estimate(a) -> int:
         cal = memory.fit(memory.calibration_pairs(store_of(a.calibrate, create=False).measurements(), a.gpu))
     comp = memory.components(spec)
     total = memory.predict(spec, cal)
+    host = memory.host_peak(spec)
     if a.json:
         print(json.dumps({"config": spec.config, "components_gib": {k: v / memory.GiB for k, v in comp.items()},
+                          "host_gib": {k: v / memory.GiB for k, v in host.items()},
                           "predicted_gib": total / memory.GiB, "calibration": cal,
                           "capacity_gib": capacity / memory.GiB if capacity else None}))
         return 0
@@ -221,6 +223,7 @@ def cmd_estimate(a) -> int:
     how = (f"calibrated on {cal['n']} measured peaks: {cal['a']:.2f}·states + {cal['b']:.2f}·activations + "
            f"{cal['c'] / memory.GiB:.2f} GiB") if cal else "analytic sum + 1 GiB workspace"
     print(f"  {'predicted':12} {total / memory.GiB:8.2f} GiB per rank ({how})")
+    print("  host memory, all ranks: " + ", ".join(f"{k} {v / memory.GiB:.1f}" for k, v in host.items()) + " GiB")
     if capacity:
         verdict = "fits" if total <= capacity else "does NOT fit"
         print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
@@ -388,12 +391,7 @@ def cmd_results(a) -> int:
         else:
             print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
         return 0
-    store = store_of(a.source)
-    df = load(store)
-    # why a trial failed or did not run: the record's error, else the search's row (an invalid trial has no record)
-    why = {(s, t["trial"]): t["error"] for s in store.searches() for t in store.trials(s) if t.get("error")}
-    df["error"] = [e if isinstance(e, str) and e else why.get((s, t)) for e, s, t in
-                   zip(df["error"], df["search"], df["trial"])]
+    df = load(store_of(a.source))
     for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
         vals = df[col].dropna()
         if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \

@@ -83,6 +83,14 @@ def _trainable(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
+    host = base.get("host")  # predicted over the host's memory (offload states, CPU runs): not launched, why recorded
+    if host and not spec.plan["micro_batch_probe"]:
+        from trainscout.trial import memory
+        why = memory.host_refusal(spec, host["capacity"], host["margin"])
+        if why:
+            store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
+            tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why})
+            return
     mem = base.get("memory")
     # predicted clearly over the GPU's memory: not launched, recorded with the prediction (max finds its own fit)
     if mem and not spec.plan["micro_batch_probe"]:
@@ -498,6 +506,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
             "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
             "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(done),
             "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs())}
+    import psutil  # the driver's host: on one box (the common case) the trials' host too
+    base["host"] = {"capacity": psutil.virtual_memory().total, "margin": MEMORY_MARGIN}
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
         base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
                           "calibration": calibration}

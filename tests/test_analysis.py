@@ -30,7 +30,8 @@ def store_dir(tmp_path_factory, ray_local):
         rec.key = key
         store.put(key, rec)
         store.add_trial("s", f"t{i}", key, "ok", False, rec.metrics["tokens_per_s"], rec.config)
-    store.add_trial("s", "t9", None, "invalid", False, 0.0, {"precision": "fp16-mixed"})
+    store.add_trial("s", "t9", None, "invalid", False, 0.0, {"precision": "fp16-mixed"},
+                    error="precision=fp16-mixed needs a CUDA GPU: set precision=fp32 or bf16-mixed")
     store.checkpoint()
     return d
 
@@ -41,7 +42,9 @@ def test_load_gives_one_row_per_trial_with_knobs_and_metrics(store_dir):
     assert len(df) == 4 and set(df["status"]) == {"ok", "invalid"}
     ok = df[df["status"] == "ok"]
     assert (ok["tokens_per_s"] > 0).all() and set(ok["zero_stage"]) == {0, 2} and (ok["micro_batch_size"] == 4).all()
-    assert df[df["status"] == "invalid"]["tokens_per_s"].isna().all()
+    invalid = df[df["status"] == "invalid"]
+    assert invalid["tokens_per_s"].isna().all()
+    assert invalid["error"].tolist() == ["precision=fp16-mixed needs a CUDA GPU: set precision=fp32 or bf16-mixed"]
 
 
 def test_results_cli_formats(store_dir, capsys):

@@ -70,3 +70,22 @@ def test_estimate_cli(capsys):
 @pytest.mark.parametrize("text, expected", [("80GiB", 80 * 2**30), ("141GB", 141e9), ("512 MiB", 512 * 2**20)])
 def test_sizes(text, expected):
     assert memory.parse_size(text) == expected
+
+
+def test_host_memory_is_predicted_and_refuses_what_the_host_cannot_hold():
+    """The host term (issue 18): ZeRO offload keeps the optimizer on the host, a CPU trial keeps everything there.
+    The Pythia-6.9B ZeRO-2 + optimizer offload trial that was killed for host memory on the H200 box (125 GB) is
+    refused before launch; the same model without offload, and a tiny CPU trial, are not."""
+    from trainscout.trial import memory, prepare
+    hw = {"device": "cuda", "gpu_count": 1, "gpu": "NVIDIA H200", "gpu_memory_gib": 139.7, "capability": "9.0"}
+    offload = prepare("pythia-6.9b", {"zero_stage": 2, "offload_optimizer": True, "micro_batch_size": 8,
+                                      "activation_checkpointing": "full"}, workers=1, hw=hw)
+    plain = prepare("pythia-6.9b", {"activation_checkpointing": "full", "micro_batch_size": 4}, workers=1, hw=hw)
+    comp = memory.host_peak(offload)
+    assert comp["offload"] > comp["build"] > 0 and "offload" not in memory.host_peak(plain)
+    why = memory.host_refusal(offload, 125e9)
+    assert why and "host memory" in why and "offload" in why
+    assert memory.host_refusal(plain, 125e9) is None
+    cpu_big = prepare("pythia-14m", {"micro_batch_size": 128}, device="cpu", workers=2)  # the Pythia recipe on a CPU
+    assert memory.host_refusal(cpu_big, 24e9)
+    assert memory.host_refusal(prepare("tiny", {}, device="cpu", workers=2), 24e9) is None

@@ -116,6 +116,49 @@ def calibration_pairs(records: list[Record], gpu: str | None) -> list[tuple[Reco
     return pairs
 
 
+HOST_PROCESS = 1.5 * GiB  # a rank's process before its model: Python, torch, transformers, Ray's worker
+OFFLOAD_BYTES = 18  # host bytes per offloaded parameter under DeepSpeed's CPU optimizer (see host_peak)
+
+
+def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
+    """Predicted peak host (CPU) memory of a whole trial, all ranks together (they share the host), by component.
+
+    On the CPU every rank's training state lives there: the analytic sum per rank. On a GPU: each rank's process,
+    then the larger of the model build (each rank builds its fp32 model on the host before moving it) and what
+    ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
+    and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
+    Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
+    2 bytes per offloaded 16-bit parameter shard."""
+    from . import engines
+    world = spec.world_size
+    if spec.device == "cpu":
+        return {"processes": world * HOST_PROCESS, "ranks": world * analytic(spec)}
+    if spec.model_config is None:
+        from .models import resolve_model
+        spec = spec.replace(model_config=resolve_model(spec.model).config)
+    c, plan = _counts(spec.model_config), spec.plan
+    N, D = c["N"], engines.get(plan["engine"]).data_ranks(plan, world)
+    zero = plan.get("zero") or {}
+    offload = world * ((OFFLOAD_BYTES * N / D if "offload_optimizer" in zero else 0)
+                       + (2 * N / D if "offload_param" in zero else 0))
+    out = {"processes": world * HOST_PROCESS, "build": world * 4 * N}
+    if offload:
+        out["offload"] = offload
+    return out
+
+
+def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10) -> str | None:
+    """Why a trial would not fit the host's memory (None: it fits): the predicted peak against the capacity less a
+    margin for the OS and the driver."""
+    comp = host_peak(spec)
+    need = comp["processes"] + max(v for k, v in comp.items() if k != "processes")
+    if need <= capacity * (1 - margin):
+        return None
+    return (f"predicted {need / GiB:.1f} GiB of host memory for the trial's {spec.world_size} rank(s) > "
+            f"{capacity / GiB:.0f} GiB less {margin:.0%} (" + ", ".join(f"{k} {v / GiB:.1f}" for k, v in comp.items())
+            + " GiB)")
+
+
 def parse_size(text: str) -> float:
     """'80GiB', '80GB', '141 GiB', '8e10' -> bytes."""
     t = str(text).strip().lower().replace(" ", "")
