@@ -84,6 +84,28 @@ def hook_only(rec: Record) -> list[str]:
     return out
 
 
+# what a stock Trainer runs instead of a hook-only setting (training_args.json alone)
+WITHOUT_HOOK = {"compile_scope": "model", "activation_checkpointing": "none", "loss_kernel": "eager",
+                "sdpa_backend": "auto", "fp8": "off"}
+
+
+def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict:
+    """For each setting only the hook applies: the measurement of the same configuration with what a stock
+    Trainer runs instead (WITHOUT_HOOK), on the same model, recipe and GPU, where the store holds one; its tokens/s
+    and the ratio to this measurement (None: not measured)."""
+    out = {}
+    for item in hook:
+        knob = item.split("=", 1)[0]
+        instead = dict(rec.config, **{knob: WITHOUT_HOOK.get(knob)})
+        twin = next((m for m in measurements if m.ok and m.config == instead and m.model == rec.model
+                     and m.recipe == rec.recipe and m.hardware.get("gpu") == rec.hardware.get("gpu")
+                     and m.world_size == rec.world_size), None)
+        out[item] = None if twin is None else {
+            "without": f"{knob}={instead[knob]}", "key": twin.key, "tokens_per_s": twin.m["tokens_per_s"],
+            "ratio": twin.m["tokens_per_s"] / rec.m["tokens_per_s"]}
+    return out
+
+
 def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
     plan = Plan.from_dict(rec.plan)
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
@@ -128,10 +150,11 @@ def launch_command(rec: Record, out_dir: str) -> str:
             f"TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
 
 
-def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
+def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record] | None = None) -> list[str]:
     """Write the chosen formats into out_dir; returns the files written. A format that cannot carry the measured
     engine is refused (ConfigError, nothing written) when asked for by name, and left out of FORMATS (all) with the
-    reason in trainscout.json ("not_exported")."""
+    reason in trainscout.json ("not_exported"). With the store's measurements, trainscout.json's "hook_cost" says
+    what each hook-only setting was measured to be worth (hook_costs)."""
     plan = Plan.from_dict(rec.plan)
     engine = engines.get(plan.engine)
     notes: list[str] = []
@@ -164,6 +187,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS) -> list[str]:
     provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook_only(rec),
+                  "hook_cost": hook_costs(rec, hook_only(rec), measurements or []),
                   "not_exported": {f: engine.not_carried for f in refused}, "notes": notes}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
                                                        ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))

@@ -419,13 +419,14 @@ def cmd_results(a) -> int:
 
 def cmd_export(a) -> int:
     from trainscout.analysis.export import FORMATS, export
-    from trainscout.analysis.table import measurement
+    from trainscout.analysis.table import measurement, store_of
     if bool(a.trial) == bool(a.best):
         raise ConfigError("--best", "give --best or --trial KEY (one of them)")
     out_folder("--out", a.out)
     formats = FORMATS if a.format == "all" else (a.format,)
-    rec = measurement(a.source, key=a.trial, best=a.best)
-    for path in export(rec, a.out, formats):
+    store = store_of(a.source)
+    rec = measurement(store, key=a.trial, best=a.best)
+    for path in export(rec, a.out, formats, measurements=store.measurements()):
         print(path)
     with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
         exported = json.load(f)
@@ -437,6 +438,10 @@ def cmd_export(a) -> int:
         print(f"training_args.json cannot express {', '.join(exported['hook'])}: apply them with "
               f"trainscout.runtime.hf.prepare(model, {a.out!r}) (README: your own trainer); a stock Trainer without it "
               "runs without them, slower than measured")
+        for item, cost in exported.get("hook_cost", {}).items():
+            if cost:
+                print(f"  without {item} ({cost['without']}, measured in this store): {cost['tokens_per_s']:,.0f} "
+                      f"tokens/s = {cost['ratio']:.3f} x")
     return 0
 
 

@@ -176,3 +176,21 @@ def test_train_with_an_export_on_a_token_file(store_dir, tmp_path, key, capsys):
     assert len(moved) == len(initial) and 0 < max(moved) < 0.1  # 3 AdamW steps of lr 1e-4 from the same start
     assert main(["train", "--config", str(exp), "--data", str(tmp_path / "missing.bin")]) == 2
     assert main(["train", "--config", str(tmp_path)]) == 2
+
+
+def test_what_the_hook_is_worth_comes_from_the_stores_measurements():
+    """The H200 grid (bench/data/grid-h200): for a measurement whose loss kernel only the hook applies, the export
+    names the measured twin a stock Trainer would run instead (loss_kernel=eager, the rest equal) and its ratio."""
+    from trainscout.analysis.export import hook_costs, hook_only
+    from trainscout.analysis.table import store_of
+    ms = store_of(os.path.join(os.path.dirname(__file__), "..", "bench", "data", "grid-h200")).measurements()
+    found = 0
+    for rec in (m for m in ms if m.ok and m.config.get("loss_kernel") == "compiled"):
+        cost = hook_costs(rec, hook_only(rec), ms)["loss_kernel=compiled"]
+        if cost is None:
+            continue
+        twin = next(m for m in ms if m.key == cost["key"])
+        assert twin.config == dict(rec.config, loss_kernel="eager") and cost["without"] == "loss_kernel=eager"
+        assert cost["ratio"] == twin.m["tokens_per_s"] / rec.m["tokens_per_s"]
+        found += 1
+    assert found >= 3
