@@ -11,9 +11,10 @@ import itertools
 import math
 import os
 import re
+import shlex
 import warnings
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
@@ -462,17 +463,33 @@ def _when(s) -> datetime | None:
         return None
 
 
+def _stopped_walls(a: Analysis) -> dict:
+    """Row index -> estimated wall seconds of each trial ASHA stopped (no record: the median of its search's
+    measured trials, as for its GPU-seconds)."""
+    out = {}
+    for i, r in a.df[a.df["gpu_s_estimated"]].iterrows():
+        same = a.df[(a.df["search"] == r["search"]) & ~a.df["cached"] & a.df["wall_s"].notna()]["wall_s"]
+        if len(same) and _when(r["created_at"]):
+            out[i] = float(same.median())
+    return out
+
+
 def plot_timeline(a: Analysis) -> str:
-    """Each measurement from its start for its wall time; trials that ran nothing (invalid, stopped early, served
-    from the store) as a mark at the time the search recorded them."""
+    """Each measurement from its start for its wall time; a trial ASHA stopped (it ran, but leaves no record) as a
+    hatched bar of its estimated time ending when the search recorded it; trials that ran nothing (invalid, pruned,
+    served from the store) as a mark at the time the search recorded them."""
     bars = []
     for key in dict.fromkeys(a.df["key"].dropna()):
         rec = a.records.get(key)
         start = _when(rec.started_at) if rec else None
         if start and rec.wall_s is not None:
-            bars.append((start, float(rec.wall_s), rec.status, key))
-    marks = [(_when(r["created_at"]), r["status"], bool(r["cached"])) for r in a.df.to_dict("records")
-             if r["cached"] or not r["key"] or r["key"] not in a.records]
+            bars.append((start, float(rec.wall_s), rec.status, str(key)[:8]))
+    stopped = _stopped_walls(a)
+    for i, wall in stopped.items():
+        r = a.df.loc[i]
+        bars.append((_when(r["created_at"]) - timedelta(seconds=wall), wall, Status.STOPPED, f"#{r['n']} est."))
+    marks = [(_when(r["created_at"]), r["status"], bool(r["cached"])) for i, r in zip(a.df.index, a.df.to_dict("records"))
+             if (r["cached"] or not r["key"] or r["key"] not in a.records) and i not in stopped]
     marks = [m for m in marks if m[0]]
     fig = _figure(8, max(2.2, 0.32 * (len(bars) + bool(marks)) + 1.2))
     ax = fig.subplots()
@@ -483,11 +500,13 @@ def plot_timeline(a: Analysis) -> str:
     t0 = min([b[0] for b in bars] + [m[0] for m in marks])
     span = max([(b[0] - t0).total_seconds() + b[1] for b in bars] + [(m[0] - t0).total_seconds() for m in marks] + [1])
     unit, scale = ("min", 60.0) if span > 600 else ("s", 1.0)
-    for yi, (start, wall, status, key) in enumerate(bars):
+    for yi, (start, wall, status, name) in enumerate(bars):
         x = (start - t0).total_seconds() / scale
-        ax.barh(yi, wall / scale, left=x, color=STATUS_COLOR.get(status, "#999"), height=0.6)
-        _label(ax, x + wall / scale, yi, status, 7)
-    labels = [f"{k[:8]}" for *_, k in bars]
+        est = name.endswith("est.")
+        ax.barh(yi, wall / scale, left=x, color=STATUS_COLOR.get(status, "#999"), height=0.6,
+                hatch="//" if est else None, alpha=0.55 if est else 1.0)
+        _label(ax, x + wall / scale, yi, f"{status} (time estimated)" if est else status, 7)
+    labels = [name for *_, name in bars]
     if marks:
         y = len(bars)
         for t, status, cached in marks:
@@ -502,6 +521,77 @@ def plot_timeline(a: Analysis) -> str:
     ax.legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False,
               ncols=max(1, len(handles)))
     ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
+def progress(a: Analysis) -> list[dict]:
+    """Per search, in trial order: the device-hours spent after each trial and the best tokens/s so far (ok trials
+    only: a stopped trial's tokens/s is the best step it reached before ASHA ended it); and where the best was found."""
+    out = []
+    for search, g in a.df.groupby("search", sort=False):
+        hours = (g["gpu_s"].fillna(0).cumsum() / 3600).tolist()
+        ok = g["tokens_per_s"].where(g["status"] == Status.OK)
+        best = ok.cummax().ffill().tolist()
+        found = None if ok.isna().all() else g.index.get_loc(ok.idxmax())
+        out.append({"search": search, "rows": g, "hours": hours, "best": best, "found": found})
+    return out
+
+
+def progress_text(p: dict, unit: str) -> str:
+    g, hours = p["rows"], p["hours"]
+    name, what = (f"search {p['search']}", "trial") if p["search"] != NO_SEARCH else ("the measurements", "measurement")
+    if p["found"] is None:
+        return f"{name}: no {what} ran to the end after {hours[-1]:,.3g} {unit}"
+    f = p["found"]
+    after = len(g) - f - 1
+    text = (f"{name}: the best ({num(p['best'][-1])} tokens/s, {label(g.iloc[f])}) came with {what} {f + 1} of "
+            f"{len(g)}, after {hours[f]:,.3g} of {hours[-1]:,.3g} {unit}")
+    if after:
+        text += f"; the {after} {what}(s) since, {hours[-1] - hours[f]:,.3g} {unit}, found nothing faster"
+    return text + "."
+
+
+def _unit(a: Analysis) -> str:
+    return "GPU-hours" if (a.df["device"] != "cpu").any() else "worker-hours"
+
+
+def plot_progress(a: Analysis) -> str:
+    """Should I keep going: the best tokens/s so far against the device-hours spent, in trial order; each trial a
+    dot at the hours spent once it ended (ok filled, stopped hollow, a failure an x on the axis)."""
+    fig = _figure(10, 4.2)
+    ax = fig.subplots()
+    if not a.df["gpu_s"].notna().any():
+        _note(ax, "no trial recorded its time: nothing to plot")
+        return _svg(fig)
+    unit = _unit(a)
+    for si, p in enumerate(progress(a)):
+        color = COLORS[si % len(COLORS)]
+        name = p["search"] if len(a.df["search"].unique()) > 1 else "best so far"
+        ax.step(p["hours"], p["best"], where="post", color=color, lw=1.8, label=name, zorder=1)
+        for h, (_, r) in zip(p["hours"], p["rows"].iterrows()):
+            tps, status = r["tokens_per_s"], r["status"]
+            ran = status in (Status.OK, Status.STOPPED) and not _na(tps)
+            kw = ({"s": 34, "color": color} if status == Status.OK else
+                  {"s": 34, "facecolors": "none", "edgecolors": color} if ran else
+                  {"s": 30, "marker": "x", "color": STATUS_COLOR.get(status, "#999")})
+            _dot(fig, ax, h, tps if ran else 0.0, f"{label(r)} {status}: {num(tps) + ' tokens/s' if ran else ''} "
+                 f"after {h:,.3g} {unit}" + (" (its time estimated)" if r["gpu_s_estimated"] else ""),
+                 zorder=2, alpha=0.85, **kw)
+    lines = ax.get_legend_handles_labels()[0]
+    seen = set(a.df["status"])
+    handles = [ax.scatter([], [], s=34, color="#555", label="ok")] if Status.OK in seen else []
+    if Status.STOPPED in seen:
+        handles.append(ax.scatter([], [], s=34, facecolors="none", edgecolors="#555", label="stopped by ASHA (ran)"))
+    if seen - {Status.OK, Status.STOPPED}:
+        handles.append(ax.scatter([], [], s=30, marker="x", color="#c62828", label="failed / did not run"))
+    ax.legend(handles=lines + handles, fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_xlabel(f"{unit} spent (cumulative, in trial order)")
+    ax.set_ylabel("tokens/s")
+    top = a.df["tokens_per_s"].max()
+    ax.set_ylim(bottom=-0.03 * (top if not _na(top) else 1))  # a failure's x on the axis stays visible
+    _thousands(ax)
+    ax.grid(alpha=0.3)
     return _svg(fig)
 
 
@@ -545,16 +635,33 @@ def render_html(a: Analysis) -> str:
     out = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trainscout report</title>"
            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><style>{CSS}</style></head><body><main>",
            "<h1>trainscout report</h1>",
-           f"<p class=\"meta\">{_e(a.source)} · {df['search'].nunique()} search(es), {len(df)} trials · "
-           f"models {_e(', '.join(sorted(map(str, df['model'].dropna().unique()))) or 'n/a')} · generated {_e(a.generated)}</p>"]
-    cards = [("trials", " · ".join(f"{int(n)} {s}" for s, n in counts.items()))]
+           f"<p class=\"meta\">{_e(a.source)} · "
+           + (f"{df['search'].nunique()} search(es), {len(df)} trials · " if a.searched else
+              f"{len(df)} measurements (no search rows: one row per measurement) · ")
+           + f"models {_e(', '.join(sorted(map(str, df['model'].dropna().unique()))) or 'n/a')} · generated {_e(a.generated)}</p>"]
+    cards = [("trials" if a.searched else "measurements", " · ".join(f"{int(n)} {s}" for s, n in counts.items()))]
+    if df["gpu_s"].notna().any():
+        cards.insert(0, (f"{_unit(a)} spent", f"{df['gpu_s'].sum() / 3600:,.3g}"))
     if len(b):
         r = b.iloc[0]
         cards = [("fastest: tokens/s", num(r["tokens_per_s"])), ("its projected run", f"{days(r['projected_days'])} days"),
                  ("renting it", usd(r["rent_usd"])), ("buying the box", usd(r["box_usd"])), *cards]
     out.append("<div class=\"cards\">" + "".join(
-        f"<div class=\"card{' small' if k == 'trials' else ''}\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
+        f"<div class=\"card{' small' if k in ('trials', 'measurements') else ''}\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
         for k, v in cards) + "</div>")
+
+    out.append("<h2 id=\"progress\">Should I keep going? Best tokens/s so far vs " + _unit(a) + " spent</h2>"
+               "<p class=\"note\">Trials in the order they ran; the line is the fastest successful trial so far, a "
+               "dot each trial (hover for its number, id and key: its row in <a href=\"#trials\">All trials</a>). "
+               "Time spent counts every trial that ran: wall time × ranks from its record; a trial ASHA stopped "
+               "early ran too and leaves no record, so its time is estimated; a trial served from the store or "
+               "refused before running counts 0. A long flat line: more trials of this space are unlikely to "
+               "help.</p>")
+    out.append(f"<div class=\"plot\">{plot_progress(a)}</div>")
+    notes = [progress_text(p, _unit(a)) for p in progress(a)]
+    if spent := spent_text(a):
+        notes.append(spent[0].upper() + spent[1:] + ".")
+    out.append("".join(f"<p class=\"note\">{_e(n)}</p>" for n in notes))
 
     out.append("<h2>Best configurations</h2>")
     if len(b):
@@ -592,6 +699,15 @@ def render_html(a: Analysis) -> str:
                    "with <code>--prices FILE.json</code>.</p>")
 
     out.append("<h2>Which knobs mattered</h2>")
+    few = [(imp["search"], measured(a.df[a.df["search"] == imp["search"]])) for imp in a.importance]
+    few = [(sname, n) for sname, n in few if n < FEW_TRIALS]
+    if few:
+        out.append("<p class=\"note\" id=\"importance-caveat\"><b>Caveat: few trials.</b> "
+                   + "; ".join(f"{'search ' + _e(sname) if sname != NO_SEARCH else 'the measurements'}: "
+                               f"{n} trial(s) measured tokens/s" for sname, n in few)
+                   + f" (fewer than {FEW_TRIALS}). The fastest trials PED-ANOVA compares are then only a few, so one "
+                     "noisy measurement can move a knob's score: read these as hints, not a ranking, and check "
+                     "the tokens/s per knob value below.</p>")
     if a.importance:
         out.append("<p class=\"note\">Optuna's PED-ANOVA importance evaluator on each search's trials, rebuilt as an "
                    "in-memory study with the objective the search maximised (tokens/s; 0 for an infeasible or "
@@ -614,6 +730,15 @@ def render_html(a: Analysis) -> str:
     else:
         out.append("<p>Every trial finished.</p>")
 
+    out.append("<h2 id=\"trials\">All trials</h2><p class=\"note\">"
+               + ("Every trial in the order the search recorded it" if a.searched else
+                  "Every measurement in the order it started (the store holds no search rows)")
+               + ": micro-batch and accumulation as the trial ran them (the resolved plan, not <code>max</code>), "
+                 "status and reason, device-seconds (wall time × ranks; ≈ est.: a trial ASHA stopped, the median "
+                 "of its search's measured trials; 0: served from the store or refused before running), and the "
+                 "command that exports the measurement.</p>")
+    out.append(trial_table(a))
+
     out.append("<h2>Trial timeline</h2>")
     out.append(f"<div class=\"plot\">{plot_timeline(a)}</div>")
 
@@ -627,6 +752,47 @@ def render_html(a: Analysis) -> str:
     out.append(_table(["entry", "matches", "GPU", "machine / GPUs", "$/GPU-hour", "source"], rows, numeric={2, 3, 4}))
     out.append("</main></body></html>")
     return "\n".join(out)
+
+
+def measured(df: pd.DataFrame) -> int:
+    """Trials that measured tokens/s: ok (served from the store included) or stopped by ASHA after some steps."""
+    return int((df["status"].isin([Status.OK, Status.STOPPED]) & df["tokens_per_s"].notna()).sum())
+
+
+def reason(row) -> str:
+    if isinstance(row.get("error"), str) and row["error"].strip():
+        return _first_line(row["error"], 200)
+    if row["status"] == Status.OK:
+        return "served from the store" if row.get("cached") else ""
+    return STATUS_TEXT.get(row["status"], "")
+
+
+def export_command(a: Analysis, row) -> str | None:
+    """The command that exports this row's measurement (an ok one; export refuses the rest)."""
+    key = row.get("key")
+    if row["status"] != Status.OK or not isinstance(key, str) or key not in a.records:
+        return None
+    where_ = a.source if "://" in a.source else os.path.relpath(a.source) if not os.path.isabs(a.source) else a.source
+    return f"trainscout export {shlex.quote(where_)} --trial {key[:12]} --format all --out export-{key[:12]}"
+
+
+def trial_table(a: Analysis) -> str:
+    many = a.df["search"].nunique() > 1
+    head = ["#", *(["search"] if many else []), "trial", "status", "reason", "tokens/s", "micro-batch", "accum",
+            _unit(a).replace("hours", "s"), "configuration (set or varied knobs)", "key", "export"]
+    body = []
+    for r in a.df.to_dict("records"):
+        cmd = export_command(a, r)
+        cells = [str(r["n"]), *([_e(r["search"])] if many else []), f"<code>{_e(r['trial'])}</code>", _tag(r["status"]),
+                 _e(reason(r)), num(r["tokens_per_s"]), num(r["micro_batch"], "d"), num(r["grad_accum"], "d"),
+                 _e(gpu_s_text(r)), f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>",
+                 f"<code>{_e(str(r['key'])[:12]) if isinstance(r['key'], str) else '—'}</code>",
+                 f"<code>{_e(cmd)}</code>" if cmd else "—"]
+        body.append(f"<tr id=\"trial-{r['n']}\">" + "".join(
+            f"<td class=\"n\">{c}</td>" if h in ("#", "tokens/s", "micro-batch", "accum") or h.endswith("-s")
+            else f"<td>{c}</td>" for h, c in zip(head, cells)) + "</tr>")
+    return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(body) + "</tbody></table>")
 
 
 def write_html(a: Analysis, out_dir: str) -> str:

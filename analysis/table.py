@@ -100,7 +100,9 @@ def load_resolved(source) -> pd.DataFrame:
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     for r in df.to_dict("records"):
         rec = records.get(r["key"]) if isinstance(r["key"], str) else None
-        plan_mbs = (rec.plan or {}).get("micro_batch_size") if rec else r.get("micro_batch_size")
+        # no record: only a trial ASHA stopped ran, with its knob's value (unless max/auto, resolved in the run)
+        plan_mbs = (rec.plan or {}).get("micro_batch_size") if rec else \
+            r.get("micro_batch_size") if r["status"] == Status.STOPPED else None
         mbs.append(plan_mbs if isinstance(plan_mbs, int) and not isinstance(plan_mbs, bool) else None)
         accum.append(rec.grad_accum if rec else None)
         wall.append(rec.wall_s if rec else None)
