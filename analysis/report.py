@@ -200,6 +200,10 @@ def where(row) -> str:
     return f"{row.get('hardware') or '?'} x{int(n)}" if not _na(n) else str(row.get("hardware") or "?")
 
 
+def search_name(search: str) -> str:
+    return "the measurements" if search == NO_SEARCH else f"search {search}"
+
+
 def label(row) -> str:
     """A trial as its row in the trial table names it: number, trial id, key."""
     key = row.get("key")
@@ -218,12 +222,12 @@ def spent_text(a: Analysis) -> str | None:
     df = a.df
     if not df["gpu_s"].notna().any():
         return None
-    unit = "GPU-hours" if (df["device"] != "cpu").any() else "worker-hours (CPU)"
+    unit = "GPU-hours" if (df["device"].dropna() != "cpu").any() else "worker-hours (CPU)"
     est = df[df["gpu_s_estimated"]]
     text = f"{df['gpu_s'].sum() / 3600:,.3g} {unit} spent"
     if len(est):
         text += (f", of which ≈{est['gpu_s'].sum() / 3600:,.3g} by {len(est)} trial(s) ASHA stopped early "
-                 "(estimated: the median of the search's measured trials; a stopped trial leaves no record)")
+                 "(estimated: the median of the search's trials that ran to the end; a stopped trial leaves no record)")
     unknown = int((df["gpu_s"].isna()).sum())
     if unknown:
         text += f"; {unknown} trial(s) without a record of their time are not counted"
@@ -273,7 +277,7 @@ def summary(a: Analysis, top: int = 5) -> str:
         lines.append("every trial finished")
     for imp in a.importance[:3]:
         vals = ", ".join(f"{k} {v:.2f}" for k, v in imp["values"].items())
-        lines.append(f"knobs that mattered in search {imp['search']} ({imp['trials']} trials, {imp['evaluator']}): "
+        lines.append(f"knobs that mattered in {search_name(imp['search'])} ({imp['trials']} trials, {imp['evaluator']}): "
                      + (vals if any(imp["values"].values()) else "none separated the fast trials from the rest"))
     if not a.importance:
         lines.append("knobs that mattered: too few trials (a search with >= 3 trials and a knob that took two values)")
@@ -406,7 +410,7 @@ def plot_importance(imp: dict) -> str:
     ax.invert_yaxis()
     ax.set_xlim(0, max(1e-9, max(vals.values())) * 1.2 or 1)
     ax.set_xlabel("importance (normalised, sums to 1)")
-    ax.set_title(f"search {imp['search']}: {imp['trials']} trials, {imp['evaluator']}", fontsize=10)
+    ax.set_title(f"{search_name(imp['search'])}: {imp['trials']} trials, {imp['evaluator']}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     return _svg(fig)
 
@@ -464,11 +468,12 @@ def _when(s) -> datetime | None:
 
 
 def _stopped_walls(a: Analysis) -> dict:
-    """Row index -> estimated wall seconds of each trial ASHA stopped (no record: the median of its search's
-    measured trials, as for its GPU-seconds)."""
+    """Row index -> estimated wall seconds of each trial ASHA stopped (no record: the median of its search's ok
+    trials measured here, as for its GPU-seconds)."""
     out = {}
     for i, r in a.df[a.df["gpu_s_estimated"]].iterrows():
-        same = a.df[(a.df["search"] == r["search"]) & ~a.df["cached"] & a.df["wall_s"].notna()]["wall_s"]
+        same = a.df[(a.df["search"] == r["search"]) & ~a.df["cached"] & (a.df["status"] == Status.OK)
+                    & a.df["wall_s"].notna()]["wall_s"]
         if len(same) and _when(r["created_at"]):
             out[i] = float(same.median())
     return out
@@ -539,7 +544,7 @@ def progress(a: Analysis) -> list[dict]:
 
 def progress_text(p: dict, unit: str) -> str:
     g, hours = p["rows"], p["hours"]
-    name, what = (f"search {p['search']}", "trial") if p["search"] != NO_SEARCH else ("the measurements", "measurement")
+    name, what = search_name(p["search"]), ("trial" if p["search"] != NO_SEARCH else "measurement")
     if p["found"] is None:
         return f"{name}: no {what} ran to the end after {hours[-1]:,.3g} {unit}"
     f = p["found"]
@@ -552,7 +557,7 @@ def progress_text(p: dict, unit: str) -> str:
 
 
 def _unit(a: Analysis) -> str:
-    return "GPU-hours" if (a.df["device"] != "cpu").any() else "worker-hours"
+    return "GPU-hours" if (a.df["device"].dropna() != "cpu").any() else "worker-hours"
 
 
 def plot_progress(a: Analysis) -> str:
@@ -703,7 +708,7 @@ def render_html(a: Analysis) -> str:
     few = [(sname, n) for sname, n in few if n < FEW_TRIALS]
     if few:
         out.append("<p class=\"note\" id=\"importance-caveat\"><b>Caveat: few trials.</b> "
-                   + "; ".join(f"{'search ' + _e(sname) if sname != NO_SEARCH else 'the measurements'}: "
+                   + "; ".join(f"{_e(search_name(sname))}: "
                                f"{n} trial(s) measured tokens/s" for sname, n in few)
                    + f" (fewer than {FEW_TRIALS}). The fastest trials PED-ANOVA compares are then only a few, so one "
                      "noisy measurement can move a knob's score: read these as hints, not a ranking, and check "
@@ -735,7 +740,7 @@ def render_html(a: Analysis) -> str:
                   "Every measurement in the order it started (the store holds no search rows)")
                + ": micro-batch and accumulation as the trial ran them (the resolved plan, not <code>max</code>), "
                  "status and reason, device-seconds (wall time × ranks; ≈ est.: a trial ASHA stopped, the median "
-                 "of its search's measured trials; 0: served from the store or refused before running), and the "
+                 "of its search's trials that ran to the end; 0: served from the store or refused before running), and the "
                  "command that exports the measurement.</p>")
     out.append(trial_table(a))
 

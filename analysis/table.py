@@ -80,8 +80,8 @@ def load_resolved(source) -> pd.DataFrame:
     measurements and no search rows (a benchmark grid, a `results --import`), one row per measurement by start time;
     with what each one actually ran: micro_batch (the record's plan, not "max"), grad_accum, wall_s, and gpu_s
     (wall_s x world_size: GPU-seconds, worker-seconds on a CPU; 0 for a trial served from the store or refused before
-    running). A trial ASHA stopped leaves no record: its gpu_s is the median of its search's measured trials,
-    flagged gpu_s_estimated."""
+    running). A trial ASHA stopped leaves no record: its gpu_s is the median of its search's trials that ran to the
+    end (ok, measured here), flagged gpu_s_estimated."""
     store = store_of(source) if isinstance(source, str) else source
     records = {m.key: m for m in store.measurements()}
     df = load(store)
@@ -116,7 +116,9 @@ def load_resolved(source) -> pd.DataFrame:
     df = df.assign(micro_batch=pd.array(mbs, dtype="Int64"), grad_accum=pd.array(accum, dtype="Int64"),
                    wall_s=pd.array(wall, dtype="Float64").astype(float),
                    gpu_s=pd.array(gpu_s, dtype="Float64").astype(float), gpu_s_estimated=estimated)
-    measured = df[~df["cached"] & df["key"].map(lambda k: k in records) & df["gpu_s"].notna()]
+    # a crash can end at any point; a stopped trial ran like the ok ones until ASHA ended it
+    measured = df[~df["cached"] & (df["status"] == Status.OK) & df["key"].map(lambda k: k in records)
+                  & df["gpu_s"].notna()]
     for i in df.index[(df["status"] == Status.STOPPED) & ~df["cached"] & df["gpu_s"].isna()]:
         same = measured[measured["search"] == df.at[i, "search"]]["gpu_s"]
         if len(same):

@@ -3,6 +3,11 @@ configurations, a real crash (fault injection) and a configuration refused befor
 stores them."""
 import json
 import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
 
 import pytest
 
@@ -130,9 +135,116 @@ def test_report_without_prices_for_the_hardware_says_so(store_dir, tmp_path, cap
     assert main(["report", store_dir, "--out", str(tmp_path)]) == 0
     assert "no price for CPU: add it with --prices" in capsys.readouterr().out
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "No rental price for the hardware measured here" in page and page.count("<svg") == 4
+    assert "No rental price for the hardware measured here" in page and page.count("<svg") == 5  # no cost plot
 
 
 def test_report_of_a_folder_without_a_store_exits_2(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _trial_rows(page: str) -> dict:
+    """The All trials table: row number -> the row's HTML."""
+    return dict(re.findall(r'<tr id="trial-(\d+)">(.*?)</tr>', page, re.S))
+
+
+def test_report_views_and_a_stopped_trial_uses_gpu_time(store_dir, tmp_path, capsys):
+    from trainscout import analysis
+    d = tmp_path / "s"
+    d.mkdir()
+    shutil.copy(f"{store_dir}/results.db", d / "results.db")  # checkpointed: the file holds everything
+    store = Store(default_url(str(d)))
+    before = analysis.load(str(d))
+    ok = before[(before["status"] == "ok") & ~before["cached"]]
+    # ASHA ended it after some steps: it ran, and left no record
+    store.add_trial("s", "t8", None, "stopped", False, float(ok["tokens_per_s"].min()) / 2,
+                    store.get(ok.iloc[0]["key"]).config)
+    store.checkpoint()
+    df = analysis.load(str(d))
+    assert len(df) == len(before) + 1
+    records = {m.key: m for m in store.measurements()}
+    for _, r in df[df["key"].notna()].iterrows():  # what each ran, from its record
+        rec = records[r["key"]]
+        assert r["micro_batch"] == rec.plan["micro_batch_size"] and r["grad_accum"] == rec.grad_accum
+        assert r["gpu_s"] == (0 if r["cached"] else pytest.approx(rec.wall_s * rec.world_size))
+    assert (df.loc[df["status"] == "invalid", "gpu_s"] == 0).all()
+    stopped = df[df["status"] == "stopped"].iloc[0]
+    assert stopped["gpu_s_estimated"] and stopped["gpu_s"] == pytest.approx(statistics.median(ok["gpu_s"]))
+    assert not df.loc[df["status"] != "stopped", "gpu_s_estimated"].any()
+
+    out = tmp_path / "rep"
+    assert main(["report", str(d), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ASHA stopped early" in text and "worker-hours (CPU) spent" in text
+    page = (out / "report.html").read_text(encoding="utf-8")
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+    for view in ('id="progress"', 'id="trials"', 'id="importance-caveat"'):
+        assert view in page, view
+    assert "Should I keep going?" in page and "All trials" in page
+    assert f"{int((df['status'].isin(['ok', 'stopped'])).sum())} trial(s) measured tokens/s" in page
+    rows = _trial_rows(page)
+    assert sorted(map(int, rows)) == list(range(1, len(df) + 1))
+    for n, r in zip(range(1, len(df) + 1), df.to_dict("records")):  # the table's rows are load()'s, in order
+        row = rows[str(n)]
+        assert f">{r['status']}<" in row and f"<code>{r['trial']}</code>" in row
+        if r["status"] == "ok":
+            assert f"trainscout export {shlex.quote(str(d))} --trial {r['key'][:12]} --format all" in row
+            assert f'<td class="n">{r["micro_batch"]}</td><td class="n">{r["grad_accum"]}</td>' in row
+        if r["status"] == "stopped":
+            assert "(est.)" in row and "stopped early by ASHA" in row
+    assert re.search(r"crash</span></td><td>[^<]*(closed|crash|exit|Error)", page, re.I)  # the reason, per row
+    # every plotted trial carries its row's label as a hover title; the stopped one is drawn as having run
+    titles = re.findall(r"<title>([^<]*)</title>", page)
+    for n, r in zip(range(1, len(df) + 1), df.to_dict("records")):
+        assert any(t.startswith(f"#{n} {r['trial']}") for t in titles), n
+    assert any(t.startswith(f"#{len(df)} t8 stopped") and "estimated" in t for t in titles)
+    assert f"#{len(df)} est." in page  # its hatched bar in the timeline
+    # the export command of the best row works as written
+    best = df[df["status"] == "ok"].sort_values("tokens_per_s").iloc[-1]
+    cmd = shlex.split(re.search(r"<code>(trainscout export [^<]*)</code>", rows[str(best.name + 1)])[1])
+    cmd[cmd.index("--out") + 1] = str(tmp_path / cmd[cmd.index("--out") + 1])
+    assert main(cmd[1:]) == 0
+    assert (tmp_path / f"export-{best['key'][:12]}" / "trainscout.json").is_file()
+
+
+def test_a_store_of_measurements_only_is_reported(store_dir, tmp_path, capsys):
+    from trainscout import analysis
+    from trainscout.analysis import report
+    lines = tmp_path / "m.jsonl"
+    source = Store(default_url(store_dir))
+    n = source.export_jsonl(str(lines))
+    d = tmp_path / "imported"
+    d.mkdir()
+    store = Store(default_url(str(d)))
+    assert store.import_jsonl(str(lines)) == (n, 0)
+    store.checkpoint()
+    assert store.searches() == []  # measurements, no search rows
+    df = analysis.load(str(d))
+    records = {m.key: m for m in source.measurements()}
+    assert len(df) == n == len(records) and sorted(df["key"]) == sorted(records)  # one row per measurement
+    assert df["search"].isna().all() and not df["cached"].any()
+    for _, r in df.iterrows():
+        rec = records[r["key"]]
+        assert r["status"] == rec.status and r["micro_batch"] == rec.plan["micro_batch_size"]
+        assert r["grad_accum"] == rec.grad_accum and r["gpu_s"] == pytest.approx(rec.wall_s * rec.world_size)
+        if rec.ok:
+            assert r["tokens_per_s"] == rec.metrics["tokens_per_s"]
+        else:
+            assert r["tokens_per_s"] != r["tokens_per_s"] and r["error"]  # NaN, and the reason
+    assert list(df["created_at"]) == sorted(df["created_at"])  # in the order they ran
+    a = report.analyse(str(d))
+    assert not a.searched and len(a.best) == sum(r.ok for r in records.values())
+    out = tmp_path / "rep"
+    assert main(["report", str(d), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"{n} measurements, no search" in text and "#1 " in text
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert len(_trial_rows(page)) == n and 'id="progress"' in page and "(no search rows" in page
+    assert page.count("<svg") >= 4
+
+
+def test_the_package_imports_without_pandas():
+    code = "import sys, trainscout.analysis as a; print(callable(a.load), 'pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() \
+        == ["True", "False"]
