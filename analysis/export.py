@@ -2,6 +2,7 @@
 an accelerate config and the launch command; each with a provenance file (model, recipe, hardware, versions)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
@@ -56,9 +57,9 @@ def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> tupl
     if rec.device == "cuda" and not torch.cuda.is_available():
         # a GPU measurement exported on a machine without one: TrainingArguments' device checks (bf16, tf32 need
         # that GPU) cannot pass here, so the fields and values are checked as for the CPU and the device at launch
-        built = TrainingArguments(**{**args, "use_cpu": True, "tf32": None, "fp16": False})
+        built = TrainingArguments(**copy.deepcopy({**args, "use_cpu": True, "tf32": None, "fp16": False}))
     else:
-        built = TrainingArguments(**args)
+        built = TrainingArguments(**copy.deepcopy(args))  # it normalises fsdp_config in place
     notes = []
     if (args.get("fsdp_config") or {}).get("version") == 2 and \
             (getattr(built, "fsdp_plugin_args", None) or {}).get("fsdp_version") != 2:
