@@ -375,7 +375,7 @@ INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a tr
 
 
 def cmd_results(a) -> int:
-    from trainscout.analysis.table import METRICS, dumps, load, store_of
+    from trainscout.analysis.table import METRICS, dumps, load_resolved, store_of
     from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
         if a.import_file:
@@ -391,7 +391,7 @@ def cmd_results(a) -> int:
         else:
             print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
         return 0
-    df = load(store_of(a.source))
+    df = load_resolved(store_of(a.source))  # a store of measurements alone too (a grid, an import)
     for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
         vals = df[col].dropna()
         if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \

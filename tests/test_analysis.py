@@ -194,3 +194,11 @@ def test_what_the_hook_is_worth_comes_from_the_stores_measurements():
         assert cost["ratio"] == twin.m["tokens_per_s"] / rec.m["tokens_per_s"]
         found += 1
     assert found >= 3
+
+
+def test_results_of_a_store_of_measurements_alone(capsys):
+    """bench/data/grid-h200 holds 64 measurements and no search rows: results lists them (it said "no trials")."""
+    grid = os.path.join(os.path.dirname(__file__), "..", "bench", "data", "grid-h200")
+    assert main(["results", grid, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 64 and {r["status"] for r in rows} >= {"ok"} and all(r["key"] for r in rows)
