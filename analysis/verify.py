@@ -68,6 +68,11 @@ def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout:
         return out | {"status": "crash", "error": f"exit {done.returncode}: {tail[0]}"}
     with open(row, encoding="utf-8") as f:
         r = json.load(f)
+    if r["world_size"] != rec.world_size:  # another global batch: the step times do not compare
+        return out | {"status": "invalid", "world_size": r["world_size"],
+                      "error": f"the Trainer ran on {r['world_size']} rank(s), the measurement on {rec.world_size} "
+                               "(accelerate launch starts one process on the CPU without mpirun): verify on the "
+                               "measured ranks, or --runner trainscout"}
     return out | {"status": "ok", "error": None, "measured_step_s": r["step_s"], "mean_step_s": r["mean_step_s"],
                   "ratio": r["step_s"] / projected["step_s"], "projected_tokens_per_s": projected["tokens_per_s"],
                   "measured_tokens_per_s": r["tokens_per_s"], "loss": r["loss"], "world_size": r["world_size"],
