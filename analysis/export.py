@@ -69,6 +69,11 @@ def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> tupl
     return args, notes
 
 
+# what a stock Trainer runs instead of a hook-only setting (training_args.json alone)
+WITHOUT_HOOK = {"compile_scope": "model", "activation_checkpointing": "none", "loss_kernel": "eager",
+                "sdpa_backend": "auto", "fp8": "off"}
+
+
 def hook_only(rec: Record) -> list[str]:
     """The measured knob settings that TrainingArguments cannot express: trainscout.runtime.hf.prepare applies them
     (without it a stock Trainer runs without them)."""
@@ -79,15 +84,10 @@ def hook_only(rec: Record) -> list[str]:
         out.append("compile_scope=layers")
     if plan.get("checkpoint_every", 0) > 1 and not hf.native_every_n():
         out.append(f"activation_checkpointing={plan['checkpoint_every']}")
-    for knob, default in (("loss_kernel", "eager"), ("sdpa_backend", "auto"), ("fp8", "off")):
-        if cfg.get(knob, default) != default:
+    for knob in ("loss_kernel", "sdpa_backend", "fp8"):
+        if cfg.get(knob, WITHOUT_HOOK[knob]) != WITHOUT_HOOK[knob]:
             out.append(f"{knob}={cfg[knob]}")
     return out
-
-
-# what a stock Trainer runs instead of a hook-only setting (training_args.json alone)
-WITHOUT_HOOK = {"compile_scope": "model", "activation_checkpointing": "none", "loss_kernel": "eager",
-                "sdpa_backend": "auto", "fp8": "off"}
 
 
 def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict:
@@ -132,13 +132,9 @@ def check_accelerate(path: str) -> None:
     if args.use_deepspeed and "deepspeed_config_file" in ds:
         from accelerate.utils import DeepSpeedPlugin
         fields = list(ds) + (["mixed_precision"] if mp_from_config else [])
-        saved = os.environ.get("ACCELERATE_CONFIG_DS_FIELDS")
-        os.environ["ACCELERATE_CONFIG_DS_FIELDS"] = ",".join(fields).lower()
-        try:
+        from unittest import mock  # the launch's environment for the check, this process's restored after
+        with mock.patch.dict(os.environ, {"ACCELERATE_CONFIG_DS_FIELDS": ",".join(fields).lower()}):
             DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
-        finally:
-            os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS") if saved is None else os.environ.update(
-                ACCELERATE_CONFIG_DS_FIELDS=saved)
 
 
 def launch_command(rec: Record, out_dir: str) -> str:
@@ -185,10 +181,11 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
         check_accelerate(written[-1])
     if "command" in formats:
         write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
+    hook = hook_only(rec)
     provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
-                  "started_at": rec.started_at, "hook": hook_only(rec),
-                  "hook_cost": hook_costs(rec, hook_only(rec), measurements or []),
+                  "started_at": rec.started_at, "hook": hook,
+                  "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: engine.not_carried for f in refused}, "notes": notes}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
                                                        ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))

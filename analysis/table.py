@@ -37,21 +37,27 @@ def load(source: str) -> pd.DataFrame:
     for search in searches:
         for t in store.trials(search):
             rec = records.get(t["key"])
-            m = rec.m if rec else {}
-            hw = (rec.hardware if rec else None) or {}
-            row = {"search": search, "trial": t["trial"], "status": t["status"], "cached": bool(t["cached"]),
-                   # why it failed or did not run: the record's error, else the search's row (an invalid or
-                   # pruned trial has no record)
-                   "error": (rec.error if rec else None) or t.get("error"), "model": rec.model if rec else None,
-                   "device": rec.device if rec else None, "world_size": rec.world_size if rec else None,
-                   "gpu": hw.get("gpu"), "key": t["key"], "created_at": t["created_at"]}
-            row.update({k: t["config"].get(k) for k in knobs})
-            row.update({k: (m.get(k) if t["status"] == Status.OK else None) for k in METRICS})
+            # why it failed or did not run: the record's error, else the search's row (an invalid or pruned trial
+            # has no record)
+            row = _row(rec, knobs, search=search, trial=t["trial"], status=t["status"], cached=bool(t["cached"]),
+                       error=(rec.error if rec else None) or t.get("error"), key=t["key"],
+                       created_at=t["created_at"], config=t["config"])
             if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(row)
     return pd.DataFrame(rows, columns=["search", "trial", "status", "cached", "error", "model", "device", "world_size",
                                        "gpu", *knobs, *METRICS, "key", "created_at"])
+
+
+def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config) -> dict:
+    """One row of load(): a trial's (or a measurement's) identity and outcome, its knobs, its record's metrics."""
+    m, hw = (rec.m if rec else {}), ((rec.hardware if rec else None) or {})
+    row = {"search": search, "trial": trial, "status": status, "cached": cached, "error": error,
+           "model": rec.model if rec else None, "device": rec.device if rec else None,
+           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at}
+    row.update({k: config.get(k) for k in knobs})
+    row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
+    return row
 
 
 def measurement(source: str, key: str | None = None, best: bool = False) -> Record:
@@ -89,13 +95,9 @@ def load_resolved(source) -> pd.DataFrame:
         knobs = [k.name for k in all_knobs()]
         rows = []
         for rec in sorted(records.values(), key=lambda r: (r.started_at or "", r.key)):
-            m, hw = rec.m, rec.hardware or {}
-            row = {"search": None, "trial": rec.trial_id or rec.key[:12], "status": str(rec.status), "cached": False,
-                   "error": rec.error, "model": rec.model, "device": rec.device, "world_size": rec.world_size,
-                   "gpu": hw.get("gpu"), "key": rec.key, "created_at": rec.started_at}
-            row.update({k: rec.config.get(k) for k in knobs})
-            row.update({k: (m.get(k) if rec.ok else None) for k in METRICS})
-            rows.append(row)
+            rows.append(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
+                             cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
+                             config=rec.config))
         df = pd.DataFrame(rows, columns=df.columns)
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     for r in df.to_dict("records"):
