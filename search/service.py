@@ -1,8 +1,8 @@
 """A search: Ray Tune schedules real trials, Optuna (TPE) chooses what to try next, ASHA stops what is
 clearly slower, and the store answers every configuration that was already measured.
 
-Each Tune trial is a small Ray actor that runs one trainscout trial (its ranks are Ray Train workers it owns,
-so they die with it), reports rank 0's throughput after every timed step (ASHA's signal), stores the record
+Each Tune trial is a small Ray actor that runs one trainscout trial (its ranks run in a warm worker group of the
+driver's pool, trial.pool; a trial stopped early has its group killed), reports rank 0's throughput after every timed step (ASHA's signal), stores the record
 the moment it exists, and reports infeasible outcomes (oom, invalid) as a value of 0 so the sampler learns to
 avoid them (an exception would be a FAIL, which TPE ignores).
 """
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, fmt
 from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
-from trainscout.trial.runner import context, remove_orphaned_placement_groups
+from trainscout.trial.runner import context
 from trainscout.trial.status import DETERMINISTIC, Status
 
 from .space import Space, load_space_file
@@ -120,7 +120,7 @@ def _trainable(config: dict, base: dict) -> None:
             tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
         for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
             record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
-                             on_step=on_step)
+                             on_step=on_step, owner=trial_id)
             record = record.replace(attempt=attempt + 1, fault=spec.fault or None)
             if record.status != Status.CRASH:
                 break
@@ -142,6 +142,12 @@ def _stopped_before(store, search: str, settings: dict) -> float | None:
     return None
 
 
+def _cancel(tune_trial_id: str) -> None:
+    """End the worker group of a Tune trial whose actor ended before its trial did."""
+    from trainscout.trial import pool
+    pool.pool().cancel.remote(owner=tune_trial_id)
+
+
 def _progress_callback(url: str, search: str, printer):
     from ray.tune import Callback
 
@@ -149,16 +155,16 @@ def _progress_callback(url: str, search: str, printer):
         """Records trials ASHA stopped early, and prints a row per finished trial."""
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            remove_orphaned_placement_groups()
             r = trial.last_result or {}
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
+                _cancel(trial.trial_id)  # its actor is gone: the ranks still run its steps
                 open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False, r.get(METRIC),
                                           trial.config)
                 r = dict(r, status=str(Status.STOPPED))
             printer(trial, r)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            remove_orphaned_placement_groups()
+            _cancel(trial.trial_id)
             try:  # a Tune error holds the traceback: its last line says what failed
                 lines = [ln.strip() for ln in str(trial.get_error() or "").splitlines() if ln.strip()]
             except Exception:  # the error file may be gone; the row is what matters
@@ -483,8 +489,10 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     import ray
     from ray import tune
 
+    from trainscout.trial import pool
     from trainscout.trial.runner import ensure_ray
     ensure_ray(args.address)
+    pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
     drawn = recover_interrupted(ostorage, name, store)
@@ -521,7 +529,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
                                     num_samples=remaining if remaining is not None else -1,
                                     max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
                                     trial_name_creator=_numbered if base["faults"] else None,
-                                    reuse_actors=False),  # a stopped trial's actor dies, and its ranks with it
+                                    reuse_actors=False),  # a stopped trial's actor dies; its worker group is killed
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
                                   stop=_interrupt_stopper(), failure_config=tune.FailureConfig(max_failures=0)))

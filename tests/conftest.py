@@ -10,13 +10,13 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 def ray_worker_pids() -> list[int]:
-    """PIDs of Ray Train worker processes still alive (used to prove none outlives its trial)."""
+    """PIDs of rank processes (trial.pool) still alive (used to prove none outlives a failed trial)."""
     import psutil
     out = []
     for p in psutil.process_iter(["name", "cmdline"]):
         name = p.info["name"] or ""
         cmd = " ".join(p.info["cmdline"] or [])
-        if "RayTrainWorker" in name or "RayTrainWorker" in cmd:
+        if "ray::Rank" in name or "ray::Rank" in cmd:
             out.append(p.pid)
     return out
 

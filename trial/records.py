@@ -144,6 +144,7 @@ class Record(_Fields):
     timed_steps: int | None = None
     started_at: str | None = None
     wall_s: float | None = None
+    reused: int | None = None       # trials its worker processes ran before it (0: fresh processes; trial.pool)
     versions: dict | None = None
     hardware: dict | None = None
     probe: list | None = None
@@ -160,7 +161,7 @@ class Record(_Fields):
 
     ORDER: ClassVar[tuple[str, ...]] = (
         "trial_id", "model", "model_config", "device", "world_size", "config", "plan", "recipe", "grad_accum",
-        "measured_accum", "timed_steps", "started_at", "wall_s", "versions", "hardware", "probe", "probe_compared",
+        "measured_accum", "timed_steps", "started_at", "wall_s", "reused", "versions", "hardware", "probe", "probe_compared",
         "status", "error", "stderr_tail", "metrics", "attempt", "fault", "key", "source")
 
     def __post_init__(self):

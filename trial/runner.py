@@ -1,8 +1,8 @@
-"""Measure one configuration: validate it, run its ranks as Ray Train workers, enforce the hard time limit from
-outside the workers, classify failures, and derive the metrics (tokens/s, step time, MFU, projected days)."""
+"""Measure one configuration: validate it, run its ranks in a warm worker group (trial.pool), enforce the hard time
+limit from outside the workers, classify failures, and derive the metrics (tokens/s, step time, MFU, projected
+days)."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, hardware, metrics, probe
+from . import faults, hardware, metrics, pool, probe
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
@@ -110,11 +110,9 @@ def ensure_ray(address: str | None = None) -> None:
 
 
 def _worker_env(spec: TrialSpec) -> dict:
+    """The ranks' environment: the caches, the device's, and what knobs set (a group is kept per environment)."""
     env = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
            if k in os.environ}
-    # Ray Train's controller (started by the trial's task, so it inherits this environment) polls its workers every
-    # 2 s by default: a finished trial waited up to that long to be seen, twice. 0.2 s: 2-3 s less per trial
-    env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -122,29 +120,6 @@ def _worker_env(spec: TrialSpec) -> dict:
         env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse the machine's "9.0a"
     env.update(spec.plan.get("env", {}))  # what knobs set (e.g. the allocator's configuration)
     return env
-
-
-def _fit(spec: TrialSpec, storage: str, name: str) -> dict:
-    """Inside a Ray task: run the ranks with Ray Train's TorchTrainer; return the rank-0 result or the error."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from .worker import train_loop
-    cuda = spec.device == "cuda"
-    trainer = TorchTrainer(
-        train_loop, train_loop_config={"spec": spec},
-        torch_config=TorchConfig(backend="nccl" if cuda else "gloo", timeout_s=600),
-        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=cuda,
-                                     resources_per_worker={"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}),
-        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=0)))
-    try:
-        result = trainer.fit()
-    except Exception as e:  # Ray Train raises for worker errors and dead workers
-        return {"error": f"{type(e).__name__}: {e}"}
-    if result.error:
-        return {"error": f"{type(result.error).__name__}: {result.error}"}
-    with result.checkpoint.as_directory() as d, open(os.path.join(d, "result.json")) as f:
-        return {"ok": json.load(f)}
 
 
 def _log_tail(log_dir: str, n: int = 20) -> str:
@@ -167,15 +142,13 @@ def _error_summary(error: str) -> str:
     return (lines[0] if lines else error)[:500]
 
 
-def _wait(ref, timeout: float, spec: TrialSpec, progress, on_step) -> dict:
-    """The trial's result, relaying per-step progress to on_step; {"timeout": True} past the hard limit."""
+def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
+    """The trial's result (the pool enforces the hard limit), relaying rank 0's per-step reports to on_step."""
     import ray
-    deadline = time.monotonic() + timeout
     while True:
-        ready, _ = ray.wait([ref], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
-        if progress is not None:
-            while not progress.empty():
-                p = progress.get()
+        ready, _ = ray.wait([ref], timeout=1.0)
+        if on_step is not None:
+            for p in ray.get(workers.take.remote(trial_id)):
                 # the accumulation of the micro-batch running now: micro_batch_size=max settles on one in the trial,
                 # and the spec's is the largest candidate's (ASHA was fed values inflated by that ratio, 8-16x)
                 accum = p.get("grad_accum") or spec.grad_accum
@@ -184,80 +157,43 @@ def _wait(ref, timeout: float, spec: TrialSpec, progress, on_step) -> dict:
                          "tokens_per_s": spec.tokens_per_step / step_s})
         if ready:
             return ray.get(ref)
-        if time.monotonic() >= deadline:
-            stop(ref)
-            return {"timeout": True}
-
-
-def remove_orphaned_placement_groups() -> int:
-    """Remove the placement groups of Ray Train controllers that died (killed with a stopped trial). Ray scopes
-    a placement group to the job, so it would hold its GPUs/CPUs until the search ends; Ray Train's own cleaner
-    needs the dashboard's state API, which trainscout does not start."""
-    import ray
-    try:
-        from ray._private.state import state
-        from ray.core.generated import gcs_pb2
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
-        removed = 0
-        for raw in state._connect_and_get_accessor().get_placement_group_table():
-            pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
-            created_by_actor = not ray.ActorID(pg.creator_actor_id).is_nil()  # not by a driver (Tune's trials)
-            if (created_by_actor and pg.creator_actor_dead and not pg.is_detached
-                    and pg.state != gcs_pb2.PlacementGroupTableData.REMOVED):
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
-                removed += 1
-        return removed
-    except Exception:  # an internal API of Ray: if it moves, Ray Train's cleaner remains the fallback
-        return 0
-
-
-def stop(ref, grace_s: float = 20.0) -> None:
-    """End a running trial: first gracefully (Ray Train's controller then kills its ranks and frees their
-    placement group, which a killed controller would leak while the driver lives), then by force."""
-    import ray
-    ray.cancel(ref)  # an interrupt in the task: Ray Train's SIGINT handler aborts the controller
-    ready, _ = ray.wait([ref], timeout=grace_s)
-    if not ready:
-        ray.cancel(ref, force=True)
 
 
 def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | None = None,
-            address: str | None = None, on_step=None) -> Record:
-    """Run a prepared trial in fresh worker processes; always returns a record (failures are outcomes).
+            address: str | None = None, on_step=None, reuse: bool | None = None, owner: str | None = None) -> Record:
+    """Run a prepared trial in a worker group (trial.pool); always returns a record (failures are outcomes).
 
-    on_step(dict), if given, receives rank 0's projected step time and tokens/s after every timed step."""
+    on_step(dict), if given, receives rank 0's projected step time and tokens/s after every timed step. reuse=False
+    (or TRAINSCOUT_FRESH_WORKERS=1) runs it in fresh processes, killed after it. owner names the caller for
+    pool.cancel (a search's Tune trial)."""
     import ray
     ensure_ray(address)
-    progress = None
-    if on_step is not None:
-        from ray.util.queue import Queue
-        progress = Queue(actor_options={"num_cpus": 0})
     timeout = timeout or DEFAULT_TIMEOUT[spec.device]
-    remove_orphaned_placement_groups()
+    reuse = not pool.fresh_requested() if reuse is None else reuse
     trial_id = uuid.uuid4().hex[:12]
     own_storage = storage is None
     storage = os.path.abspath(storage or tempfile.mkdtemp(prefix="trainscout-"))
     log_dir = os.path.join(storage, trial_id, "logs")
-    spec = spec.replace(log_dir=log_dir, progress=progress)
+    workers = pool.pool()
+    spec = spec.replace(log_dir=log_dir, progress=pool.Progress(workers, trial_id) if on_step else None)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    task = ray.remote(num_cpus=0, max_retries=0)(_fit).options(runtime_env={"env_vars": _worker_env(spec)})
-    ref = task.remote(spec, storage, trial_id)
+    ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner)
     try:
-        raw = _wait(ref, timeout, spec, progress, on_step)
+        raw = _wait(workers, ref, trial_id, spec, on_step)
     except ray.exceptions.RayError as e:
         raw = {"error": f"{type(e).__name__}: {e}"}
     except BaseException:  # the caller stops us (Tune's early stop, Ctrl-C): the ranks must not outlive it
-        stop(ref)
-        if progress is not None:
-            progress.shutdown()
+        ray.get(workers.cancel.remote(trial_id))
         raise
+    finally:
+        workers.take.remote(trial_id)  # what arrived after the last look
     wall = time.perf_counter() - t0
     record = Record(trial_id=trial_id, model=spec.model, model_config=spec.model_config, device=spec.device,
                     world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
                     grad_accum=spec.grad_accum, measured_accum=spec.measured_accum, timed_steps=spec.timed_steps,
-                    started_at=started, wall_s=round(wall, 2), versions=hardware.versions(), hardware=spec.hardware,
-                    status=Status.CRASH)
+                    started_at=started, wall_s=round(wall, 2), reused=raw.get("reused"), versions=hardware.versions(),
+                    hardware=spec.hardware, status=Status.CRASH)
     if "ok" in raw:
         ranks = [RankResult.from_dict(r) for r in raw["ok"]["ranks"]]
         spec, m, compared = probe.settle(spec, raw["ok"]["n_params"], ranks, derive)
@@ -274,8 +210,6 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
                                 stderr_tail=tail, metrics=None)
     if own_storage:
         shutil.rmtree(storage, ignore_errors=True)
-    if progress is not None:
-        progress.shutdown()
     return record
 
 

@@ -1,17 +1,17 @@
 """One rank of a trial: build -> apply knobs -> warm up -> synchronize -> time -> report.
 
-Runs inside a Ray Train worker process (one per rank; torch.distributed is already initialised: gloo on the
-CPU, NCCL on GPUs). Every timed optimizer step records the boundaries of its micro-batches and of the
+Runs inside a rank's process of a warm worker group (trial.pool: one per rank; torch.distributed is already
+initialised: gloo on the CPU, NCCL on GPUs), which may have run other trials before: reset_process() undoes what a
+trial leaves behind. Every timed optimizer step records the boundaries of its micro-batches and of the
 optimizer with CUDA events on a GPU (perf_counter on the CPU, where work is synchronous), and the step ends
 with a device synchronisation, so the times are what the GPU really spent.
 """
 from __future__ import annotations
 
-import json
+import gc
 import os
 import resource
 import sys
-import tempfile
 import time
 import traceback
 
@@ -78,13 +78,13 @@ def _peaks(device) -> dict:
             "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}
 
 
-def train_loop(config: dict) -> None:
-    """One rank of a trial (Ray Train's training function). Ray pickles a rank's error to the driver, and library
-    errors may hold what pickle refuses (torch.compile's hold stack frames: they arrived as "cannot pickle 'frame'
-    object"). So an error of a type outside the builtins goes back as a RuntimeError with its type and message.
-    config is Ray Train's train_loop_config: {"spec": TrialSpec}."""
+def train_loop(spec: TrialSpec, rank: int, world: int, local: int = 0) -> dict:
+    """One rank of a trial: {"n_params", "rank": RankResult dict}. Ray pickles a rank's error to the driver, and
+    library errors may hold what pickle refuses (torch.compile's hold stack frames: they arrived as "cannot pickle
+    'frame' object"). So an error of a type outside the builtins goes back as a RuntimeError with its type and
+    message."""
     try:
-        _train_loop(config["spec"])
+        return _train_loop(spec, rank, world, local)
     except Exception as e:
         if type(e).__module__ == "builtins":
             raise
@@ -92,14 +92,50 @@ def train_loop(config: dict) -> None:
         raise RuntimeError(f"{type(e).__module__}.{type(e).__qualname__}: {str(e)[:2000]}") from None
 
 
-def _train_loop(spec: TrialSpec) -> None:
-    import ray.train
+def reset_process() -> None:
+    """After a trial, in a process the next trial may reuse: free its objects and the device's cache, forget
+    torch.compile's in-memory caches (the on-disk ones stay), and start the peak counters again."""
+    import torch
+    gc.collect()
+    torch.compiler.reset()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:  # give freed heap back to the OS, so the next trial's peak RSS starts from what the process holds
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    _reset_peak_rss()
+
+
+def _reset_peak_rss() -> None:
+    try:  # Linux: "5" resets the process's peak resident set size (VmHWM) to its current size
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident set size since the last reset (VmHWM); ru_maxrss where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     _redirect_stderr(spec.log_dir, rank)
+    _reset_peak_rss()
     from . import engines, faults, probe as mbs_probe
     from .models import build_model
     from trainscout.spaces import Plan
@@ -107,8 +143,7 @@ def _train_loop(spec: TrialSpec) -> None:
     t0 = time.perf_counter()
     plan, recipe = Plan.from_dict(spec.plan), spec.recipe
     if spec.device == "cuda":
-        import ray.train.torch
-        device = ray.train.torch.get_device()
+        device = torch.device("cuda", local)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -191,21 +226,12 @@ def _train_loop(spec: TrialSpec) -> None:
         below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks)
     if spec.save_dir:
         engines.save(engine, model, names, spec.save_dir, rank)
+    engine.close()
 
     mine = RankResult(rank=rank, steps=steps, loss=None if loss is None else float(loss.item()),
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
                       probe=probe, below=below, build_s=t_built - t0, warmup_s=t_warm - t_built,
-                      timed_s=t_timed - t_warm, peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(),
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
-    ranks = [None] * world
-    dist.all_gather_object(ranks, mine)
-
-    metrics = {"done": 1}
-    if rank == 0:
-        out = {"n_params": n_params, "ranks": [r.to_dict() for r in ranks]}
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "result.json"), "w") as f:
-                json.dump(out, f)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
-    else:
-        ray.train.report(metrics)
+    dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
+    return {"n_params": n_params, "rank": mine.to_dict()}

@@ -59,6 +59,9 @@ class Engine:
         """The model's full state dict on rank 0 ({} on the other ranks), keyed by parameter name."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what outlives the engine's objects in this process (the next trial may run in it)."""
+
     # --- the memory model's terms (bytes per rank; see trial/memory.py) -----------------------------------
     @classmethod
     def data_ranks(cls, plan: dict, world: int) -> int:

@@ -57,6 +57,9 @@ class DeepSpeedEngine(Engine):
     def optimizer_step(self):
         self.engine.step()
 
+    def close(self):
+        self.engine.destroy()  # its hooks and the optimizer's buffers (ZeRO-3's partitioned parameters)
+
     def full_state_dict(self, names, rank):
         ds = self.engine  # ZeRO-3: DeepSpeed's consolidated 16-bit state dict (a collective)
         return ds._zero3_consolidated_16bit_state_dict() if ds.zero_optimization_stage() == 3 else ds.module.state_dict()

@@ -1,0 +1,209 @@
+"""Warm worker groups: a trial's ranks are Ray actors (one process per rank, one placement group per group, so a
+group's ranks are scheduled together) with torch.distributed initialised once, kept between trials and handed to
+the next trial that needs the same group: same rank count, device and environment.
+
+Ray Train starts a controller and a fresh process per rank for every fit() and has no way to keep them, and that
+start-up was most of a trial: on the 2-core CPU box 17-20 s of a tiny trial's wall, of which the steps took 0.1 s
+(docs/BENCHMARKS.md). What a knob does to a process is reset or redone by the next trial: process-stage knobs
+set their flags every trial (tf32, sdpa_backend), torch.compile's in-memory caches are reset (a reused layer class
+would otherwise hit dynamo's recompile limit and fall back to eager), the device's memory is freed and its peaks
+reset, and the host's peak RSS is reset (/proc/self/clear_refs). A group is never reused after a failure, a
+timeout or a cancel (its processes are killed), and knobs that set environment variables (plan.env) get a group
+of their own. TRAINSCOUT_FRESH_WORKERS=1 (or execute(reuse=False)) runs a trial in a group of its own.
+
+The pool is one named actor per Ray job, created by the driver (a search's trials find it by name); its groups are
+its children, so they end with the driver.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+
+NAME = "trainscout-worker-pool"
+
+
+def fresh_requested() -> bool:
+    return os.environ.get("TRAINSCOUT_FRESH_WORKERS", "") not in ("", "0")
+
+
+_held = {}  # the handle of the pool this process created: Ray destroys a named actor with its last handle
+
+
+def pool():
+    """The job's pool actor: found by name, or created and held by this process (the driver, if it asks first;
+    the trials of a search find the driver's)."""
+    import ray
+    try:
+        return ray.get_actor(NAME)
+    except ValueError:
+        handle = ray.remote(Pool).options(name=NAME, get_if_exists=True, num_cpus=0, max_concurrency=1000).remote()
+        _held[NAME] = handle
+        return handle
+
+
+class Rank:
+    """One rank's process: torch.distributed set up once, then one trial after another (trial.worker)."""
+
+    def where(self) -> tuple[str, list]:
+        import ray
+        return ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+
+    def free_port(self) -> int:
+        import socket
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def setup(self, rank: int, world: int, master: str, port: int, visible: list, local: int, local_world: int,
+              backend: str) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+        if visible:  # the node's GPUs of this group, as Ray Train shares them: NCCL wants to see its peers
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        self.rank, self.world, self.local = rank, world, local
+        # what torchrun (and Ray Train) set: DeepSpeed and others read them
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), MASTER_ADDR=master,
+                          MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(local_world))
+        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=600))
+
+    def run(self, spec) -> dict:
+        from .worker import reset_process, train_loop
+        try:
+            return train_loop(spec, self.rank, self.world, self.local)
+        finally:
+            reset_process()
+
+
+class Progress:
+    """A trial's per-step reports, rank 0 -> the pool -> the trial's caller (runner._wait takes them)."""
+
+    def __init__(self, handle, trial_id: str):
+        self.handle, self.trial_id = handle, trial_id
+
+    def put(self, item: dict) -> None:
+        self.handle.report.remote(self.trial_id, item)
+
+
+class _Group:
+    def __init__(self, key, pg, actors):
+        self.key, self.pg, self.actors, self.trials, self.owner = key, pg, actors, 0, None
+
+    def kill(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        try:
+            remove_placement_group(self.pg)
+        except Exception:  # already gone with the job
+            pass
+
+
+class Pool:
+    """Groups by key (rank count, device, environment); idle ones wait for the next trial of their key."""
+
+    def __init__(self):
+        self.idle: list[_Group] = []
+        self.busy: dict[str, _Group] = {}
+        self.reports: dict[str, list] = {}
+
+    async def _start(self, key, world: int, cuda: bool, env: dict) -> _Group:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        bundle = {"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}
+        pg = placement_group([bundle] * world, strategy="PACK")
+        await pg.ready()
+        cls = ray.remote(Rank)
+        actors = [cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=0,
+                              runtime_env={"env_vars": env},
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+                              ).remote() for i in range(world)]
+        group = _Group(key, pg, actors)
+        try:
+            where = await asyncio.gather(*[a.where.remote() for a in actors])
+            port = await actors[0].free_port.remote()
+            nodes = {}
+            for node, gpus in where:
+                nodes.setdefault(node, []).extend(gpus)
+            setups = []
+            for i, (node, gpus) in enumerate(where):
+                visible = sorted(nodes[node], key=int) if cuda else []
+                same = [j for j, (n, _) in enumerate(where) if n == node]  # this node's ranks, in rank order
+                local = visible.index(gpus[0]) if cuda and gpus else same.index(i)
+                setups.append(actors[i].setup.remote(i, world, where[0][0], port, visible, local, len(same),
+                                                     "nccl" if cuda else "gloo"))
+            await asyncio.gather(*setups)
+        except BaseException:
+            group.kill()
+            raise
+        return group
+
+    async def run(self, trial_id: str, spec, env: dict, timeout: float, reuse: bool, owner: str | None = None) -> dict:
+        """{"ok": {"n_params", "ranks"}, "reused": n} | {"error": str} | {"timeout": True}; the hard limit counts
+        from here (a group's start-up included, as a fresh process's was)."""
+        key = (spec.world_size, spec.device, tuple(sorted(env.items())))
+        for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
+            self.idle.remove(g)
+            g.kill()
+        group = next((g for g in self.idle if g.key == key), None) if reuse else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            if group is not None:
+                self.idle.remove(group)
+            else:
+                group = await asyncio.wait_for(self._start(key, spec.world_size, spec.device == "cuda", env),
+                                               max(0.1, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return {"timeout": True}
+        except Exception as e:  # the group could not start (a GPU, a port): the trial's error
+            return {"error": f"{type(e).__name__}: {e}"}
+        self.busy[trial_id], group.owner = group, owner
+        futures = [asyncio.ensure_future(_value(a.run.remote(spec))) for a in group.actors]
+        healthy = False
+        try:
+            done, pending = await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()),
+                                               return_when=asyncio.FIRST_EXCEPTION)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:  # one rank's error (its peers may wait in a collective for it)
+                e = failed[0].exception()
+                return {"error": f"{type(e).__name__}: {e}"}
+            if pending:
+                return {"timeout": True}
+            outs = [f.result() for f in futures]
+            healthy = True
+            return {"ok": {"n_params": outs[0]["n_params"], "ranks": [o["rank"] for o in outs]}, "reused": group.trials}
+        finally:
+            for f in futures:
+                f.cancel()
+            if self.busy.pop(trial_id, None) is not None:
+                group.trials += 1
+                if healthy and reuse:
+                    self.idle.append(group)
+                else:
+                    group.kill()
+
+    def cancel(self, trial_id: str | None = None, owner: str | None = None) -> int:
+        """Kill the group of a running trial, or of the trials a caller started (a search's trial that ASHA
+        stopped: its actor is gone, and owner names it); returns how many."""
+        ids = [t for t, g in self.busy.items() if t == trial_id or (owner is not None and g.owner == owner)]
+        for t in ids:
+            self.busy.pop(t).kill()
+        return len(ids)
+
+    def report(self, trial_id: str, item: dict) -> None:
+        self.reports.setdefault(trial_id, []).append(item)
+
+    def take(self, trial_id: str) -> list:
+        """The reports since the last take."""
+        return self.reports.pop(trial_id, [])
+
+    def size(self) -> dict:
+        return {"idle": len(self.idle), "busy": len(self.busy)}
+
+
+async def _value(ref):
+    return await ref
