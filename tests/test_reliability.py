@@ -274,16 +274,12 @@ def loopback(ip: str) -> bool:
 def test_r8_ray_listens_on_loopback_only_and_starts_no_dashboard(ci_search):
     _, w, _ = ci_search
     names = {n for _, n, _, _ in w.listening}
-    assert {"gcs_server", "raylet"} <= names and any("RayTrainWorker" in n for n in names), names
+    assert {"gcs_server", "raylet"} <= names and any("ray::Rank" in n for n in names), names
+    # the ranks' rendezvous on one machine is a file (trial.pool), not torch's TCPStore, which binds every interface
     exposed = sorted({(pid, n, ip, port) for pid, n, ip, port in w.listening if not loopback(ip)})
-    # the one exception is torch's, not Ray's: rank 0's rendezvous store (c10d TCPStore) binds every interface
-    # while a trial runs, and torch offers no bind address for it (docs/DESIGN.md, Security)
-    train_workers = {pid for pid, titles in w.titles.items() if any("RayTrainWorker" in t for t in titles)}
-    assert not [x for x in exposed if x[0] not in train_workers], exposed
-    per_worker = collections.Counter(pid for pid, port in {(x[0], x[3]) for x in exposed})
-    assert all(c == 1 for c in per_worker.values()), exposed
+    assert not exposed, exposed
     print(f"R8: {len(w.listening)} listening sockets of {len({x[0] for x in w.listening})} Ray processes, "
-          f"{len(exposed)} not on the loopback (rank 0's TCPStore of {len(per_worker)} trials)")
+          "none off the loopback")
     # Ray runs its dashboard head minimal (no web UI, no HTTP port) when include_dashboard=False: it serves nothing
     heads = {pid for pid, c in w.cmdlines.items() if "dashboard/dashboard.py" in c}
     assert all("--minimal" in w.cmdlines[pid] and "--disable-frontend" in w.cmdlines[pid] for pid in heads)

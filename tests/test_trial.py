@@ -143,6 +143,27 @@ def test_failures_are_classified(ray_local, fault, status, words):
     assert "injected" in r.stderr_tail  # the failing rank's stderr tail comes back
 
 
+def test_worker_group_is_reused_until_a_failure(ray_local, worker_pids):
+    """trial.pool: the next trial of the same rank count runs in the same processes (record.reused counts the
+    trials before it there); a failure kills them and the trial after it starts fresh; reuse=False runs in
+    processes of its own, killed after it."""
+    first = run({})
+    pids = set(worker_pids())
+    second = run({})
+    assert first.status == second.status == "ok" and second.reused == first.reused + 1
+    assert set(worker_pids()) == pids and len(pids) == 2  # the same two rank processes
+    assert second.wall_s < first.wall_s or first.reused > 0  # no start-up the second time
+    failed = run({}, fault="assert")
+    assert failed.status == "crash" and failed.reused is None
+    after = run({})
+    assert after.status == "ok" and after.reused == 0 and not set(worker_pids()) & pids
+    alone = execute(prepare("tiny", {"precision": "fp32", "micro_batch_size": 4}, device="cpu", workers=2, steps=2,
+                            warmup=1, global_batch=32, measure_accum=2), reuse=False)
+    assert alone.status == "ok" and alone.reused == 0
+    again = run({})
+    assert again.reused == 1  # the group of `after` waited while `alone` ran in processes of its own
+
+
 def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
     t = time.time()
     r = run({}, fault="hang@1", timeout=20)

@@ -55,7 +55,7 @@ class Rank:
             return s.getsockname()[1]
 
     def setup(self, rank: int, world: int, master: str, port: int, visible: list, local: int, local_world: int,
-              backend: str) -> None:
+              backend: str, store: str | None) -> None:
         from datetime import timedelta
 
         import torch.distributed as dist
@@ -65,8 +65,9 @@ class Rank:
         # what torchrun (and Ray Train) set: DeepSpeed and others read them
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), MASTER_ADDR=master,
                           MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(local_world))
-        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=600))
+        # one node: the rendezvous goes through a file (torch's TCPStore would listen on every interface)
+        dist.init_process_group(backend, init_method=f"file://{store}" if store else f"tcp://{master}:{port}",
+                                rank=rank, world_size=world, timeout=timedelta(seconds=600))
 
     def run(self, spec) -> dict:
         from .worker import reset_process, train_loop
@@ -128,13 +129,18 @@ class Pool:
             nodes = {}
             for node, gpus in where:
                 nodes.setdefault(node, []).extend(gpus)
+            store = None
+            if len(nodes) == 1:
+                import tempfile
+                import uuid
+                store = os.path.join(tempfile.gettempdir(), f"trainscout-rendezvous-{uuid.uuid4().hex}")
             setups = []
             for i, (node, gpus) in enumerate(where):
                 visible = sorted(nodes[node], key=int) if cuda else []
                 same = [j for j, (n, _) in enumerate(where) if n == node]  # this node's ranks, in rank order
                 local = visible.index(gpus[0]) if cuda and gpus else same.index(i)
                 setups.append(actors[i].setup.remote(i, world, where[0][0], port, visible, local, len(same),
-                                                     "nccl" if cuda else "gloo"))
+                                                     "nccl" if cuda else "gloo", store))
             await asyncio.gather(*setups)
         except BaseException:
             group.kill()
@@ -149,6 +155,8 @@ class Pool:
             self.idle.remove(g)
             g.kill()
         group = next((g for g in self.idle if g.key == key), None) if reuse else None
+        if group is None:
+            self._make_room(spec.world_size, spec.device == "cuda")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -185,6 +193,14 @@ class Pool:
                     self.idle.append(group)
                 else:
                     group.kill()
+
+    def _make_room(self, world: int, cuda: bool) -> None:
+        """Kill idle groups, oldest first, while the cluster lacks what a new group needs (one GPU box: the idle
+        group holds the GPU a fresh one needs)."""
+        import ray
+        need = {"GPU": world} if cuda else {"CPU": 0.5 * world}
+        while self.idle and any(ray.available_resources().get(k, 0) < v for k, v in need.items()):
+            self.idle.pop(0).kill()
 
     def cancel(self, trial_id: str | None = None, owner: str | None = None) -> int:
         """Kill the group of a running trial, or of the trials a caller started (a search's trial that ASHA

@@ -8,6 +8,7 @@ with a device synchronisation, so the times are what the GPU really spent.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import resource
@@ -150,8 +151,11 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         torch.set_num_threads(max(1, spec.threads_per_worker or 1))
     torch.manual_seed(spec.seed or 0)
 
+    on_device = device.type == "cuda" and engines.get(plan.engine).builds_on_device
+
     def make(accum):
-        model = build_model(spec.model_config, plan.attn_implementation, recipe["seq_len"])
+        with torch.device(device) if on_device else contextlib.nullcontext():
+            model = build_model(spec.model_config, plan.attn_implementation, recipe["seq_len"])
         model.config.use_cache = False
         model.train()
         names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping

@@ -42,6 +42,9 @@ class Engine:
     """One rank's training under a plan. Subclasses register with @register_engine."""
 
     name: ClassVar[str]
+    # the model may be built (and its weights initialised) on the rank's device: the engine moves it there whole
+    # anyway. On the H200 a 1.2B model's build took 26-36 s on the host (bench/warm_workers_gpu.py)
+    builds_on_device: ClassVar[bool] = False
 
     def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int):
         raise NotImplementedError

@@ -13,6 +13,7 @@ class TorchEngine(Engine):
     """Plain PyTorch on one rank, DDP on several."""
 
     name = "ddp"
+    builds_on_device = True  # model.to(device) first thing (FSDP2 too: it shards a model on the device)
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1):
         import torch
