@@ -1,4 +1,8 @@
-"""The `trainscout` command line. Bad input ends with one line naming the field and the fix, and exit code 2."""
+"""The `trainscout` command line. Bad input ends with one line naming the field and the fix, and exit code 2.
+
+--json prints the machine output alone on stdout (progress and notes go to stderr); -q leaves out progress (the
+live table of a search, a progress bar, hints), -v adds the detail the code has (each failed trial's error and its
+ranks' stderr tail)."""
 from __future__ import annotations
 
 import argparse
@@ -8,18 +12,64 @@ import os
 import re
 import stat
 import sys
+import textwrap
+import warnings
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.status import Status
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`trainscout knobs --json | head`)
+
+DESCRIPTION = """What is the fastest way to pre-train model X on the GPUs I have, and how many days and dollars will
+the run take? trainscout measures real training configurations (ZeRO, FSDP2, offload, activation checkpointing,
+micro-batch, compile, precision, attention kernel, ...) in worker processes, times them with GPU synchronisation,
+and searches the space with Ray Tune + Optuna instead of a grid."""
+
+EPILOG = """a typical session:
+  trainscout estimate --model pythia-1b --set zero_stage=2 --gpu-memory 141GB
+  trainscout search --model pythia-1b --time-budget 2h --out runs/1b
+  trainscout report runs/1b
+  trainscout export runs/1b --best --out runs/1b/best
+
+`trainscout COMMAND --help` shows a command's flags with their defaults and an example. Exit status: 0 done, 1 the
+measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit), 2 bad
+input, 130 interrupted."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that shows each flag's default (None and False are not shown: the help text says what applies) and
+    keeps indented lines (the examples) as written; other text is wrapped to the terminal."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _fill_text(self, text, width, indent):
+        out, words = [], []
+
+        def flush():
+            if words:
+                out.append(textwrap.fill(" ".join(words), width, initial_indent=indent, subsequent_indent=indent))
+                words.clear()
+        for line in text.splitlines():
+            if not line.strip() or line.startswith(" "):
+                flush()
+                out.append(indent + line if line.strip() else "")
+            else:
+                words.extend(line.split())
+        flush()
+        return "\n".join(out)
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (no usage block) and exit code 2."""
 
     def error(self, message):
+        """Raise the usage error as a ConfigError naming the flag (main prints it as one line, exit 2)."""
         flag = re.search(r"argument ([^:\s]+)", message)
         raise ConfigError(flag.group(1) if flag else "arguments", f"{message} (see `{self.prog} --help`)")
 
@@ -123,6 +173,7 @@ def nonneg_float(flag: str):
 
 
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """The training recipe's flags (global batch, sequence length, run length, clipping) of a command."""
     g = p.add_argument_group("recipe (defaults: the model's, e.g. Pythia: 1024 x 2048 tokens, 143,000 steps)")
     g.add_argument("--global-batch", type=positive_int("--global-batch"), help="sequences per optimizer step")
     g.add_argument("--seq-len", type=positive_int("--seq-len"), help="tokens per sequence")
@@ -132,12 +183,14 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
 
 
 def recipe_kwargs(a) -> dict:
+    """The recipe flags as keyword arguments of trial.prepare (None: the model's own)."""
     return dict(global_batch=a.global_batch, seq_len=a.seq_len, total_steps=a.train_steps,
                 total_tokens=a.train_tokens, grad_clip=a.grad_clip)
 
 
 # --- commands -------------------------------------------------------------------------------------------------
 def cmd_knobs(a) -> int:
+    """`trainscout knobs`: the table of knobs (-v: the module each comes from; -q: without the hint)."""
     from trainscout import spaces
     rows = []
     for k in spaces.all_knobs():
@@ -147,15 +200,18 @@ def cmd_knobs(a) -> int:
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in ("name", "domain", "default", "requires")}
+    columns = ("name", "domain", "default", "requires") + (("module",) if a.verbose else ())
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.upper().ljust(widths[c]) for c in widths) + "  DESCRIPTION")
     for r in rows:
         print("  ".join(r[c].ljust(widths[c]) for c in widths) + "  " + r["description"])
-    print("\nSet a knob with --set NAME=VALUE. A knob with requirements may only leave its default when they hold.")
+    if not a.quiet:
+        print("\nSet a knob with --set NAME=VALUE. A knob with requirements may only leave its default when they hold.")
     return 0
 
 
 def cmd_trial(a) -> int:
+    """`trainscout trial`: measure one configuration; exit 1 when its outcome is a failure."""
     from trainscout.trial import execute, prepare
     input_file("--model", a.model)
     spec = prepare(a.model, parse_sets(a.set), device=a.device, workers=a.workers, steps=a.steps, warmup=a.warmup,
@@ -164,18 +220,20 @@ def cmd_trial(a) -> int:
     if a.json:
         print(json.dumps(record.to_dict()))
     else:
-        print_trial(record)
+        print_trial(record, verbose=a.verbose)
     return 0 if record.ok else 1
 
 
-def print_trial(r) -> None:
-    """A trial's Record, as the `trial` command prints it."""
+def print_trial(r, verbose: bool = False) -> None:
+    """A trial's Record, as the `trial` command prints it (verbose: a failed trial's ranks' stderr tail too)."""
     cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
     print(f"trial {r.trial_id}  model {r.model}  device {r.device} x{r.world_size}  status {r.status}")
     print(f"config   {cfg}")
     m = r.metrics
     if not m:
         print(f"error    {r.error}")
+        if verbose and r.stderr_tail:
+            print("stderr   the ranks' last lines:\n" + textwrap.indent(r.stderr_tail, "    "))
         return
     rec = r.recipe
     mfu = f"{m['mfu']:.3f}" if m["mfu"] is not None else "n/a (no GPU peak known)"
@@ -211,12 +269,13 @@ def cmd_estimate(a) -> int:
     comp = memory.components(spec)
     total = memory.predict(spec, cal)
     host = memory.host_peak(spec)
-    if a.json:
+    fits = None if capacity is None else total <= capacity
+    if a.json:  # the same exit status as the text: 1 when it does not fit
         print(json.dumps({"config": spec.config, "components_gib": {k: v / memory.GiB for k, v in comp.items()},
                           "host_gib": {k: v / memory.GiB for k, v in host.items()},
                           "predicted_gib": total / memory.GiB, "calibration": cal,
-                          "capacity_gib": capacity / memory.GiB if capacity else None}))
-        return 0
+                          "capacity_gib": capacity / memory.GiB if capacity else None, "fits": fits}))
+        return 1 if fits is False else 0
     print(f"model {spec.model}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec.config.items()))
     for k, v in comp.items():
         print(f"  {k:12} {v / memory.GiB:8.2f} GiB")
@@ -225,13 +284,13 @@ def cmd_estimate(a) -> int:
     print(f"  {'predicted':12} {total / memory.GiB:8.2f} GiB per rank ({how})")
     print("  host memory, all ranks: " + ", ".join(f"{k} {v / memory.GiB:.1f}" for k, v in host.items()) + " GiB")
     if capacity:
-        verdict = "fits" if total <= capacity else "does NOT fit"
+        verdict = "fits" if fits else "does NOT fit"
         print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
-        return 0 if total <= capacity else 1
-    return 0
+    return 1 if fits is False else 0
 
 
 def cmd_verify(a) -> int:
+    """`trainscout verify`: train a stored configuration for N full steps; measured against projected step time."""
     from trainscout.analysis.verify import verify
     r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address,
                runner=a.runner)
@@ -255,13 +314,14 @@ def cmd_verify(a) -> int:
 
 
 def cmd_train(a) -> int:
+    """`trainscout train`: train with an exported configuration (a progress bar on stderr unless -q or --json)."""
     from tqdm import tqdm
 
     from trainscout.trial.train import train
     out_folder("--out", a.out)
     for flag, path in (("--config", a.config), ("--data", a.data), ("--model", a.model)):
         input_file(flag, path)
-    bar = tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json)
+    bar = tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr)
 
     def on_step(m):
         bar.update(m["step"] - bar.n)
@@ -295,7 +355,8 @@ def duration(s: str) -> float:
     return total
 
 
-SEARCH_RULES = """Search the knob space with real trials (Ray Tune + Optuna + ASHA).
+SEARCH_RULES = """Search the knob space for the fastest configuration with real trials (Ray Tune + Optuna + ASHA):
+a live table of the trials as they end, then a summary of the best ones (tokens/s, MFU, days of the recipe).
 
 Output folders: a new search into a folder (or --storage) that already holds a search of that name (the folder's
 name) is refused: continue it with --resume DIR, or give another --out. --resume DIR continues the search with the
@@ -315,8 +376,10 @@ SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", 
 
 
 def cmd_search(a) -> int:
-    from trainscout.search.service import SearchArgs, resumed, run_search
-    stream = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout
+    """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone)."""
+    from trainscout.search.service import SearchArgs, resumed, run_search, summarize
+    from trainscout.store import default_url, open_store
+    out = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout, the rest on stderr
     input_file("--space", a.space)
     sets = parse_sets(a.set) if a.set else None
     recipe = {k: v for k, v in recipe_kwargs(a).items() if v is not None}
@@ -341,8 +404,8 @@ def cmd_search(a) -> int:
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
                  "storage": storage, "address": a.address}
         args, notes = resumed(saved, a.resume, given, done=len(store.trials(name)))
-        for note in notes:
-            print(f"resuming {name}: {note}", file=stream)
+        for note in notes if not a.quiet else ():
+            print(f"resuming {name}: {note}", file=out)
     else:
         for k, v in SEARCH_DEFAULTS.items():
             if getattr(a, k) is None:
@@ -351,7 +414,8 @@ def cmd_search(a) -> int:
             import torch
             if torch.cuda.is_available():
                 raise ConfigError("--model", "give --model (e.g. pythia-160m); without a GPU the default is a CPU demo")
-            print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
+            if not a.quiet:
+                print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
             a.model, a.trials, a.gpus_per_trial = DEMO["model"], a.trials or DEMO["trials"], DEMO["workers"]
             a.steps, a.warmup = DEMO["steps"], DEMO["warmup"]
             sets = dict(DEMO["sets"], **(sets or {}))
@@ -360,7 +424,19 @@ def cmd_search(a) -> int:
                           time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
                           address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
                           max_failures=a.max_failures, recipe=recipe)
-    summary = run_search(args, stream=stream, resume=bool(a.resume))
+    # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
+    stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
+    try:
+        summary = run_search(args, stream=stream, resume=bool(a.resume))
+    finally:
+        if stream is not out:
+            stream.close()
+    if a.quiet or a.verbose:
+        store = open_store(args.storage or default_url(args.out))
+        if a.quiet and not a.json:
+            summarize(store, summary["search"], out, out=args.out)
+        if a.verbose:
+            print_failures(store, summary["search"], out)
     if a.json:
         print(json.dumps(summary))
     if summary.get("interrupted"):
@@ -371,10 +447,22 @@ def cmd_search(a) -> int:
     return 0
 
 
+def print_failures(store, search: str, stream) -> None:
+    """-v: every trial of a search that did not end ok, with its whole reason and its ranks' stderr tail if kept."""
+    for t in store.trials(search):
+        if t["status"] in (Status.OK, Status.STOPPED):
+            continue
+        print(f"trial {t['trial']} {t['status']}: {t['error'] or 'no reason recorded'}", file=stream)
+        rec = store.get(t["key"]) if t["key"] else None
+        if rec is not None and rec.stderr_tail:
+            print(textwrap.indent(rec.stderr_tail, "    "), file=stream)
+
+
 INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a trial without a record)
 
 
 def cmd_results(a) -> int:
+    """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
     from trainscout.analysis.table import METRICS, dumps, load_resolved, store_of
     from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
@@ -412,12 +500,14 @@ def cmd_results(a) -> int:
         shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "peak_memory_gib", "projected_days",
                              "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
                              "precision", "key", "error") if c in df.columns]
-        df = df.assign(error=[one_line(e, 80) if isinstance(e, str) else "" for e in df["error"]])
+        width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
+        df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
         print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
     return 0
 
 
 def cmd_export(a) -> int:
+    """`trainscout export`: write a measured configuration's files; prints each path, then what was not exported."""
     from trainscout.analysis.export import FORMATS, export
     from trainscout.analysis.table import measurement, store_of
     if bool(a.trial) == bool(a.best):
@@ -446,6 +536,7 @@ def cmd_export(a) -> int:
 
 
 def cmd_report(a) -> int:
+    """`trainscout report`: print the analysis' summary and write report.html."""
     from trainscout.analysis.report import analyse, summary, write_html
     out = a.out if a.out is not None else (a.source if "://" not in a.source else "report")
     out_folder("--out", out)
@@ -456,74 +547,188 @@ def cmd_report(a) -> int:
     return 0
 
 
+def verbosity_flags(p: argparse.ArgumentParser, default) -> None:
+    """-q/--quiet and -v/--verbose; on each command too (default SUPPRESS there: the top-level value stands)."""
+    p.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="print only results and errors: no live table, progress bar or hints")
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="print more: each failed trial's whole reason and its ranks' stderr tail, full errors in "
+                        "tables, each knob's module")
+
+
+def command(sub, name: str, summary: str, description: str, example: str, func, **kw) -> Parser:
+    """A subcommand: its one-line summary (the top-level list), what it does, and its example(s) as the epilog."""
+    p = sub.add_parser(name, help=summary, description=description, epilog="example:\n" + example,
+                       formatter_class=HelpFormatter, **kw)
+    verbosity_flags(p, argparse.SUPPRESS)
+    p.set_defaults(func=func)
+    return p
+
+
+JSON_HELP = "print the machine output alone on stdout as JSON, progress and notes on stderr (default: text)"
+SET_HELP = "set a knob (repeatable; a knob not set keeps its default)"
+
+
 def build_parser() -> Parser:
-    p = Parser(prog="trainscout", description=__doc__.splitlines()[0].replace("The `trainscout` command line. ", ""))
+    """The `trainscout` argument parser: global flags and one subcommand per command, in the order of a session."""
+    p = Parser(prog="trainscout", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--version", action="store_true", help="print the installed version and exit")
-    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    verbosity_flags(p, False)
+    sub = p.add_subparsers(title="commands", dest="command", parser_class=Parser, metavar="COMMAND")
 
-    k = sub.add_parser("knobs", help="list every knob: domain, default, constraints, description")
-    k.add_argument("--json", action="store_true", help="print JSON")
-    k.set_defaults(func=cmd_knobs)
+    k = command(sub, "knobs", "list every knob: choices, default, requirements",
+                "Every knob a trial or a search may set: its choices, default, the knobs it requires, what it does. "
+                "Set one with --set NAME=VALUE (trial, search, estimate) or fix and narrow them in a --space file.",
+                "  trainscout knobs --json", cmd_knobs)
+    k.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    t = sub.add_parser("trial", help="measure one configuration for real")
+    m = command(sub, "estimate", "predict peak GPU memory per rank (no GPU needed)",
+                "Predict the peak GPU memory per rank of a configuration (weights, gradients, optimizer, buffers, "
+                "activations, logits) and the host memory of all ranks, without a GPU. With --gpu-memory: exit 1 "
+                "when it does not fit.",
+                "  trainscout estimate --model pythia-1b --set zero_stage=3 --workers 8 --gpu-memory 80GiB",
+                cmd_estimate)
+    m.add_argument("--model", required=True, help="pythia-14m ... pythia-12b, tiny, or a config.json path")
+    m.add_argument("--set", action="append", metavar="KNOB=VALUE", help=SET_HELP)
+    m.add_argument("--workers", type=positive_int("--workers"), default=1, help="GPUs the configuration spans")
+    m.add_argument("--gpu-memory", default=None,
+                   help="capacity per GPU to check against: a size with a unit, e.g. 80GiB or 141GB "
+                        "(default: no check)")
+    m.add_argument("--calibrate", default=None, metavar="DIR",
+                   help="fit the model on the measured peaks in this store, a search's --out or a URL "
+                        "(default: the analytic sum + 1 GiB workspace)")
+    m.add_argument("--gpu", default=None, help="with --calibrate: only measurements of this GPU name (default: all)")
+    m.add_argument("--json", action="store_true", help=JSON_HELP)
+    add_recipe_flags(m)
+
+    t = command(sub, "trial", "measure one configuration for real",
+                "Measure one configuration: build the model in worker processes (GPUs, or CPU processes), run the "
+                "warm-up steps, then time the optimizer steps with synchronisation. Prints tokens/s, the projected "
+                "full step, phase times, spread, peak memory per rank, MFU and the recipe's projected days. A failure "
+                "(oom, timeout, crash, invalid) is an outcome: printed, and exit 1.",
+                "  trainscout trial --model pythia-160m --set zero_stage=2 --set micro_batch_size=8 --steps 10",
+                cmd_trial)
     t.add_argument("--model", required=True, help="pythia-14m ... pythia-12b, tiny, or a config.json path")
-    t.add_argument("--set", action="append", metavar="KNOB=VALUE", help="set a knob (repeatable)")
+    t.add_argument("--set", action="append", metavar="KNOB=VALUE", help=SET_HELP)
     t.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu or cuda")
     t.add_argument("--workers", type=positive_int("--workers"), default=1, help="ranks: GPUs, or CPU processes")
     t.add_argument("--steps", type=positive_int("--steps"), default=5, help="timed optimizer steps")
     t.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first (compile happens here)")
     t.add_argument("--measure-accum", type=int, default=None,
-                   help="micro-batches per timed step (default min(accumulation, 4); 0 = the full step)")
+                   help="micro-batches per timed step, 0 = the full step (default: min(accumulation, 4))")
     t.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
-                   help="hard limit for the whole trial in seconds, > 0 (default 300 on CPU, 900 on GPU)")
+                   help="hard limit for the whole trial in seconds, > 0 (default: 300 on CPU, 900 on GPU)")
     t.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
-    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.add_argument("--json", action="store_true", help=JSON_HELP)
     t.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     add_recipe_flags(t)
-    t.set_defaults(func=cmd_trial)
 
-    s = sub.add_parser("search", help="search the knob space with real trials (Ray Tune + Optuna + ASHA)",
-                       description=SEARCH_RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--model", default=None, help="as for trial; without --model and without a GPU: the CPU demo")
-    s.add_argument("--device", default=None, help="auto (default), cpu or cuda")
+    d = SEARCH_DEFAULTS
+    s = command(sub, "search", "find the fastest configuration with real trials",
+                SEARCH_RULES,
+                "  trainscout search --model pythia-1b --gpus-per-trial 8 --time-budget 2h --out runs/1b\n"
+                "  trainscout search --resume runs/1b --trials 60          # continue it, up to 60 trials", cmd_search)
+    s.add_argument("--model", default=None,
+                   help="as for trial (default: on a box without a GPU, the CPU demo: tiny model, 2 workers, 6 trials)")
+    s.add_argument("--device", default=None, help=f"auto, cpu or cuda (default: {d['device']})")
     s.add_argument("--gpus-per-trial", type=positive_int("--gpus-per-trial"), default=None,
-                   help="ranks per trial: GPUs (on the CPU: worker processes); default 1")
+                   help=f"ranks per trial: GPUs (on the CPU: worker processes) (default: {d['gpus_per_trial']})")
     s.add_argument("--trials", type=positive_int("--trials"), default=None,
-                   help="number of trials in all (with --resume: a larger number runs more)")
+                   help="number of trials in all; with --resume a larger number runs more (default: until "
+                        "--time-budget; give one of them)")
     s.add_argument("--time-budget", type=duration, default=None,
-                   help="stop starting trials after this (30m, 2h); with --resume: for this run")
-    s.add_argument("--space", default=None, help="YAML space file: knob: value (fixed) or knob: [values]")
+                   help="stop starting trials after this, e.g. 30m, 2h, 1h30m; with --resume: for this run "
+                        "(default: until --trials)")
+    s.add_argument("--space", default=None,
+                   help="YAML space file: knob: value (fixed) or knob: [values] (default: every knob's choices)")
     s.add_argument("--set", action="append", metavar="KNOB=VALUE", help="fix a knob (repeatable)")
-    s.add_argument("--out", default=None, help="output folder (results.db, logs); default runs/search")
+    s.add_argument("--out", default=None, help=f"output folder: results.db, logs (default: {d['out']})")
     s.add_argument("--storage", default=None, help="SQLAlchemy URL of the results store (default: OUT/results.db)")
-    s.add_argument("--address", default=None, help="Ray cluster address (auto: attach to a running cluster)")
+    s.add_argument("--address", default=None,
+                   help="Ray cluster address; auto: attach to a running cluster (default: start Ray on 127.0.0.1)")
     s.add_argument("--resume", default=None, metavar="DIR", help="continue the search whose --out was DIR")
-    s.add_argument("--seed", type=seed_int, default=None, help="sampler seed, 0 .. 2**32-1; default 0")
+    s.add_argument("--seed", type=seed_int, default=None, help=f"sampler seed, 0 .. 2**32-1 (default: {d['seed']})")
     s.add_argument("--steps", type=positive_int("--steps"), default=None,
-                   help="timed optimizer steps per trial; default 5")
-    s.add_argument("--warmup", type=int, default=None, help="untimed steps per trial; default 2")
+                   help=f"timed optimizer steps per trial (default: {d['steps']})")
+    s.add_argument("--warmup", type=int, default=None, help=f"untimed steps per trial (default: {d['warmup']})")
     s.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
-                   help="hard limit per trial in seconds, > 0 (default 300 on CPU, 900 on GPU)")
+                   help="hard limit per trial in seconds, > 0 (default: 300 on CPU, 900 on GPU)")
     s.add_argument("--max-failures", type=int, default=None,
-                   help="measure a crashed trial again up to this many times (oom, invalid, timeout: never); default 0")
-    s.add_argument("--json", action="store_true", help="print the summary as JSON at the end (alone on stdout; "
-                                                       "the progress goes to stderr)")
+                   help="measure a crashed trial again up to this many times; oom, invalid, timeout: never "
+                        f"(default: {d['max_failures']})")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON at the end, alone on stdout; the "
+                                                       "live table and progress go to stderr (default: text)")
     add_recipe_flags(s)
-    s.set_defaults(func=cmd_search)
 
-    r = sub.add_parser("results", help="the trials of a store as a table, CSV or JSON")
+    r = command(sub, "results", "the trials of a store as a table, CSV or JSON",
+                "The trials of a store (a search's --out folder or a storage URL), each failed or refused one with "
+                "its reason. --export and --import move measurement records (JSON lines, one measurement a line) "
+                "between stores, to pool measurements; to write a configuration for a trainer, use the export "
+                "command.",
+                "  trainscout results runs/1b --status ok --sort tokens_per_s\n"
+                "  trainscout results runs/1b --export 1b.jsonl && trainscout results runs/all --import 1b.jsonl",
+                cmd_results)
     r.add_argument("source", help="a search's --out folder or a storage URL")
-    r.add_argument("--model", help="only rows whose model contains this")
-    r.add_argument("--gpu", help="only rows whose GPU name contains this")
-    r.add_argument("--status", help="only rows with this status (ok, oom, stopped, ...)")
-    r.add_argument("--sort", help="sort by a column (tokens_per_s and mfu: highest first)")
-    r.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    r.add_argument("--export", dest="export_file", metavar="FILE.jsonl", help="write every measurement as JSON lines")
+    r.add_argument("--model", help="only rows whose model contains this (default: all)")
+    r.add_argument("--gpu", help="only rows whose GPU name contains this (default: all)")
+    r.add_argument("--status", help="only rows with this status: ok, oom, stopped, ... (default: all)")
+    r.add_argument("--sort", help="sort by a column, tokens_per_s and mfu highest first (default: the order run)")
+    r.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="table (for people), csv, or json (one list of rows, alone on stdout)")
+    r.add_argument("--export", dest="export_file", metavar="FILE.jsonl",
+                   help="write every measurement record of the store to FILE as JSON lines (not a trainer's "
+                        "configuration: that is the export command)")
     r.add_argument("--import", dest="import_file", metavar="FILE.jsonl",
-                   help="add the measurements of such a file (marked imported, duplicates merged)")
-    r.set_defaults(func=cmd_results)
+                   help="add the measurement records of such a JSON-lines file (marked imported, duplicates merged; "
+                        "a malformed line refuses the whole file)")
 
-    tr = sub.add_parser("train", help="train with an exported configuration (synthetic tokens or a token file)")
+    rp = command(sub, "report", "best configurations, days and dollars, failures; HTML",
+                 "Best configurations (tokens/s, MFU, days, rent and purchase cost from list-price estimates), "
+                 "failures, knob importance (Optuna PED-ANOVA); prints a summary and writes a self-contained "
+                 "report.html.",
+                 "  trainscout report runs/1b --prices my-prices.json", cmd_report)
+    rp.add_argument("source", help="a search's --out folder or a storage URL")
+    rp.add_argument("--out", default=None,
+                    help="folder for report.html (default: the source folder; ./report for a URL)")
+    rp.add_argument("--prices", default=None, metavar="FILE.json",
+                    help="GPU prices over the built-in list-price estimates, format: analysis/prices.json "
+                         "(default: the built-in ones)")
+
+    e = command(sub, "export", "write a configuration for HF Trainer, DeepSpeed, accelerate",
+                "Write a measured configuration for your own trainer: HF TrainingArguments JSON, the engine's "
+                "DeepSpeed JSON, an accelerate YAML, a launch command, and trainscout.json (provenance: model, "
+                "recipe, hardware, versions; what was not exported and what only trainscout.runtime.hf applies).",
+                "  trainscout export runs/1b --best --format all --out runs/1b/best", cmd_export)
+    e.add_argument("source", help="a search's --out folder or a storage URL")
+    e.add_argument("--best", action="store_true", help="the fastest successful measurement")
+    e.add_argument("--trial", help="a measurement key (or a unique prefix of one); give it or --best")
+    e.add_argument("--format", choices=("hf", "deepspeed", "accelerate", "command", "all"), default="all",
+                   help="hf: training_args.json, deepspeed: deepspeed.json, accelerate: accelerate.yaml, command: "
+                        "launch.sh, all: every one the measured engine can carry")
+    e.add_argument("--out", required=True, help="folder to write into")
+
+    v = command(sub, "verify", "N full steps of a stored configuration vs its projection",
+                "Train the best (or a given) stored configuration for N full optimizer steps, every micro-batch of "
+                "the global batch in every step, and compare the measured step time with the one the search "
+                "projected. Exit 1 when the run fails.",
+                "  trainscout verify runs/1b --steps 200 --runner hf", cmd_verify)
+    v.add_argument("source", help="a search's --out folder or a storage URL")
+    v.add_argument("--trial", default=None, help="a measurement key or prefix (default: the best)")
+    v.add_argument("--runner", default="trainscout", choices=("trainscout", "hf", "accelerate"),
+                   help="who trains: trainscout's workers, the export in a stock HF Trainer with the runtime hook "
+                        "(hf; several ranks: through accelerate launch), or always via accelerate launch")
+    v.add_argument("--steps", type=positive_int("--steps"), default=200, help="timed full optimizer steps")
+    v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    v.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
+                   help="hard limit in seconds, > 0 (default: 30 x the projected time of the steps, at least 900)")
+    v.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
+    v.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    tr = command(sub, "train", "train with an exported configuration",
+                 "Train with a configuration `trainscout export` wrote, on synthetic tokens or a flat file of token "
+                 "ids; a transformers checkpoint at the end. Exit 1 when the run fails.",
+                 "  trainscout train --config runs/1b/best --steps 1000 --data tokens.bin --out runs/1b/ckpt",
+                 cmd_train)
     tr.add_argument("--config", required=True, help="a folder written by `trainscout export` (or its trainscout.json)")
     tr.add_argument("--model", default=None, help="model to train (default: the exported one)")
     tr.add_argument("--steps", type=positive_int("--steps"), default=100, help="optimizer steps")
@@ -532,81 +737,47 @@ def build_parser() -> Parser:
     tr.add_argument("--out", default="runs/train", help="checkpoint folder (config.json + model.safetensors)")
     tr.add_argument("--workers", type=positive_int("--workers"), default=None, help="ranks (default: as exported)")
     tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    tr.add_argument("--timeout", type=positive_seconds("--timeout"), default=None, help="hard limit in seconds, > 0")
-    tr.add_argument("--address", default=None, help="Ray cluster address")
-    tr.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    tr.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
+                    help="hard limit in seconds, > 0 (default: none)")
+    tr.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
+    tr.add_argument("--json", action="store_true", help=JSON_HELP)
     add_recipe_flags(tr)
-    tr.set_defaults(func=cmd_train)
-
-    v = sub.add_parser("verify", help="train a stored configuration for N full steps: measured vs projected step time")
-    v.add_argument("source", help="a search's --out folder or a storage URL")
-    v.add_argument("--trial", default=None, help="a measurement key or prefix (default: the best)")
-    v.add_argument("--runner", default="trainscout", choices=("trainscout", "hf", "accelerate"),
-                   help="who trains: trainscout's workers (default), the export in a stock HF Trainer with the runtime "
-                        "hook (hf; several ranks: through accelerate launch), or always via accelerate launch")
-    v.add_argument("--steps", type=positive_int("--steps"), default=200, help="timed full optimizer steps")
-    v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    v.add_argument("--timeout", type=nonneg_float("--timeout"), default=None, help="hard limit in seconds")
-    v.add_argument("--address", default=None, help="Ray cluster address")
-    v.add_argument("--json", action="store_true", help="print one JSON object")
-    v.set_defaults(func=cmd_verify)
-
-    m = sub.add_parser("estimate", help="predict peak GPU memory per rank of a configuration (no GPU needed)")
-    m.add_argument("--model", required=True, help="as for trial")
-    m.add_argument("--set", action="append", metavar="KNOB=VALUE", help="set a knob (repeatable)")
-    m.add_argument("--workers", type=positive_int("--workers"), default=1, help="GPUs the configuration spans")
-    m.add_argument("--gpu-memory", default=None,
-                   help="capacity per GPU to check against: a size with a unit, e.g. 80GiB or 141GB")
-    m.add_argument("--calibrate", default=None, metavar="DIR",
-                   help="fit the model on the measured peaks in this store (a search's --out or a URL)")
-    m.add_argument("--gpu", default=None, help="with --calibrate: only measurements of this GPU name")
-    m.add_argument("--json", action="store_true", help="print one JSON object")
-    add_recipe_flags(m)
-    m.set_defaults(func=cmd_estimate)
-
-    e = sub.add_parser("export", help="write a measured configuration for HF Trainer, DeepSpeed, accelerate")
-    e.add_argument("source", help="a search's --out folder or a storage URL")
-    e.add_argument("--best", action="store_true", help="the fastest successful measurement")
-    e.add_argument("--trial", help="a measurement key (or a unique prefix of one)")
-    e.add_argument("--format", choices=("hf", "deepspeed", "accelerate", "command", "all"), default="all")
-    e.add_argument("--out", required=True, help="folder to write into")
-    e.set_defaults(func=cmd_export)
-
-    rp = sub.add_parser("report", help="best configurations, cost, failures, knob importance; a self-contained HTML")
-    rp.add_argument("source", help="a search's --out folder or a storage URL")
-    rp.add_argument("--out", default=None, help="folder for report.html (default: the source folder; ./report for a URL)")
-    rp.add_argument("--prices", default=None, metavar="FILE.json",
-                    help="GPU prices over the built-in list-price estimates (format: analysis/prices.json)")
-    rp.set_defaults(func=cmd_report)
     return p
 
 
 def version() -> str:
-    """The installed distribution's version."""
-    from importlib.metadata import PackageNotFoundError, version as installed
-    try:
-        return installed("trainscout")
-    except PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
+    """The installed distribution's version (trainscout.cli.__version__)."""
+    from trainscout.cli import __version__
+    return __version__ if __version__ != "unknown" else "unknown (not installed: pip install -e .)"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `trainscout` console script: parse, run the command, turn bad input into one line and exit code 2."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         a = build_parser().parse_args(argv)
         if a.version:
             print(f"trainscout {version()}")
             return 0
+        if a.quiet and a.verbose:
+            raise ConfigError("--quiet", "-q/--quiet and -v/--verbose contradict each other: give one of them")
         if not getattr(a, "func", None):
             build_parser().print_help()
             return EXIT_BAD_INPUT
-        return a.func(a)
+        with warnings.catch_warnings():
+            if a.quiet:  # libraries' deprecation notices (Optuna's, in a search) are not results
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+            return a.func(a)
     except ConfigError as e:
         print(f"trainscout: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("trainscout: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader stopped reading (| head): no traceback, and none at exit's flush either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Bad input to the command line, and what a user sees: one line naming the field and the fix (exit 2) before
 anything starts or is written; results already measured are never lost; exit 0 means it did what was asked.
+The help (what each command does, its defaults, an example), -q, -v, and --json's output alone on stdout.
 
-Every test but one calls cli.main.main in-process and needs no Ray and no trial (validation comes first).
-One runs a real tiny search on the CPU: interrupted (exit 130), then resumed with more trials and --json."""
+Every test but one calls cli.main.main in-process and needs no Ray and no trial (validation comes first; a
+resumed search whose trials are all done starts nothing). One runs a real tiny search on the CPU: interrupted
+(exit 130), then resumed with more trials and --json."""
 from __future__ import annotations
 
 import csv
@@ -57,6 +59,127 @@ def bench_store(tmp_path) -> Store:
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"trainscout {version('trainscout')}\n"
+    import trainscout.cli
+    assert trainscout.cli.__version__ == version("trainscout")  # `trainscout` is a namespace package: no __version__
+
+
+# --- help: what the tool and each command do, defaults, an example ----------------------------------------------
+COMMANDS = ("knobs", "estimate", "trial", "search", "results", "report", "export", "verify", "train")
+
+
+def help_of(capsys, monkeypatch, argv) -> str:
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal: the width of the smallest one
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_top_level_help_says_what_the_tool_answers_and_lists_the_commands(capsys, monkeypatch):
+    text = help_of(capsys, monkeypatch, ["--help"])
+    description = text.split("\n\n")[1]
+    assert description.startswith("What is the fastest way to pre-train") and "days and dollars" in description
+    assert "Bad input" not in text and "-q, --quiet" in text and "-v, --verbose" in text
+    listed = text.split("commands:\n")[1].split("\n\n")[0].splitlines()[1:]  # after the COMMAND line
+    assert [line.split()[0] for line in listed] == list(COMMANDS)  # one line each, nothing wrapped
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_help_shows_its_defaults_and_an_example(capsys, monkeypatch, command):
+    text = help_of(capsys, monkeypatch, [command, "--help"])
+    assert "(default: " in text, text
+    assert f"example:\n  trainscout {command} " in text, text
+    assert "-q, --quiet" in text  # the global flags are taken after the command too
+
+
+def test_results_import_and_export_say_they_move_measurement_records(capsys, monkeypatch):
+    text = " ".join(help_of(capsys, monkeypatch, ["results", "--help"]).split())
+    assert "--export FILE.jsonl write every measurement record" in text and "JSON lines" in text
+    assert "export command" in text
+    text = " ".join(help_of(capsys, monkeypatch, ["export", "--help"]).split())
+    for fmt in ("hf: training_args.json", "deepspeed: deepspeed.json", "accelerate: accelerate.yaml",
+                "command: launch.sh", "all:"):
+        assert fmt in text, text
+
+
+# --- -q, -v, --json ------------------------------------------------------------------------------------------
+def test_quiet_drops_the_hint_of_knobs_and_verbose_adds_each_knobs_module(capsys):
+    assert main(["knobs"]) == 0
+    assert "Set a knob with --set" in capsys.readouterr().out
+    assert main(["-q", "knobs"]) == 0
+    out = capsys.readouterr().out
+    assert "Set a knob with --set" not in out and out.startswith("NAME") and "MODULE" not in out
+    assert main(["knobs", "-v"]) == 0
+    assert "trainscout.spaces.knobs." in capsys.readouterr().out
+
+
+def test_quiet_and_verbose_together_are_refused(capsys):
+    assert main(["-q", "knobs", "-v"]) == 2
+    one_line_error(capsys, "--quiet")
+
+
+def finished_search(tmp_path) -> str:
+    """A saved search whose 4 trials are done (a resume runs nothing, starts no Ray): 3 refused, 1 crashed."""
+    out, _ = saved_search(tmp_path)
+    store = Store(default_url(out))
+    for i in range(3):
+        store.add_trial("s", f"t{i}", None, "invalid", False, 0.0, {"micro_batch_size": i},
+                        error="refused: " + "because " * 30 + "the end")
+    crash = Record(model="tiny", config={"micro_batch_size": 4}, status="crash", device="cpu", world_size=1,
+                   error="RuntimeError: boom", stderr_tail="[rank0.err] Traceback ...\nRuntimeError: boom")
+    store.put("c" * 32, crash)
+    store.add_trial("s", "t3", "c" * 32, "crash", False, 0.0, {"micro_batch_size": 4}, error="RuntimeError: boom")
+    return out
+
+
+def test_quiet_search_prints_the_summary_alone(tmp_path, capsys):
+    out = finished_search(tmp_path)
+    assert main(["search", "--resume", out]) == 0
+    loud = capsys.readouterr().out
+    assert "all 4 trials done" in loud and "4 trials: 1 crash, 3 invalid" in loud
+    assert main(["-q", "search", "--resume", out]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == loud[loud.index("\n4 trials:"):] and cap.err == ""  # the summary, as a search prints it
+    assert main(["search", "--resume", out, "-q", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["trials"] == 4 and cap.err == ""
+
+
+def test_verbose_search_prints_each_failed_trials_whole_reason_and_stderr_tail(tmp_path, capsys):
+    out = finished_search(tmp_path)
+    assert main(["search", "--resume", out, "-v"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("because " * 30 + "the end") == 3  # the whole reason, not the table's 120 characters
+    assert "trial t3 crash: RuntimeError: boom\n    [rank0.err] Traceback ...\n    RuntimeError: boom" in text
+    assert main(["search", "--resume", out, "-v", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["trials"] == 4 and "[rank0.err]" in cap.err
+    assert main(["results", out]) == 0 and "the end" not in capsys.readouterr().out  # the table's 80 characters
+    assert main(["results", out, "-v"]) == 0 and capsys.readouterr().out.count("because " * 30 + "the end") == 3
+
+
+@pytest.mark.parametrize("argv, rc", [
+    (["knobs", "--json"], 0),
+    (["estimate", "--model", "tiny", "--json"], 0),
+    (["estimate", "--model", "tiny", "--gpu-memory", "1MiB", "--json"], 1),  # the exit status of the text
+    (["-v", "results", "STORE", "--format", "json"], 0),
+    (["search", "--resume", "STORE", "--json"], 0),
+])
+def test_json_output_is_alone_on_stdout(tmp_path, capsys, argv, rc):
+    store = finished_search(tmp_path)
+    assert main([store if a == "STORE" else a for a in argv]) == rc
+    cap = capsys.readouterr()
+    data = json.loads(cap.out)
+    if argv[0] == "estimate":
+        assert data["fits"] is (None if rc == 0 else False)
+
+
+def test_a_closed_stdout_ends_without_a_traceback(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "trainscout.cli.main", "knobs", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # as `| head` does once it has read its lines
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and "Traceback" not in err, err
 
 
 # --- storage: absolute, never in memory ------------------------------------------------------------------------
@@ -251,10 +374,11 @@ def test_a_store_left_with_an_unusable_seed_can_be_resumed_with_one(tmp_path, ca
 
 
 @pytest.mark.parametrize("argv", [SEARCH + ["--timeout", "0"], ["trial", "--model", "tiny", "--timeout", "0"],
-                                  ["train", "--config", "x", "--timeout", "0"], SEARCH + ["--timeout", "-5"]],
-                         ids=["search", "trial", "train", "negative"])
+                                  ["train", "--config", "x", "--timeout", "0"], SEARCH + ["--timeout", "-5"],
+                                  ["verify", "x", "--timeout", "0"]],
+                         ids=["search", "trial", "train", "negative", "verify"])
 def test_timeout_0_is_refused_not_read_as_the_default(tmp_path, capsys, argv):
-    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] != "trial" else [])) == 2
+    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] in ("search", "train") else [])) == 2
     assert "positive number of seconds" in one_line_error(capsys, "--timeout")
 
 
