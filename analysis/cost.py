@@ -26,6 +26,8 @@ CPU = "CPU"  # the hardware name of a CPU run (a prices file may price it with "
 
 @dataclass(frozen=True)
 class Price:
+    """One GPU's list prices: to buy (the GPU, a whole machine of them) and to rent (per GPU-hour), with the source."""
+
     name: str
     match: str                    # case-insensitive regular expression searched in the GPU name
     gpu_usd: float                # purchase price of one GPU
@@ -40,6 +42,7 @@ class Price:
         return max(0.0, self.machine_usd - self.gpus_per_machine * self.gpu_usd)
 
     def machines(self, gpus: int) -> int:
+        """Machines needed to hold `gpus` GPUs (at least one)."""
         return max(1, math.ceil(gpus / self.gpus_per_machine))
 
     def box_usd(self, gpus: int) -> float:
@@ -47,6 +50,7 @@ class Price:
         return gpus * self.gpu_usd + self.machines(gpus) * self.host_usd
 
     def rent_usd(self, days: float, gpus: int) -> float:
+        """Renting `gpus` of these GPUs for `days` (the module's rent_usd)."""
         return rent_usd(days, gpus, self)
 
 

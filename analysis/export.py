@@ -108,6 +108,7 @@ def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict
 
 
 def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
+    """The accelerate config (accelerate.yaml) of the measured run: processes, precision, the engine's section."""
     plan = Plan.from_dict(rec.plan)
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
     cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
@@ -138,6 +139,7 @@ def check_accelerate(path: str) -> None:
 
 
 def launch_command(rec: Record, out_dir: str) -> str:
+    """launch.sh's command: `trainscout train` with the export, and how to launch your own script with it."""
     from trainscout.trial.models import model_names
     n = rec.world_size
     model = f" --model {shlex.quote(rec.model)}" if rec.model in model_names() else ""  # else: trainscout.json's config

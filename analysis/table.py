@@ -78,6 +78,7 @@ def measurement(source: str, key: str | None = None, best: bool = False) -> Reco
 
 
 def dumps(df: pd.DataFrame) -> str:
+    """A table as a JSON list of rows, one object a row (missing values as null), as `results --format json` prints."""
     return json.dumps(json.loads(df.to_json(orient="records")), indent=1)
 
 

@@ -55,6 +55,7 @@ def all_knobs() -> list[Knob]:
 
 
 def get(name: str) -> Knob:
+    """The registered knob of that name; a ConfigError when there is none (naming a close match, if any)."""
     _load()
     if name not in REGISTRY:
         near = difflib.get_close_matches(name, REGISTRY, n=1)

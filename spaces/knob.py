@@ -50,6 +50,7 @@ class Knob:
 
     @property
     def description(self) -> str:
+        """The first line of the knob's docstring (`trainscout knobs` prints it)."""
         return (self.__doc__ or "").strip().splitlines()[0]
 
     # --- values -------------------------------------------------------------------------------------------
@@ -80,13 +81,16 @@ class Knob:
         raise self.bad(raw)
 
     def bad(self, raw: Any) -> ConfigError:
+        """The error for a value outside the domain, listing the choices."""
         return ConfigError(self.name, f"{self.name}={fmt(raw)!s} is not allowed: choose one of {self.domain_text()}")
 
     def domain_text(self) -> str:
+        """The choices as one string: none|full|2."""
         return "|".join(fmt(c) for c in self.choices)
 
     # --- rules --------------------------------------------------------------------------------------------
     def is_set(self, value: Any) -> bool:
+        """True when value is not the knob's default."""
         return value != self.default
 
     def applies(self, cfg: dict) -> bool:

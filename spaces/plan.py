@@ -50,8 +50,10 @@ class Plan:
         return self.micro_batch_size * self.pipeline.get("microbatches", 1)
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as plain data (a record's "plan")."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        """The plan back from to_dict's data."""
         return cls(**d)

@@ -60,10 +60,12 @@ SEARCHES = sa.Table(
 
 
 def now() -> str:
+    """The current UTC time, ISO 8601 to the second (the stores' timestamps)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def default_url(out_dir: str) -> str:
+    """The SQLite URL of a search folder's store: OUT/results.db, as an absolute path."""
     return "sqlite:///" + os.path.abspath(os.path.join(out_dir, "results.db"))
 
 
@@ -187,6 +189,7 @@ class Store:
 
     # --- measurements ---------------------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
+        """The measurement stored under key, or None."""
         with self.engine.connect() as c:
             row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
         return Record.from_dict(json.loads(row[0])) if row else None
@@ -274,6 +277,7 @@ class Store:
 
     # --- searches -------------------------------------------------------------------------------------------
     def add_search(self, name: str, args: dict) -> None:
+        """Record a new search and the settings it was started with (a name already recorded is left as it is)."""
         self._add_error_column()
         with self.engine.begin() as c:
             if c.execute(sa.select(SEARCHES.c.name).where(SEARCHES.c.name == name)).first() is None:
@@ -285,10 +289,12 @@ class Store:
             c.execute(SEARCHES.update().where(SEARCHES.c.name == name).values(args=json.dumps(args)))
 
     def searches(self) -> list[str]:
+        """The names of the searches in this store, oldest first."""
         with self.engine.connect() as c:
             return [r[0] for r in c.execute(sa.select(SEARCHES.c.name).order_by(SEARCHES.c.created_at))]
 
     def search_args(self, name: str) -> dict | None:
+        """The settings a search was started (or last resumed) with, or None for a search not recorded."""
         with self.engine.connect() as c:
             row = c.execute(sa.select(SEARCHES.c.args).where(SEARCHES.c.name == name)).first()
         return json.loads(row[0]) if row else None
@@ -309,6 +315,7 @@ class Store:
             return False
 
     def trials(self, search: str) -> list[dict]:
+        """A search's trial rows in the order they ended (error None in a store older than that column)."""
         cols = [c for c in SEARCH_TRIALS.c if c.name != "error" or self._has_error_column()]
         with self.engine.connect() as c:
             rows = c.execute(sa.select(*cols).where(SEARCH_TRIALS.c.search == search)
