@@ -1,12 +1,14 @@
-"""The report of a results store: the best configurations with tokens/s, MFU, projected days and cost; the
-hardware side by side; what failed and why; which knobs mattered (Optuna's own PED-ANOVA evaluator on a study
-rebuilt in memory from the table). `report.html` is self-contained: plots are inline SVG (matplotlib, Agg),
-no script, no stylesheet or image from anywhere else.
+"""The report of a results store: the best configurations with tokens/s, MFU, projected days and cost; where a
+step's time goes; measured peak memory beside the memory model's components; the hardware side by side; what failed
+and why; which knobs mattered (Optuna's own PED-ANOVA evaluator on a study rebuilt in memory from the table) and
+controlled comparisons of measurements that differ in one knob. `report.html` is self-contained: plots are inline
+SVG (matplotlib, Agg), no script, no stylesheet or image from anywhere else.
 """
 from __future__ import annotations
 
 import html
 import io
+import json
 import itertools
 import math
 import os
@@ -15,6 +17,7 @@ import shlex
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -22,6 +25,9 @@ from trainscout.spaces import ConfigError, all_knobs, fmt, get
 from trainscout.trial.status import Status
 
 from . import cost, table
+
+if TYPE_CHECKING:
+    from trainscout.trial.records import Record
 
 STATUS_TEXT = {
     Status.OOM: "out of memory", Status.TIMEOUT: "ran past its time limit; workers killed",
@@ -285,12 +291,17 @@ def summary(a: Analysis, top: int = 5) -> str:
 
 
 # --- plots (inline SVG) ----------------------------------------------------------------------------------------
-def _dot(fig, ax, x, y, title: str, **kw) -> None:
-    """One plotted point with a hover title (an SVG <title>), so that a dot can be matched to its table row."""
+def _tip(fig, artist, title: str) -> None:
+    """A hover title (an SVG <title>) on any drawn artist: a bar segment, a line."""
     tips = fig.__dict__.setdefault("_tips", {})
     gid = f"tip{len(tips)}"
     tips[gid] = title
-    ax.scatter([x], [y], gid=gid, **kw)
+    artist.set_gid(gid)
+
+
+def _dot(fig, ax, x, y, title: str, **kw) -> None:
+    """One plotted point with a hover title (an SVG <title>), so that a dot can be matched to its table row."""
+    _tip(fig, ax.scatter([x], [y], **kw), title)
 
 
 def _svg(fig) -> str:
@@ -600,6 +611,249 @@ def plot_progress(a: Analysis) -> str:
     return _svg(fig)
 
 
+# --- step time, memory model, one-knob comparisons --------------------------------------------------------------
+VIEW_TOP = 20  # configurations in the step-time and memory views: the fastest
+STEP_PARTS = ("accumulating micro-batches", "last micro-batch (synchronises the gradients)", "optimizer")
+STEP_COLORS = ("#5c6bc0", "#ef6c00", "#2e7d32")
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "buffers", "activations", "logits")
+MEMORY_COLORS = ("#1565c0", "#42a5f5", "#7e57c2", "#8d6e63", "#ef6c00", "#fbc02d", "#bdbdbd")
+WORKSPACE = "workspace allowance"  # memory.predict adds 1 GiB to the analytic sum when it has no calibration
+
+
+def _fastest(a: Analysis, top: int = VIEW_TOP) -> list[tuple[dict, Record]]:
+    """(row, its stored record) of the fastest ok measurements that have a record, fastest first."""
+    return [(r, a.records[r["key"]]) for r in a.best.to_dict("records") if r["key"] in a.records][:top]
+
+
+def step_breakdown(a: Analysis, top: int = VIEW_TOP) -> list[dict]:
+    """One projected optimizer step of each fastest measurement in the parts its record holds: (grad_accum - 1)
+    accumulating micro-batches, the last (synchronising) one and the optimizer; with the record's step_s and what the
+    parts leave of it (runner.derive takes step_s as the median over the timed steps of each step's projection on its
+    slowest rank, the parts as medians of their own, so they add up to it only nearly)."""
+    out = []
+    for row, rec in _fastest(a, top):
+        m, accum = rec.m, rec.grad_accum
+        if accum is None or any(_na(m.get(k)) for k in ("micro_batch_s", "last_micro_batch_s", "optimizer_s",
+                                                          "step_s")):
+            continue
+        parts = dict(zip(STEP_PARTS, ((accum - 1) * m["micro_batch_s"], m["last_micro_batch_s"], m["optimizer_s"])))
+        step = m["step_s"]
+        out.append({"row": row, "grad_accum": accum, "micro_batch_s": m["micro_batch_s"], "parts": parts,
+                    "step_s": step, "residual_s": step - sum(parts.values())})
+    return out
+
+
+def plot_step_breakdown(rows: list[dict]) -> str:
+    """step_breakdown's rows as stacked horizontal bars, each part with a hover title naming the trial."""
+    fig = _figure(10, max(2.2, 0.34 * len(rows) + 1.3))
+    ax = fig.subplots()
+    if not rows:
+        _note(ax, "no successful measurement with its phase times: nothing to plot")
+        return _svg(fig)
+    for y, b in enumerate(rows):
+        left = 0.0
+        for name, color in zip(STEP_PARTS, STEP_COLORS):
+            v = b["parts"][name]
+            how = f"{b['grad_accum'] - 1} x {b['micro_batch_s']:.4g} s = " if name == STEP_PARTS[0] else ""
+            bar = ax.barh(y, v, left=left, color=color, height=0.62, label=name if y == 0 else "_nolegend_")[0]
+            _tip(fig, bar, f"{label(b['row'])}: {name} {how}{v:.4g} s of a {b['step_s']:.4g} s step")
+            left += v
+        off = b["residual_s"] / b["step_s"]
+        _label(ax, left, y, f"{b['step_s']:.3g} s = " + " + ".join(f"{b['parts'][n]:.3g}" for n in STEP_PARTS)
+               + (f" ({100 * off:+.2f} %)" if abs(off) > 5e-4 else ""), 7.5)
+    ax.set_yticks(range(len(rows)), [label(b["row"]) for b in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(sum(b["parts"].values()) for b in rows) * 1.45)
+    ax.set_xlabel("seconds of one projected optimizer step (the recipe's global batch)")
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False, ncols=3)
+    ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
+def memory_rows(a: Analysis, top: int = VIEW_TOP) -> tuple[list[dict], list[str]]:
+    """The fastest GPU measurements with a measured peak: the memory model's components (trial.memory.components,
+    GiB per rank, on the stored record), its prediction (analytic: the components + 1 GiB; calibrated on the store's
+    measured peaks of that GPU where there are 3 or more), the measured peak and the GPU's capacity. Also the labels
+    of rows the model could not be evaluated for (a config.json model that is no longer there)."""
+    from trainscout.trial import memory
+
+    calibrations, out, skipped = {}, [], []
+    for row, rec in _fastest(a, top):
+        m, hw = rec.m, rec.hardware or {}
+        if rec.device != "cuda" or _na(m.get("peak_memory_gib")):
+            continue
+        gpu = m.get("gpu") or hw.get("gpu")
+        if gpu not in calibrations:
+            calibrations[gpu] = memory.fit(memory.calibration_pairs(list(a.records.values()), gpu))
+        try:
+            comp = {k: v / memory.GiB for k, v in memory.components(rec).items()}
+        except (ConfigError, OSError, KeyError, ValueError) as e:
+            skipped.append(f"{label(row)} ({_first_line(str(e), 120)})")
+            continue
+        cal = calibrations[gpu]
+        # the model's own terms in its order; any other term an engine adds after them
+        parts = {k: comp.get(k, 0.0) for k in MEMORY_PARTS} | {k: v for k, v in comp.items() if k not in MEMORY_PARTS}
+        parts[WORKSPACE] = memory.predict(rec) / memory.GiB - sum(parts.values())
+        out.append({"row": row, "parts": parts, "predicted_gib": sum(parts.values()),
+                    "calibrated_gib": memory.predict(rec, cal) / memory.GiB if cal else None,
+                    "calibration_n": cal["n"] if cal else 0, "measured_gib": float(m["peak_memory_gib"]),
+                    "capacity_gib": hw.get("gpu_memory_gib"), "gpu": gpu})
+    return out, skipped
+
+
+def memory_empty_reason(a: Analysis) -> str:
+    """Why the memory view has nothing to draw."""
+    ok = [rec for _, rec in _fastest(a, len(a.best))]
+    if not ok:
+        return "No successful measurement: no peak memory to compare with the memory model."
+    if all(rec.device != "cuda" for rec in ok):
+        return ("No measurement here ran on a GPU (all on the CPU): the memory model predicts GPU memory per rank, and "
+                "a CPU trial's peak is its process's resident memory (peak_rss_mib), which the model does not "
+                "describe. Measure on a GPU to compare.")
+    return "No GPU measurement here recorded its peak allocated memory (peak_memory_gib)."
+
+
+def plot_memory(rows: list[dict]) -> str:
+    """memory_rows as a stacked bar of the model's components above a bar of the measured peak, per configuration;
+    the calibrated prediction a diamond, the GPU's capacity a dashed line."""
+    fig = _figure(10, max(2.4, 0.56 * len(rows) + 1.5))
+    ax = fig.subplots()
+    names = list(dict.fromkeys(k for r in rows for k in r["parts"]))
+    colors = dict(zip([n for n in names if n != WORKSPACE], MEMORY_COLORS)) | {WORKSPACE: MEMORY_COLORS[-1]}
+    h = 0.36
+    for y, r in enumerate(rows):
+        left = 0.0
+        for name in names:
+            v = r["parts"].get(name, 0.0)
+            if v <= 0:
+                continue
+            bar = ax.barh(y - h / 2, v, left=left, height=h, color=colors.get(name, "#999"), label=name)[0]
+            _tip(fig, bar, f"{label(r['row'])}: predicted {name} {v:.2f} GiB of {r['predicted_gib']:.2f} GiB")
+            left += v
+        bar = ax.barh(y + h / 2, r["measured_gib"], height=h, color="#37474f", label="measured peak (allocated)")[0]
+        _tip(fig, bar, f"{label(r['row'])}: measured peak {r['measured_gib']:.2f} GiB per rank (predicted "
+             f"{r['predicted_gib']:.2f} analytic" + (f", {r['calibrated_gib']:.2f} calibrated" if r["calibrated_gib"]
+                                                     else "") + ")")
+        _label(ax, max(left, r["measured_gib"]), y, f"{r['measured_gib']:.1f} measured / {r['predicted_gib']:.1f} "
+               "predicted GiB", 7.5)
+        if r["calibrated_gib"]:
+            _dot(fig, ax, r["calibrated_gib"], y - h / 2, f"{label(r['row'])}: calibrated prediction "
+                 f"{r['calibrated_gib']:.2f} GiB (fitted on {r['calibration_n']} measured peaks of {r['gpu']})",
+                 marker="D", s=26, color="#c62828", zorder=3, label="calibrated prediction")
+    caps = {(r["gpu"], r["capacity_gib"]) for r in rows if not _na(r["capacity_gib"])}
+    for i, (gpu, cap) in enumerate(sorted(caps, key=lambda c: c[1])):
+        ax.axvline(cap, color="#c62828", ls="--", lw=1.3, label=f"GPU memory: {gpu} {cap:g} GiB" if i < 4 else None)
+    ax.set_yticks(range(len(rows)), [label(r["row"]) for r in rows], fontsize=8)
+    top = max([max(sum(r["parts"].values()), r["measured_gib"]) for r in rows] + [c for _, c in caps])
+    ax.set_xlim(0, top * 1.3)
+    ax.set_xlabel("GiB per rank (upper bar: the memory model's components; lower: the measured peak)")
+    ax.set_ylim(len(rows) - 0.45, -0.55)
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))  # one legend entry per component, in the bars' order
+    order = [n for n in names if n in seen] + [n for n in seen if n not in names]
+    ax.legend([seen[n] for n in order], order, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False,
+              ncols=5)
+    ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
+def _value_order(knob, v) -> tuple:
+    """A knob's values in its own order (its choices), values outside them after, by their text."""
+    texts = [fmt(c) for c in knob.choices]
+    return (texts.index(fmt(v)), "") if fmt(v) in texts else (len(texts), fmt(v))
+
+
+def knob_pairs(records: list) -> list[dict]:
+    """Controlled comparisons: pairs of ok measurements (Records with tokens_per_s) of the same model, world size,
+    device, GPU and recipe whose configurations differ in exactly one knob among the knobs that apply to both (a
+    knob missing from a stored config is at its default). A knob that applies to one side only follows from the
+    changed one (compile_scope with compile=true): named with that side's value where that is not its default (which
+    puts each such value in a group of its own). `a` holds the knob's earlier value (in its choices' order), `b` the
+    later; ratio is b's tokens/s over a's, err its spread: the two measurements' step_spread (relative spread of their
+    timed steps) combined in quadrature. Sorted by knob, value pair, fastest ratio first."""
+    knobs = all_knobs()
+    names = [k.name for k in knobs]
+    cells = {}
+    for rec in records:
+        m = rec.m
+        if not rec.ok or _na(m.get("tokens_per_s")) or not m["tokens_per_s"]:
+            continue
+        cfg = {k.name: (rec.config or {}).get(k.name, k.default) for k in knobs}
+        on = {k.name for k in knobs if k.applies(cfg)}
+        where_ = (rec.model, rec.world_size, rec.device, (rec.hardware or {}).get("gpu") or m.get("gpu"),
+                  json.dumps(rec.recipe, sort_keys=True, default=str))
+        cells.setdefault(where_, []).append((rec, cfg, on))
+    out = []
+    for group in cells.values():
+        for (ra, ca, oa), (rb, cb, ob) in itertools.combinations(group, 2):
+            diff = [k for k in knobs if k.name in oa & ob and fmt(ca[k.name]) != fmt(cb[k.name])]
+            if len(diff) != 1:
+                continue
+            knob = diff[0]
+            if _value_order(knob, ca[knob.name]) > _value_order(knob, cb[knob.name]):
+                (ra, ca, oa), (rb, cb, ob) = (rb, cb, ob), (ra, ca, oa)
+            # a knob the change switches on or off, where it is not at its default: part of what was compared
+            side = [" ".join(f"{k.name}={fmt(c[k.name])}" for k in knobs
+                             if k.name in o - other and fmt(c[k.name]) != fmt(k.default))
+                    for c, o, other in ((ca, oa, ob), (cb, ob, oa))]
+            ratio = rb.m["tokens_per_s"] / ra.m["tokens_per_s"]
+            spread = math.hypot(*(float(r.m.get("step_spread") or 0.0) for r in (ra, rb)))
+            order = (names.index(knob.name), _value_order(knob, ca[knob.name]), _value_order(knob, cb[knob.name]),
+                     side, -ratio)
+            out.append((order, {"knob": knob.name, "from": fmt(ca[knob.name]) + (f" ({side[0]})" if side[0] else ""),
+                                "to": fmt(cb[knob.name]) + (f" ({side[1]})" if side[1] else ""), "a": ra, "b": rb,
+                                "ratio": ratio, "err": ratio * spread}))
+    return [p for _, p in sorted(out, key=lambda op: op[0])]
+
+
+def pair_groups(pairs: list[dict]) -> list[dict]:
+    """The pairs grouped by knob and value pair, in knob order: n, median ratio, range."""
+    groups = {}
+    for p in pairs:
+        groups.setdefault((p["knob"], p["from"], p["to"]), []).append(p)
+    out = []
+    for (knob, a, b), ps in groups.items():
+        r = sorted(p["ratio"] for p in ps)
+        med = r[len(r) // 2] if len(r) % 2 else 0.5 * (r[len(r) // 2 - 1] + r[len(r) // 2])
+        out.append({"knob": knob, "from": a, "to": b, "pairs": ps, "n": len(ps), "median": med,
+                    "min": r[0], "max": r[-1]})
+    return out
+
+
+def plot_knob_pairs(a: Analysis, groups: list[dict]) -> str:
+    """pair_groups as one row per knob and value pair: each pair's ratio a dot with its error bar, the median a bar."""
+    fig = _figure(10, max(2.4, 0.42 * len(groups) + 1.4))
+    ax = fig.subplots()
+    labels = {r["key"]: label(r) for r in a.best.to_dict("records")}
+    for y, g in enumerate(groups):
+        n = len(g["pairs"])
+        for j, p in enumerate(g["pairs"]):
+            yj = y + (j - (n - 1) / 2) * min(0.12, 0.7 / max(1, n))
+            ax.errorbar([p["ratio"]], [yj], xerr=[[min(p["err"], 0.95 * p["ratio"])], [p["err"]]], fmt="none",
+                        ecolor="#90a4ae", elinewidth=1, capsize=2, zorder=1)
+            _dot(fig, ax, p["ratio"], yj, f"{g['knob']} {g['from']} → {g['to']}: {labels.get(p['b'].key, p['b'].key)}"
+                 f" / {labels.get(p['a'].key, p['a'].key)} = {p['ratio']:.3f} ± {p['err']:.3f} ("
+                 f"{num(p['b'].m['tokens_per_s'])} / {num(p['a'].m['tokens_per_s'])} tokens/s)",
+                 s=26, color="#1f77b4", alpha=0.8, zorder=2)
+        ax.plot([g["median"]] * 2, [y - 0.38, y + 0.38], color="#c62828", lw=2, zorder=1.5,  # under the dots
+                label="median" if y == 0 else "_nolegend_")
+    ax.axvline(1.0, color="#555", lw=1, ls=":")
+    ax.set_yticks(range(len(groups)), [f"{g['knob']}: {g['from']} → {g['to']}  (n={g['n']})" for g in groups],
+                  fontsize=8)
+    ax.invert_yaxis()
+    lo = min(p["ratio"] - p["err"] for g in groups for p in g["pairs"])
+    hi = max(p["ratio"] + p["err"] for g in groups for p in g["pairs"])
+    if hi / max(lo, 1e-9) > 4:
+        ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_xlabel("tokens/s ratio, to / from (1: no change; error bar: both measurements' step spread)")
+    ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    return _svg(fig)
+
+
 # --- HTML ------------------------------------------------------------------------------------------------------
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#1a1a1a;margin:0;background:#fafafa}
@@ -688,6 +942,9 @@ def render_html(a: Analysis) -> str:
                "is both faster and lighter), numbered by rank.</p>")
     out.append(f"<div class=\"plot\">{plot_pareto(a)}</div>")
 
+    out.extend(step_section(a))
+    out.extend(memory_section(a))
+
     out.append("<h2>Hardware and cost</h2>")
     if len(a.hardware):
         rows = [[_e(h["model"]), _e(f"{h['hardware']} x{h['world_size']}"), f"{h['ok']}/{h['trials']}",
@@ -726,6 +983,8 @@ def render_html(a: Analysis) -> str:
                "hardware; red: the median (when one hardware was measured).</p>")
     out.append(f"<div class=\"plot\">{plot_knob_values(a)}</div>")
 
+    out.extend(pairs_section(a))
+
     out.append("<h2>What failed and why</h2>")
     if a.failures:
         rows = [[_tag(f["status"]), str(f["count"]), _e(f["what"]), f"<code>{_e(f['error'] or '—')}</code>",
@@ -757,6 +1016,74 @@ def render_html(a: Analysis) -> str:
     out.append(_table(["entry", "matches", "GPU", "machine / GPUs", "$/GPU-hour", "source"], rows, numeric={2, 3, 4}))
     out.append("</main></body></html>")
     return "\n".join(out)
+
+
+def step_section(a: Analysis) -> list[str]:
+    """Where a step's time goes: the projected optimizer step of the fastest measurements in its parts."""
+    rows = step_breakdown(a)
+    out = ["<h2 id=\"step-breakdown\">Where a step's time goes</h2>",
+           "<p class=\"note\">One projected optimizer step (the recipe's global batch) of each of the fastest "
+           f"successful measurements (at most {VIEW_TOP}), in the parts its record holds: (accumulation − 1) × the median "
+           "accumulating micro-batch, the last micro-batch (which carries the gradient synchronisation) and the "
+           "optimizer step. Hover a segment for its trial and time.</p>",
+           f"<div class=\"plot\">{plot_step_breakdown(rows)}</div>"]
+    if rows:
+        worst = max(rows, key=lambda b: abs(b["residual_s"]) / b["step_s"])
+        out.append(f"<p class=\"note\">The parts add up to the record's projected step within "
+                   f"{100 * abs(worst['residual_s']) / worst['step_s']:.2f} % on these {len(rows)} rows (largest: "
+                   f"{_e(label(worst['row']))}, {1000 * worst['residual_s']:+.1f} ms of {worst['step_s']:.3g} s; "
+                   "shown beside a bar when above 0.05 %): the step is the median over the timed steps of each "
+                   "step's projection on its slowest rank, the parts are medians of their own.</p>")
+    return out
+
+
+def memory_section(a: Analysis) -> list[str]:
+    """Measured peak memory beside the memory model's components and the GPU's capacity."""
+    rows, skipped = memory_rows(a)
+    out = ["<h2 id=\"memory-model\">Peak memory: measured vs the memory model</h2>"]
+    if not rows:
+        out.append(f"<p>{_e(memory_empty_reason(a))}</p>")
+        return out
+    cal = [r for r in rows if r["calibrated_gib"]]
+    out.append(f"<p class=\"note\">The fastest GPU measurements (at most {VIEW_TOP}): the upper bar is the memory model's "
+               "prediction per rank by component (<code>trial.memory.components</code> on the stored record, plus "
+               "the 1 GiB workspace allowance of its uncalibrated prediction), the lower bar the measured peak "
+               "(torch.cuda.max_memory_allocated, the fullest rank); the dashed line is the GPU's memory."
+               + (" Red diamonds: the prediction calibrated on this store's measured peaks of that GPU (what a "
+                  "search prunes with; the row's own peak is among them)." if cal else "") + "</p>")
+    out.append(f"<div class=\"plot\">{plot_memory(rows)}</div>")
+    errs = sorted(r["predicted_gib"] / r["measured_gib"] - 1 for r in rows if r["measured_gib"] > 0)
+    if errs:
+        text = (f"Analytic prediction against the measured peak: median {100 * errs[len(errs) // 2]:+.1f} %, from "
+                f"{100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} %")
+        cerrs = sorted(r["calibrated_gib"] / r["measured_gib"] - 1 for r in cal if r["measured_gib"] > 0)
+        if cerrs:
+            text += f"; calibrated: median {100 * cerrs[len(cerrs) // 2]:+.1f} %"
+        out.append(f"<p class=\"note\">{_e(text)}.</p>")
+    if skipped:
+        out.append("<p class=\"note\">Not drawn, the memory model could not be evaluated for: "
+                   + _e("; ".join(skipped)) + "</p>")
+    return out
+
+
+def pairs_section(a: Analysis) -> list[str]:
+    """Controlled comparisons: tokens/s ratios of measurement pairs that differ in one knob."""
+    groups = pair_groups(knob_pairs([a.records[k] for k in a.best["key"] if k in a.records]))
+    out = ["<h3 id=\"knob-pairs\">One knob changed: controlled comparisons</h3>"]
+    if not groups:
+        out.append("<p>No two successful measurements here differ in exactly one knob (same model, world size, "
+                   "device, GPU and recipe): no controlled comparison to show.</p>")
+        return out
+    out.append("<p class=\"note\">Each dot: two successful measurements of the same model, world size, device, GPU "
+               "and recipe whose configurations differ in one knob (of the knobs that apply to both; a knob that "
+               "the change switches on or off is named in brackets where it is not at its default), as the ratio "
+               "of their tokens/s (to / from). Error bars: the relative spread of each measurement's timed steps (step_spread), combined in quadrature; "
+               "red: the median of a value pair. Hover a dot for the two trials.</p>")
+    out.append(f"<div class=\"plot\">{plot_knob_pairs(a, groups)}</div>")
+    rows = [[_e(g["knob"]), _e(f"{g['from']} → {g['to']}"), str(g["n"]), f"{g['median']:.3f}",
+             f"{g['min']:.3f} – {g['max']:.3f}"] for g in groups]
+    out.append(_table(["knob", "from → to", "pairs", "median ratio (to / from)", "range"], rows, numeric={2, 3, 4}))
+    return out
 
 
 def measured(df: pd.DataFrame) -> int:

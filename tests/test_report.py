@@ -1,6 +1,7 @@
 """`trainscout report` and the cost model on real measurements (tiny model, 2 gloo workers): three successful
 configurations, a real crash (fault injection) and a configuration refused before running, stored as a search
 stores them."""
+import html
 import json
 import re
 import shlex
@@ -8,6 +9,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,7 +137,8 @@ def test_report_without_prices_for_the_hardware_says_so(store_dir, tmp_path, cap
     assert main(["report", store_dir, "--out", str(tmp_path)]) == 0
     assert "no price for CPU: add it with --prices" in capsys.readouterr().out
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "No rental price for the hardware measured here" in page and page.count("<svg") == 5  # no cost plot
+    # no cost plot: progress, Pareto, step time, importance, tokens/s per knob value, knob pairs, timeline
+    assert "No rental price for the hardware measured here" in page and page.count("<svg") == 7
 
 
 def test_report_of_a_folder_without_a_store_exits_2(tmp_path, capsys):
@@ -248,3 +251,141 @@ def test_the_package_imports_without_pandas():
     code = "import sys, trainscout.analysis as a; print(callable(a.load), 'pandas' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() \
         == ["True", "False"]
+
+
+H200 = Path(__file__).resolve().parent.parent / "bench" / "data" / "grid-h200"  # 64 real measurements on one H200
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory):
+    """The H200 grid's analysis and report page (a copy of the store: reading must not touch the repository's)."""
+    from trainscout.analysis import report
+    d = tmp_path_factory.mktemp("h200")
+    shutil.copy(H200 / "results.db", d / "results.db")
+    a = report.analyse(str(d))
+    return a, report.render_html(a)
+
+
+def test_step_breakdown_adds_up_to_the_projected_step(h200, store_dir):
+    from trainscout.analysis import report
+    a, page = h200
+    rows = report.step_breakdown(a)
+    assert len(rows) == report.VIEW_TOP and [b["row"]["key"] for b in rows] == list(a.best["key"][:report.VIEW_TOP])
+    for b in rows:
+        rec = a.records[b["row"]["key"]]
+        m, accum = rec.metrics, rec.grad_accum
+        assert accum == rec.plan["grad_accum"] > 1
+        assert list(b["parts"].values()) == [(accum - 1) * m["micro_batch_s"], m["last_micro_batch_s"],
+                                             m["optimizer_s"]]
+        # step_s is the median of per-step projections, the parts medians of their own: close, not equal
+        assert sum(b["parts"].values()) == pytest.approx(m["step_s"], rel=0.02)
+        assert b["residual_s"] == pytest.approx(m["step_s"] - sum(b["parts"].values()))
+    assert 'id="step-breakdown"' in page and "Where a step's time goes" in page
+    titles = re.findall(r"<title>([^<]*)</title>", page)
+    first = rows[0]
+    assert any(t.startswith(f"{report.label(first['row'])}: accumulating micro-batches {first['grad_accum'] - 1} x ")
+               for t in titles)
+    worst = max(abs(b["residual_s"]) / b["step_s"] for b in rows)
+    assert f"within {100 * worst:.2f} % on these {len(rows)} rows" in page
+    cpu_a = report.analyse(store_dir)
+    cpu = report.step_breakdown(cpu_a)  # the tiny CPU trials: 3 ok measurements, 2 ranks
+    assert sorted(b["grad_accum"] for b in cpu) == [2, 4, 4]
+    for b in cpu:  # 2 timed steps on a shared CPU: the residual is noise (3-10 %), the parts are the record's
+        m = cpu_a.records[b["row"]["key"]].metrics
+        assert b["parts"][report.STEP_PARTS[0]] == (b["grad_accum"] - 1) * m["micro_batch_s"] > 0
+        assert b["step_s"] == m["step_s"] and b["residual_s"] == pytest.approx(m["step_s"] - sum(b["parts"].values()))
+
+
+def test_memory_view_puts_the_model_beside_the_measured_peak(h200, store_dir, tmp_path, capsys):
+    from trainscout.analysis import report
+    from trainscout.trial import memory
+    a, page = h200
+    rows, skipped = report.memory_rows(a)
+    assert len(rows) == report.VIEW_TOP and not skipped
+    for r in rows:
+        rec = a.records[r["row"]["key"]]
+        assert list(r["parts"])[:6] == list(report.MEMORY_PARTS) and r["parts"][report.WORKSPACE] == pytest.approx(1.0)
+        comp = memory.components(rec)
+        assert all(r["parts"][k] == pytest.approx(v / memory.GiB) for k, v in comp.items())
+        assert r["predicted_gib"] == pytest.approx(memory.predict(rec) / memory.GiB)
+        assert r["measured_gib"] == pytest.approx(max(rec.metrics["peak_allocated_mib"]) / 1024)
+        assert r["capacity_gib"] == 139.8 and r["calibrated_gib"] and r["calibration_n"] == 63
+    assert 'id="memory-model"' in page and "GPU memory: NVIDIA H200 139.8 GiB" in page
+    assert re.search(r"Analytic prediction against the measured peak: median [+-]\d", page)
+    # a CPU store: the section is there and says why it is empty
+    out = tmp_path / "rep"
+    assert main(["report", store_dir, "--out", str(out)]) == 0
+    capsys.readouterr()
+    cpu = (out / "report.html").read_text(encoding="utf-8")
+    section = cpu[cpu.index('id="memory-model"'):cpu.index("<h2>Hardware and cost")]
+    assert "No measurement here ran on a GPU" in section and "<svg" not in section
+
+
+def _rec(config, tps, spread=0.01, world=2, model="tiny", status="ok"):
+    from trainscout.trial.records import Record
+    return Record(model=model, config=config, status=status, device="cpu", world_size=world,
+                  recipe={"global_batch": 32, "seq_len": 64}, hardware={"device": "cpu"},
+                  metrics={"tokens_per_s": tps, "step_spread": spread} if status == "ok" else None,
+                  key=f"{len(config)}{tps}{world}{model}{status}")
+
+
+def _differing(a, b):
+    """The knobs that apply to both configurations and differ between them."""
+    from trainscout.spaces import all_knobs, fmt
+    ca, cb = ({k.name: c.get(k.name, k.default) for k in all_knobs()} for c in (a.config, b.config))
+    return [k.name for k in all_knobs() if k.applies(ca) and k.applies(cb) and fmt(ca[k.name]) != fmt(cb[k.name])]
+
+
+def test_knob_pairs_differ_in_exactly_one_knob():
+    from trainscout.analysis import report
+    base = _rec({"micro_batch_size": 4, "precision": "fp32"}, 1000.0, spread=0.03)
+    bigger = _rec({"micro_batch_size": 8, "precision": "fp32"}, 1500.0, spread=0.04)
+    bf16 = _rec({"micro_batch_size": 4, "precision": "bf16-mixed"}, 2000.0)
+    both = _rec({"micro_batch_size": 8, "precision": "bf16-mixed", "zero_stage": 1}, 3000.0)  # 2 knobs from bf16
+    compiled = _rec({"micro_batch_size": 4, "precision": "fp32", "compile": True, "compile_scope": "layers"}, 1200.0)
+    others = [_rec({"micro_batch_size": 8, "precision": "fp32"}, 900.0, world=4),  # another world size
+              _rec({"micro_batch_size": 8, "precision": "fp32"}, 900.0, model="pythia-14m"),  # another model
+              _rec({"micro_batch_size": 2, "precision": "fp32"}, 0.0, status="oom")]  # no measurement
+    pairs = report.knob_pairs([bf16, bigger, base, both, compiled, *others])
+    found = {(p["knob"], p["from"], p["to"]): (p["a"], p["b"]) for p in pairs}
+    assert found == {("micro_batch_size", "4", "8"): (base, bigger),  # a: the earlier value, whatever the input order
+                     ("precision", "fp32", "bf16-mixed"): (base, bf16),
+                     ("compile", "false", "true (compile_scope=layers)"): (base, compiled)}  # scope: only with compile
+    for p in pairs:
+        assert _differing(p["a"], p["b"]) == [p["knob"]]
+        assert p["ratio"] == pytest.approx(p["b"].metrics["tokens_per_s"] / p["a"].metrics["tokens_per_s"])
+    mbs = next(p for p in pairs if p["knob"] == "micro_batch_size")
+    assert mbs["err"] == pytest.approx(1.5 * 0.05)  # 3 % and 4 % spreads in quadrature, times the ratio
+    groups = report.pair_groups(pairs + report.knob_pairs([_rec({"micro_batch_size": 4}, 10.0, world=8),
+                                                            _rec({"micro_batch_size": 8}, 30.0, world=8)]))
+    g = next(g for g in groups if g["knob"] == "micro_batch_size")
+    assert g["n"] == 2 and g["median"] == pytest.approx((1.5 + 3.0) / 2) and (g["min"], g["max"]) == (1.5, 3.0)
+
+
+def test_knob_pairs_view_on_real_stores(h200, store_dir):
+    import dataclasses
+
+    from trainscout.analysis import report
+    a, page = h200
+    pairs = report.knob_pairs(list(a.records.values()))
+    assert len(pairs) == 180  # of the grid's 63 ok measurements of one model on one H200
+    for p in pairs:
+        assert _differing(p["a"], p["b"]) == [p["knob"]] and p["a"].ok and p["b"].ok
+    groups = report.pair_groups(pairs)
+    assert {g["knob"] for g in groups} == {"activation_checkpointing", "compile", "loss_kernel", "micro_batch_size",
+                                           "zero_stage", "fsdp"}
+    section = page[page.index('id="knob-pairs"'):page.index("<h2>What failed and why")]
+    assert section.count("<svg") == 1
+    for g in groups:
+        assert (f"<td>{html.escape(g['knob'])}</td><td>{html.escape(g['from'] + ' → ' + g['to'])}</td>"
+                f'<td class="n">{g["n"]}</td><td class="n">{g["median"]:.3f}</td>') in section
+    ckpt = next(g for g in groups if g["knob"] == "activation_checkpointing")
+    assert ckpt["median"] < 1  # recomputing every layer is slower, in every pair of the grid
+    assert ckpt["max"] < 1
+    # the CPU store: micro-batch 4 -> 8 and fp32 -> bf16-mixed at micro-batch 4
+    cpu = report.analyse(store_dir)
+    found = report.pair_groups(report.knob_pairs(list(cpu.records.values())))
+    assert {(g["knob"], g["from"], g["to"]) for g in found} == {("micro_batch_size", "4", "8"),
+                                                                ("precision", "fp32", "bf16-mixed")}
+    alone = report.pairs_section(dataclasses.replace(cpu, best=cpu.best.head(1)))
+    assert "No two successful measurements here differ in exactly one knob" in "".join(alone)
