@@ -50,16 +50,17 @@ def main():
     ap.add_argument("--model", default="pythia-160m")
     ap.add_argument("--reused", type=int, default=10, help="reused trials per configuration")
     ap.add_argument("--llama", default=None, help="a second model: 1 fresh + 2 reused trials of the compiled config")
+    ap.add_argument("--llama-only", action="store_true", help="only the second model's trials")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     ensure_ray()
     rows = []
-    for name, s in CONFIGS.items():  # fresh: a group of its own, killed after
+    for name, s in CONFIGS.items() if not a.llama_only else ():  # fresh: a group of its own, killed after
         one(a.model, name, s, False, rows, a.out)
-    for _ in range(a.reused):  # one warm group, the configurations in turn
+    for _ in range(0 if a.llama_only else a.reused):  # one warm group, the configurations in turn
         for name, s in CONFIGS.items():
             one(a.model, name, s, True, rows, a.out)
-    for name, s in CONFIGS.items():
+    for name, s in CONFIGS.items() if not a.llama_only else ():
         one(a.model, name, s, False, rows, a.out)
     if a.llama:
         llama = os.path.abspath(a.llama)
