@@ -1,9 +1,9 @@
 """A search: Ray Tune schedules real trials, Optuna (TPE) chooses what to try next, ASHA stops what is
 clearly slower, and the store answers every configuration that was already measured.
 
-Each Tune trial is a small Ray actor that runs one trainscout trial (its ranks run in a warm worker group of the
-driver's pool, trial.pool; a trial stopped early has its group killed), reports rank 0's throughput after every timed step (ASHA's signal), stores the record
-the moment it exists, and reports infeasible outcomes (oom, invalid) as a value of 0 so the sampler learns to
+Each Tune trial runs one trainscout trial in a Ray actor that Tune reuses for the next (its ranks run in a warm
+worker group of the driver's pool, trial.pool; a trial stopped early has its group killed), reports rank 0's
+throughput after every timed step (ASHA's signal), stores the record the moment it exists, and reports infeasible outcomes (oom, invalid) as a value of 0 so the sampler learns to
 avoid them (an exception would be a FAIL, which TPE ignores).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, fmt
 from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
-from trainscout.trial.runner import context
+from trainscout.trial.runner import Cancelled, context
 from trainscout.trial.status import DETERMINISTIC, Status
 
 from .space import Space, load_space_file
@@ -119,8 +119,11 @@ def _trainable(config: dict, base: dict) -> None:
             seen.append(m["tokens_per_s"])
             tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
         for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
-            record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
-                             on_step=on_step, owner=trial_id)
+            try:
+                record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
+                                 on_step=on_step, owner=trial_id)
+            except Cancelled:  # ASHA stopped it: the driver recorded it as stopped
+                return
             record = record.replace(attempt=attempt + 1, fault=spec.fault or None)
             if record.status != Status.CRASH:
                 break
@@ -529,7 +532,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
                                     num_samples=remaining if remaining is not None else -1,
                                     max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
                                     trial_name_creator=_numbered if base["faults"] else None,
-                                    reuse_actors=False),  # a stopped trial's actor dies; its worker group is killed
+                                    reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
                                   stop=_interrupt_stopper(), failure_config=tune.FailureConfig(max_failures=0)))

@@ -176,6 +176,8 @@ class Pool:
             done, pending = await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()),
                                                return_when=asyncio.FIRST_EXCEPTION)
             failed = [f for f in done if f.exception() is not None]
+            if trial_id not in self.busy:  # cancel() killed the group: the error is the kill, not the trial's
+                return {"cancelled": True}
             if failed:  # one rank's error (its peers may wait in a collective for it)
                 e = failed[0].exception()
                 return {"error": f"{type(e).__name__}: {e}"}

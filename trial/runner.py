@@ -22,6 +22,10 @@ STATUSES = tuple(s.value for s in MEASURED)
 DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 900.0}
 
 
+class Cancelled(RuntimeError):
+    """The trial's worker group was ended from outside while it ran: there is no measurement to record."""
+
+
 def detect_device(device: str) -> str:
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError("--device", f"--device {device} is not allowed: use auto, cpu or cuda")
@@ -188,6 +192,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         raise
     finally:
         workers.take.remote(trial_id)  # what arrived after the last look
+    if raw.get("cancelled"):  # pool.cancel from elsewhere (a search's driver, for a trial ASHA stopped)
+        raise Cancelled(f"trial {trial_id} was cancelled while it ran")
     wall = time.perf_counter() - t0
     record = Record(trial_id=trial_id, model=spec.model, model_config=spec.model_config, device=spec.device,
                     world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
