@@ -506,6 +506,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
         from trainscout.trial import memory
         calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
     start = [] if done else start_points(args, space, hw, calibration)
+    known = [] if done else store_points(args, space, hw, store.measurements(), start)
+    start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE)
     scheduler = make_scheduler(args.steps)
     if hw["device"] == "cuda":
@@ -540,6 +542,9 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
           f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
           f"store {url}", file=stream, flush=True)
+    for p, why in known:
+        print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
+              file=stream, flush=True)
     with _catch_interrupt():
         tuner.fit()
     summary = summarize(store, name, stream, out=args.out)
@@ -573,6 +578,52 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
             on["loss_kernel"] = "compiled"
         compiled = [applicable(on)]
     return [applicable(point), *compiled]
+
+
+STORE_POINTS = 2  # start points taken from the store: the best MFU measured on this GPU kind, other models
+
+
+def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: list[dict]) -> list[tuple[dict, str]]:
+    """Start points from what the store knows: the configurations with the highest MFU measured on the same GPU
+    kind and rank count for other models (MFU, not tokens/s, carries across model sizes), put into this search's
+    space (a knob outside its domain keeps the start point's value; the micro-batch is probed again where the space
+    has max, as it is this model's) and checked against this model (an invalid one is left out). [(point, why)]."""
+    if hw["device"] != "cuda" or not have:
+        return []
+    import optuna
+
+    from trainscout.spaces import get
+
+    def valid(point: dict):
+        try:
+            return prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
+                           hw=hw, **args.recipe)
+        except (ConfigError, ValueError):
+            return None
+    base = have[0]
+    me = valid(base)
+    if me is None:
+        return []
+    same = [r for r in records if r.ok and r.m.get("mfu") and r.world_size == args.gpus_per_trial
+            and (r.hardware or {}).get("gpu") == hw.get("gpu") and r.model != me.model and r.device == "cuda"]
+    out, seen = [], [json.dumps(p, sort_keys=True, default=str) for p in have]
+    for r in sorted(same, key=lambda r: -r.m["mfu"]):
+        point = dict(base)
+        for k, dom in space.domains.items():
+            v = r.config.get(k)
+            if k != "micro_batch_size" and v in dom:
+                point[k] = v
+        point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
+        if "max" not in space.domains.get("micro_batch_size", ()) and r.config.get("micro_batch_size") in space.domains.get("micro_batch_size", ()):
+            point["micro_batch_size"] = r.config["micro_batch_size"]  # no probe in this space: the measured one
+        k = json.dumps(point, sort_keys=True, default=str)
+        if k in seen or valid(point) is None:
+            continue
+        seen.append(k)
+        out.append((point, f"{r.model}'s MFU {r.m['mfu']:.3f} on {hw.get('gpu')}"))
+        if len(out) == STORE_POINTS:
+            break
+    return out
 
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:

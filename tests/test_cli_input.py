@@ -624,7 +624,7 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
 
     def ctrl_c_after_the_first_trial():  # only while the search's own handler is installed (Tune is running)
         store = None
-        while not returned.wait(0.5):
+        while not returned.wait(0.1):
             if store is None and (out / "results.db").exists():
                 store = Store(default_url(str(out)))
             handler = getattr(signal.getsignal(signal.SIGINT), "__qualname__", "")
@@ -633,27 +633,28 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
                 return
     threading.Thread(target=ctrl_c_after_the_first_trial, daemon=True).start()
     try:
-        rc = main(argv + ["--trials", "2"])
+        rc = main(argv + ["--trials", "3"])
     finally:
         returned.set()
     cap = capsys.readouterr()
     assert rc == 130, cap.err[-3000:]
-    assert f"interrupted: 1 trial ended and is kept in the store; continue with: trainscout search --resume {out}" \
-        in cap.err, cap.err[-3000:]
     store = Store(default_url(str(out)))
     before = store.trials("s")
-    assert len(before) == 1
+    n = len(before)  # a warm worker's trial takes well under a second: Ctrl-C may land after the second
+    assert 1 <= n < 3, before
+    ended = "1 trial ended and is kept" if n == 1 else f"{n} trials ended and are kept"
+    assert f"interrupted: {ended} in the store; continue with: trainscout search --resume {out}" in cap.err, cap.err[-3000:]
 
     t0 = time.time()
-    assert main(["search", "--resume", str(out), "--trials", "3", "--json"]) == 0
+    assert main(["search", "--resume", str(out), "--trials", "4", "--json"]) == 0
     cap = capsys.readouterr()
     summary = json.loads(cap.out)  # the JSON alone on stdout
-    assert summary["trials"] == 3 and "interrupted" not in summary
-    assert "resuming s: --trials 2 -> 3: 2 to go" in cap.err and "best tok/s" in cap.err, cap.err[-3000:]
+    assert summary["trials"] == 4 and "interrupted" not in summary
+    assert f"resuming s: --trials 3 -> 4: {4 - n} to go" in cap.err and "best tok/s" in cap.err, cap.err[-3000:]
     after = store.trials("s")
-    assert len(after) == 3 and after[0] == before[0]  # what was measured before Ctrl-C is kept as it was
+    assert len(after) == 4 and after[:n] == before  # what was measured before Ctrl-C is kept as it was
     configs = {(t["config"]["micro_batch_size"], t["config"]["activation_checkpointing"]) for t in after}
-    assert len(configs) == 3, after  # the resume drew no configuration again
+    assert len(configs) == 4, after  # the resume drew no configuration again (all 4 of the space)
     study = optuna.load_study(study_name="s", storage=default_url(str(out)))
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     ok = [m for m in store.measurements() if m.ok]
@@ -663,8 +664,8 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
 
     assert main(["results", str(out), "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert len(rows) == 3 and {r["world_size"] for r in rows} <= {"1", ""} and "error" in rows[0]
-    print(f"resume of 2 trials: {time.time() - t0:.0f} s")
+    assert len(rows) == 4 and {r["world_size"] for r in rows} <= {"1", ""} and "error" in rows[0]
+    print(f"resume of {4 - n} trials: {time.time() - t0:.0f} s")
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),

@@ -447,7 +447,8 @@ def stored_trials(out, name: str) -> int | None:
 
 
 def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path):
-    n, seed = 4, int(os.environ.get("TRAINSCOUT_TEST_SEED", random.randrange(1 << 16)))
+    # 8 trials: a reused worker's trial takes a second or two here, and the search must outlast the third kill
+    n, seed = 8, int(os.environ.get("TRAINSCOUT_TEST_SEED", random.randrange(1 << 16)))
     rng = random.Random(seed)
     out = tmp_path / "r2"
     name = "r2"
@@ -463,7 +464,7 @@ def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path)
             recorded = count is not None and count >= k
             if recorded:
                 break
-        delay = rng.uniform(0, 15)
+        delay = rng.uniform(0, 6)
         if recorded and w.run_for(delay):
             w.kill()
             kills.append(round(delay, 1))

@@ -182,3 +182,25 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
             for m in (4, 8, 16, 32, 64)}
     assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
     assert start_points(args, space, dict(hw, device="cpu"), None) == []  # the CPU: TPE alone
+
+
+def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_gpu(tmp_path):
+    """No GPU needed: the real H200 grid of Pythia-160M (bench/data/grid-h200) seeds a Pythia-410M search on an
+    H200-like box: its highest-MFU configurations, put into the space (micro-batch probed again), valid here."""
+    from trainscout.search.service import SearchArgs, start_points, store_points, validate
+    from trainscout.store import open_store
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    grid = open_store("sqlite:///" + os.path.join(root, "bench", "data", "grid-h200", "results.db")).measurements()
+    gpu = grid[0].hardware["gpu"]
+    args = SearchArgs(model="pythia-410m", out=str(tmp_path), device="cpu", trials=4)
+    space, _, hw = validate(args)
+    hw = dict(hw, device="cuda", gpu_memory_gib=139.8, gpu=gpu, gpu_count=1)
+    have = start_points(args, space, hw, None)
+    known = store_points(args, space, hw, grid, have)
+    assert len(known) == 2 and all(gpu in why and "pythia-160m" in why for _, why in known)
+    best = max((r for r in grid if r.ok), key=lambda r: r.m["mfu"])
+    first, _ = known[0]
+    assert first["micro_batch_size"] == "max" and first not in have
+    assert all(first[k] == best.config[k] for k in first if k in best.config and k != "micro_batch_size")  # its knobs
+    assert store_points(args, space, dict(hw, gpu="NVIDIA A100"), grid, have) == []  # another GPU kind: none
+    assert store_points(SearchArgs(model="pythia-160m", out=str(tmp_path)), space, hw, grid, have) == []  # own model
