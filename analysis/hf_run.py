@@ -84,6 +84,7 @@ def run(export: str, *, steps: int = 20, warmup: int = 3, hook: bool = True, ext
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line of this module: run the export, print its JSON row on rank 0 (and write --out); returns 0."""
     p = argparse.ArgumentParser(prog="python -m trainscout.analysis.hf_run", description=__doc__.splitlines()[0])
     p.add_argument("export", help="a folder written by trainscout export")
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")

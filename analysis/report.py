@@ -46,6 +46,7 @@ _PLOT = itertools.count(1)
 
 @dataclass
 class Analysis:
+    """What analyse() found in a store: the results table and what the summary and report.html show of it."""
     source: str
     df: pd.DataFrame                 # the results table (analysis.table.load_resolved) with hardware and costs
     prices: list[cost.Price]
@@ -184,6 +185,7 @@ def _na(v) -> bool:
 
 
 def usd(v) -> str:
+    """US dollars as text: whole dollars from $1000, else cents (2 significant digits under one); "n/a" if missing."""
     if _na(v):
         return "n/a"
     if 0 < v < 0.01:
@@ -192,21 +194,25 @@ def usd(v) -> str:
 
 
 def days(v) -> str:
+    """Days as text, no unit: one decimal from 10 up, three significant digits below; "n/a" if missing."""
     if _na(v):
         return "n/a"
     return f"{v:,.1f}" if v >= 10 else f"{v:.3g}"
 
 
 def num(v, spec: str = ",.0f") -> str:
+    """A number formatted with spec (default: whole, thousands separated); "n/a" if missing."""
     return "n/a" if _na(v) else format(v, spec)
 
 
 def where(row) -> str:
+    """A row's hardware and world size as text, e.g. "H200 x8"; "?" for unknown hardware."""
     n = row.get("world_size")
     return f"{row.get('hardware') or '?'} x{int(n)}" if not _na(n) else str(row.get("hardware") or "?")
 
 
 def search_name(search: str) -> str:
+    """A search as prose names it: "search NAME", or "the measurements" for a store without searches."""
     return "the measurements" if search == NO_SEARCH else f"search {search}"
 
 
@@ -217,6 +223,7 @@ def label(row) -> str:
 
 
 def gpu_s_text(row) -> str:
+    """A row's device-seconds (wall time × ranks) as text, "≈N (est.)" when estimated; "n/a" if missing."""
     v = row.get("gpu_s")
     if _na(v):
         return "n/a"
@@ -242,6 +249,8 @@ def spent_text(a: Analysis) -> str | None:
 
 # --- terminal summary ------------------------------------------------------------------------------------------
 def summary(a: Analysis, top: int = 5) -> str:
+    """The terminal summary: counts, device time spent, the `top` fastest configurations, hardware side by side,
+    what failed and which knobs mattered."""
     df = a.df
     counts = df["status"].value_counts()
     cached = int(df["cached"].sum())
@@ -357,6 +366,8 @@ def _thousands(ax) -> None:
 
 
 def plot_pareto(a: Analysis) -> str:
+    """Projected days against peak memory per rank of each successful measurement, each model's Pareto front
+    ringed (inline SVG)."""
     fig = _figure(10, 4.6)
     ax = fig.subplots()
     b = a.best[a.best["projected_days"].notna() & a.best["peak_memory_gib"].notna()]
@@ -391,6 +402,7 @@ def plot_pareto(a: Analysis) -> str:
 
 
 def plot_cost(a: Analysis, top: int = 20) -> str:
+    """Rent of the projected run (US$) of the `top` cheapest priced measurements, as bars (inline SVG)."""
     b = a.best[a.best["rent_usd"].notna()].sort_values("rent_usd").head(top)
     fig = _figure(8, max(2.2, 0.38 * len(b) + 1.2))
     ax = fig.subplots()
@@ -411,6 +423,7 @@ def plot_cost(a: Analysis, top: int = 20) -> str:
 
 
 def plot_importance(imp: dict) -> str:
+    """One search's knob importances as bars (inline SVG)."""
     vals = imp["values"]
     fig = _figure(7, max(1.8, 0.45 * len(vals) + 1))
     ax = fig.subplots()
@@ -427,6 +440,7 @@ def plot_importance(imp: dict) -> str:
 
 
 def plot_knob_values(a: Analysis) -> str:
+    """Tokens/s of each successful measurement per value of each varied knob, a panel per knob (inline SVG)."""
     ok = a.df[(a.df["status"] == Status.OK) & a.df["tokens_per_s"].notna()].drop_duplicates("key")
     knobs = [k for k in a.varied if ok[k].dropna().map(fmt).nunique() > 1] or a.varied
     cols = min(3, max(1, len(knobs)))
@@ -554,6 +568,7 @@ def progress(a: Analysis) -> list[dict]:
 
 
 def progress_text(p: dict, unit: str) -> str:
+    """One sentence on a progress() entry: when its best tokens/s came, and what was spent since (in unit)."""
     g, hours = p["rows"], p["hours"]
     name, what = search_name(p["search"]), ("trial" if p["search"] != NO_SEARCH else "measurement")
     if p["found"] is None:
@@ -889,6 +904,7 @@ def _tag(status: str) -> str:
 
 
 def render_html(a: Analysis) -> str:
+    """The whole report as one self-contained HTML document (a string)."""
     df, b = a.df, a.best
     counts = df["status"].value_counts()
     out = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trainscout report</title>"
@@ -1092,6 +1108,8 @@ def measured(df: pd.DataFrame) -> int:
 
 
 def reason(row) -> str:
+    """A trial row's reason: the first line of its error, else "served from the store" for a cached ok trial,
+    else its status's meaning (empty for ok)."""
     if isinstance(row.get("error"), str) and row["error"].strip():
         return _first_line(row["error"], 200)
     if row["status"] == Status.OK:
@@ -1109,6 +1127,8 @@ def export_command(a: Analysis, row) -> str | None:
 
 
 def trial_table(a: Analysis) -> str:
+    """The "All trials" HTML table: one row per trial with its status, reason, tokens/s, plan, device-seconds,
+    configuration, key and export command."""
     many = a.df["search"].nunique() > 1
     head = ["#", *(["search"] if many else []), "trial", "status", "reason", "tokens/s", "micro-batch", "accum",
             _unit(a).replace("hours", "s"), "configuration (set or varied knobs)", "key", "export"]
@@ -1128,6 +1148,7 @@ def trial_table(a: Analysis) -> str:
 
 
 def write_html(a: Analysis, out_dir: str) -> str:
+    """Write report.html into out_dir (created if missing); returns its path."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "report.html")
     with open(path, "w", encoding="utf-8") as f:

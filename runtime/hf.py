@@ -82,6 +82,7 @@ def hook_owned(export: str | dict) -> dict:
 
 
 def installed_fields() -> set[str]:
+    """The field names of the installed transformers' TrainingArguments."""
     import dataclasses
 
     from transformers import TrainingArguments

@@ -686,6 +686,7 @@ def make_scheduler(steps: int):
 
 
 def space_knobs():
+    """The names of all registered knobs, in all_knobs() order (a generator)."""
     from trainscout.spaces import all_knobs
     return (k.name for k in all_knobs())
 
@@ -771,6 +772,8 @@ def _days(d: float) -> str:
 
 
 def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
+    """Print a search's outcome to stream: trials by status, per-trial overhead, the `top` fastest distinct
+    configurations; returns the same as a dict."""
     store.checkpoint()
     trials = store.trials(name)
     by_status: dict[str, int] = {}

@@ -107,7 +107,7 @@ def test_pipeline_plan_splits_the_batch():
     assert plan.pipeline == {"stages": 2, "schedule": "1f1b", "chunks": 1, "microbatches": 4}
 
 
-def test_pipeline_trial_through_ray_train(ray_local):
+def test_pipeline_trial_in_a_worker_group(ray_local):
     from trainscout.trial import execute, prepare
     spec = prepare("tiny", {"pipeline_stages": 2, "pipeline_microbatches": 2, "micro_batch_size": 2, "precision": "fp32"},
                    device="cpu", workers=2, steps=2, warmup=1, global_batch=8)

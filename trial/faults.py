@@ -26,6 +26,7 @@ class InjectedCompileError(RuntimeError):
 
 
 def parse(spec: str | None) -> tuple[str, int] | None:
+    """A fault spec KIND[@RANK] as (kind, rank), rank 0 by default; None for no spec, ValueError for a bad one."""
     if not spec:
         return None
     kind, _, rank = spec.partition("@")

@@ -9,6 +9,7 @@ LIBRARIES = ("torch", "transformers", "deepspeed", "ray", "optuna", "trainscout"
 
 
 def versions() -> dict[str, str | None]:
+    """Versions of Python and of the LIBRARIES a result depends on; None for a library not installed."""
     out = {"python": platform.python_version()}
     for lib in LIBRARIES:
         try:

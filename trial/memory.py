@@ -71,6 +71,7 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
 
 
 def analytic(spec: TrialSpec | Record) -> float:
+    """The analytic sum of components(): bytes per rank, uncalibrated and without predict's 1 GiB allowance."""
     return sum(components(spec).values())
 
 

@@ -18,6 +18,7 @@ GPU_BF16_TFLOPS: list[tuple[str, float]] = [
 
 
 def gpu_peak_tflops(device_name: str | None) -> float | None:
+    """Dense bf16 peak TFLOP/s of a GPU by device name (first GPU_BF16_TFLOPS substring found); None if unknown."""
     if not device_name:
         return None
     for key, tflops in GPU_BF16_TFLOPS:
@@ -27,16 +28,20 @@ def gpu_peak_tflops(device_name: str | None) -> float | None:
 
 
 def flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
+    """Model FLOPs per trained token, forward and backward: 6·N + 12·L·d·s (no recomputation counted)."""
     return 6.0 * n_params + 12.0 * num_layers * hidden * seq_len
 
 
 def mfu(tokens_per_s: float, fpt: float, peak_tflops: float | None, n_gpus: int) -> float | None:
+    """Model FLOPs utilisation as a fraction: tokens/s × FLOPs per token over the n_gpus' combined peak; None when
+    the peak is unknown or tokens/s is 0."""
     if not peak_tflops or not tokens_per_s:
         return None
     return tokens_per_s * fpt / (peak_tflops * 1e12 * n_gpus)
 
 
 def median(xs: list[float]) -> float:
+    """The median of xs (the mean of the middle two for an even count); xs must not be empty."""
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])

@@ -127,6 +127,7 @@ def _gpt_neox(hidden: int, layers: int, heads: int, vocab: int = 50304, max_pos:
 
 
 def model_names() -> list[str]:
+    """The built-in model names: "tiny", then the Pythia sizes."""
     return ["tiny", *PYTHIA]
 
 

@@ -23,6 +23,7 @@ NAME = "trainscout-worker-pool"
 
 
 def fresh_requested() -> bool:
+    """Whether TRAINSCOUT_FRESH_WORKERS asks for a worker group of its own per trial (set, and not "0")."""
     return os.environ.get("TRAINSCOUT_FRESH_WORKERS", "") not in ("", "0")
 
 

@@ -27,6 +27,8 @@ class Cancelled(RuntimeError):
 
 
 def detect_device(device: str) -> str:
+    """The device to run on, "cuda" or "cpu" (auto: cuda if a CUDA GPU is visible); ConfigError for any other
+    value, or cuda without a GPU."""
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError("--device", f"--device {device} is not allowed: use auto, cpu or cuda")
     import torch

@@ -27,6 +27,8 @@ def load_exported(path: str) -> dict:
 
 
 def check_data(path: str | None, dtype: str, seq_len: int) -> None:
+    """Check a --data token file before training (None: synthetic tokens, nothing to check): a known dtype, an
+    existing file, at least seq_len tokens; ConfigError otherwise."""
     if path is None:
         return
     if dtype not in DTYPES:
@@ -43,6 +45,8 @@ def check_data(path: str | None, dtype: str, seq_len: int) -> None:
 def train(config: str, *, model: str | None = None, steps: int = 100, data: str | None = None, data_dtype: str = "uint16",
           out: str = "runs/train", workers: int | None = None, device: str = "auto", timeout: float | None = None,
           address: str | None = None, on_step=None, **recipe) -> dict:
+    """Train an exported configuration for `steps` optimizer steps in fresh workers, checkpointing into out; returns
+    the summary (status, metrics, checkpoint folder) it also writes to out/train.json."""
     from trainscout.trial import execute, prepare
     from trainscout.trial.models import overrides_of
     exp = load_exported(config)

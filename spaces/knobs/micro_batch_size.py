@@ -3,6 +3,7 @@ from ..knob import REGISTRY, Knob, register
 
 
 def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (1 and n included)."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 

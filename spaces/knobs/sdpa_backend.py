@@ -37,6 +37,8 @@ class SdpaBackend(Knob):
 
 
 def select_sdpa(backend: str) -> None:
+    """Enable only the given scaled_dot_product_attention backend in this process (auto: all of them, PyTorch
+    picks), through torch.backends.cuda's process-wide flags."""
     import torch
     b = torch.backends.cuda
     for name, enable in (("flash", b.enable_flash_sdp), ("efficient", b.enable_mem_efficient_sdp),

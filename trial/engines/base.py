@@ -16,6 +16,7 @@ def register_engine(cls: type["Engine"]) -> type["Engine"]:
 
 
 def get(name: str) -> type["Engine"]:
+    """The engine class registered under name; ValueError naming the registered ones when there is none."""
     if name not in REGISTRY:
         raise ValueError(f"unknown engine {name!r}: registered are {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
@@ -28,6 +29,7 @@ def autocast_dtype(precision: str):
 
 
 def adamw(params, recipe: dict, device):
+    """torch AdamW over params with the recipe's lr, betas and weight decay: fused on CUDA, foreach otherwise."""
     import torch
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
@@ -35,6 +37,7 @@ def adamw(params, recipe: dict, device):
 
 
 def causal_lm_loss(model, batch):
+    """The causal LM loss of a batch of token ids: the model's own loss with the inputs as labels."""
     return model(input_ids=batch, labels=batch).loss
 
 
