@@ -746,8 +746,8 @@ def build_parser() -> Parser:
 
 
 def version() -> str:
-    """The installed distribution's version (trainscout.cli.__version__)."""
-    from trainscout.cli import __version__
+    """The installed distribution's version (trainscout.__version__)."""
+    from trainscout import __version__
     return __version__ if __version__ != "unknown" else "unknown (not installed: pip install -e .)"
 
 

@@ -59,8 +59,10 @@ def bench_store(tmp_path) -> Store:
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"trainscout {version('trainscout')}\n"
+    import trainscout
     import trainscout.cli
-    assert trainscout.cli.__version__ == version("trainscout")  # `trainscout` is a namespace package: no __version__
+    assert trainscout.__version__ == trainscout.cli.__version__ == version("trainscout")
+    assert trainscout.__file__.endswith(os.path.join("trainscout", "__init__.py"))  # a package, not a namespace
 
 
 # --- help: what the tool and each command do, defaults, an example ----------------------------------------------
