@@ -566,6 +566,7 @@ def command(sub, name: str, summary: str, description: str, example: str, func, 
 
 
 JSON_HELP = "print the machine output alone on stdout as JSON, progress and notes on stderr (default: text)"
+MODEL_HELP = "pythia-14m ... pythia-12b, tiny, or a config.json path"
 SET_HELP = "set a knob (repeatable; a knob not set keeps its default)"
 
 
@@ -588,7 +589,7 @@ def build_parser() -> Parser:
                 "when it does not fit.",
                 "  trainscout estimate --model pythia-1b --set zero_stage=3 --workers 8 --gpu-memory 80GiB",
                 cmd_estimate)
-    m.add_argument("--model", required=True, help="pythia-14m ... pythia-12b, tiny, or a config.json path")
+    m.add_argument("--model", required=True, help=MODEL_HELP)
     m.add_argument("--set", action="append", metavar="KNOB=VALUE", help=SET_HELP)
     m.add_argument("--workers", type=positive_int("--workers"), default=1, help="GPUs the configuration spans")
     m.add_argument("--gpu-memory", default=None,
@@ -608,7 +609,7 @@ def build_parser() -> Parser:
                 "(oom, timeout, crash, invalid) is an outcome: printed, and exit 1.",
                 "  trainscout trial --model pythia-160m --set zero_stage=2 --set micro_batch_size=8 --steps 10",
                 cmd_trial)
-    t.add_argument("--model", required=True, help="pythia-14m ... pythia-12b, tiny, or a config.json path")
+    t.add_argument("--model", required=True, help=MODEL_HELP)
     t.add_argument("--set", action="append", metavar="KNOB=VALUE", help=SET_HELP)
     t.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu or cuda")
     t.add_argument("--workers", type=positive_int("--workers"), default=1, help="ranks: GPUs, or CPU processes")

@@ -590,18 +590,9 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     has max, as it is this model's) and checked against this model (an invalid one is left out). [(point, why)]."""
     if hw["device"] != "cuda" or not have:
         return []
-    import optuna
-
     from trainscout.spaces import get
-
-    def valid(point: dict):
-        try:
-            return prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
-                           hw=hw, **args.recipe)
-        except (ConfigError, ValueError):
-            return None
     base = have[0]
-    me = valid(base)
+    me = _spec_at(args, space, hw, base)
     if me is None:
         return []
     same = [r for r in records if r.ok and r.m.get("mfu") and r.world_size == args.gpus_per_trial
@@ -614,10 +605,11 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
             if k != "micro_batch_size" and v in dom:
                 point[k] = v
         point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
-        if "max" not in space.domains.get("micro_batch_size", ()) and r.config.get("micro_batch_size") in space.domains.get("micro_batch_size", ()):
+        sizes = space.domains.get("micro_batch_size", ())
+        if "max" not in sizes and r.config.get("micro_batch_size") in sizes:
             point["micro_batch_size"] = r.config["micro_batch_size"]  # no probe in this space: the measured one
         k = json.dumps(point, sort_keys=True, default=str)
-        if k in seen or valid(point) is None:
+        if k in seen or _spec_at(args, space, hw, point) is None:
             continue
         seen.append(k)
         out.append((point, f"{r.model}'s MFU {r.m['mfu']:.3f} on {hw.get('gpu')}"))
@@ -626,19 +618,23 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     return out
 
 
+def _spec_at(args: SearchArgs, space: Space, hw: dict, point: dict) -> TrialSpec | None:
+    """The trial a start point means, as the sampler would build it (None: this model refuses it)."""
+    import optuna
+    try:
+        return prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
+                       hw=hw, **args.recipe)
+    except ConfigError:
+        return None
+
+
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
     """The defaults at the largest micro-batch the memory model predicts to fit in 85 % of the GPU (None: none)."""
-    import optuna
-
     from trainscout.trial import memory
     for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
         point = dict(defaults, micro_batch_size=mbs)
-        try:  # the configuration the point means, as the sampler would build it
-            spec = prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
-                           hw=hw, **args.recipe)
-        except ConfigError:
-            continue
-        if memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
+        spec = _spec_at(args, space, hw, point)
+        if spec is not None and memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
             return point
     return None
 

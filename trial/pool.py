@@ -88,6 +88,11 @@ class Progress:
         self.handle.report.remote(self.trial_id, item)
 
 
+def _bundle(cuda: bool) -> dict:
+    """What one rank of a group holds: a GPU and a CPU, or half a CPU on a CPU-only run."""
+    return {"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}
+
+
 class _Group:
     def __init__(self, key, pg, actors):
         self.key, self.pg, self.actors, self.trials, self.owner = key, pg, actors, 0, None
@@ -115,7 +120,7 @@ class Pool:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        bundle = {"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}
+        bundle = _bundle(cuda)
         pg = placement_group([bundle] * world, strategy="PACK")
         await pg.ready()
         cls = ray.remote(Rank)
@@ -201,7 +206,7 @@ class Pool:
         """Kill idle groups, oldest first, while the cluster lacks what a new group needs (one GPU box: the idle
         group holds the GPU a fresh one needs)."""
         import ray
-        need = {"GPU": world} if cuda else {"CPU": 0.5 * world}
+        need = {k: v * world for k, v in _bundle(cuda).items()}
         while self.idle and any(ray.available_resources().get(k, 0) < v for k, v in need.items()):
             self.idle.pop(0).kill()
 
@@ -219,9 +224,6 @@ class Pool:
     def take(self, trial_id: str) -> list:
         """The reports since the last take."""
         return self.reports.pop(trial_id, [])
-
-    def size(self) -> dict:
-        return {"idle": len(self.idle), "busy": len(self.busy)}
 
 
 async def _value(ref):

@@ -30,6 +30,7 @@ def _redirect_stderr(log_dir: str | None, rank: int) -> None:
     except OSError:
         return  # another node's path on a cluster: Ray's own logs keep the output
     os.dup2(fd, 2)
+    os.close(fd)  # fd 2 holds the file now; a reused process opens one per trial
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
@@ -95,7 +96,8 @@ def train_loop(spec: TrialSpec, rank: int, world: int, local: int = 0) -> dict:
 
 def reset_process() -> None:
     """After a trial, in a process the next trial may reuse: free its objects and the device's cache, forget
-    torch.compile's in-memory caches (the on-disk ones stay), and start the peak counters again."""
+    torch.compile's in-memory caches (the on-disk ones stay), and start the device's peak counters again (the next
+    trial resets the peak RSS as it starts)."""
     import torch
     gc.collect()
     torch.compiler.reset()
@@ -108,7 +110,6 @@ def reset_process() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-    _reset_peak_rss()
 
 
 def _reset_peak_rss() -> None:
