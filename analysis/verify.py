@@ -16,15 +16,23 @@ RUNNERS = ("trainscout", "hf", "accelerate")
 
 
 def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int = 2, timeout: float | None = None,
-           address: str | None = None, runner: str = "trainscout") -> dict:
+           address: str | None = None, runner: str = "trainscout", global_batch: int | None = None) -> dict:
     """Measure the best (or the keyed) configuration for `steps` full optimizer steps; the comparison as a dict.
 
     runner "trainscout": fresh worker processes like a trial, but with the full accumulation in every timed step
     (measure_accum=0), so nothing is extrapolated. "hf": the export in a stock HF Trainer with the runtime hook (one
     rank: a plain process; several: accelerate launch), "accelerate": always through `accelerate launch` with the
-    exported accelerate.yaml. Stored with the search as `verify-KEY.json` (`verify-RUNNER-KEY.json`)."""
+    exported accelerate.yaml. Stored with the search as `verify-KEY.json` (`verify-RUNNER-KEY.json`).
+
+    global_batch (runner "trainscout"): full steps of this many sequences instead of the recipe's, where a step of
+    the recipe takes too long to verify (Pythia-6.9B on one H200: ~4 minutes). The projection compared is the
+    measurement's own, with (A' - A) accumulating micro-batches more or fewer at its measured median; the output
+    carries both batches and the recipe's projection."""
     if runner not in RUNNERS:
         raise ConfigError("--runner", f"--runner {runner}: use one of {', '.join(RUNNERS)}")
+    if global_batch is not None and runner != "trainscout":
+        raise ConfigError("--global-batch", f"--global-batch with --runner {runner}: the export trains the recipe's "
+                                            "batch; use --runner trainscout or leave --global-batch out")
     from trainscout.trial import hardware
     store = store_of(source)
     rec = measurement(store, key, best=key is None)
@@ -34,10 +42,12 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
             raise ConfigError("--trial", f"the measurement was taken on {rec.hardware.get('gpu')} but this box has "
                                          f"{hw.get('gpu') or 'no GPU'}: verify on the same hardware")
     out = _in_trainer(source, rec, runner, steps, warmup, timeout) if runner != "trainscout" else \
-        _in_trainscout(rec, steps, warmup, timeout, address)
+        _in_trainscout(rec, steps, warmup, timeout, address, global_batch)
     path = source if os.path.isdir(source) else None
     if path:
         name = f"verify-{rec.key[:12]}.json" if runner == "trainscout" else f"verify-{runner}-{rec.key[:12]}.json"
+        if global_batch is not None:
+            name = name.replace(".json", f"-gb{global_batch}.json")
         with open(os.path.join(path, name), "w") as f:
             json.dump(out, f, indent=1)
     return out
@@ -79,23 +89,47 @@ def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout:
                   "gpu": rec.hardware.get("gpu") if rec.device == "cuda" else None, "wall_s": r["wall_s"]}
 
 
-def _in_trainscout(rec, steps: int, warmup: int, timeout: float | None, address: str | None) -> dict:
+def _at_batch(rec, global_batch: int | None) -> tuple[dict, float]:
+    """(recipe overrides, projected step s) of the measurement at another global batch (None: the recipe's)."""
+    from trainscout.trial.models import overrides_of
+    over, m = overrides_of(rec.recipe), rec.metrics
+    if global_batch is None or global_batch == rec.recipe["global_batch"]:
+        return over, m["step_s"]
+    if rec.plan.get("engine") == "pipeline":
+        raise ConfigError("--global-batch", "--global-batch: a pipeline measurement's step is not a sum of "
+                                            "micro-batches; leave --global-batch out")
+    per_step = rec.recipe["global_batch"] // rec.grad_accum  # sequences per micro-batch over all data ranks
+    if global_batch % per_step:
+        raise ConfigError("--global-batch", f"--global-batch {global_batch}: give a multiple of {per_step} (micro-batch "
+                                            f"{rec.plan['micro_batch_size']} x the data-parallel ranks)")
+    accum = global_batch // per_step
+    return dict(over, global_batch=global_batch), m["step_s"] + (accum - rec.grad_accum) * m["micro_batch_s"]
+
+
+def _in_trainscout(rec, steps: int, warmup: int, timeout: float | None, address: str | None,
+                   global_batch: int | None = None) -> dict:
     from trainscout.trial import execute, prepare
-    from trainscout.trial.models import overrides_of, stored_model
+    from trainscout.trial.models import stored_model
     device = rec.device
-    spec = prepare(stored_model(rec.model, rec.model_config), rec.config, device=device, workers=rec.world_size, steps=steps, warmup=warmup,
-                   measure_accum=0, **overrides_of(rec.recipe))
+    over, projected_step = _at_batch(rec, global_batch)
+    config = dict(rec.config)
+    if config.get("micro_batch_size") == "max":  # the micro-batch the probe settled on, not another probe
+        config["micro_batch_size"] = rec.plan["micro_batch_size"]
+    spec = prepare(stored_model(rec.model, rec.model_config), config, device=device, workers=rec.world_size,
+                   steps=steps, warmup=warmup, measure_accum=0, **over)
     projected = rec.metrics
-    run = execute(spec, timeout=timeout or max(900.0, 30 * steps * projected["step_s"]), address=address)
+    run = execute(spec, timeout=timeout or max(900.0, 30 * steps * projected_step), address=address)
     out = {"key": rec.key, "model": rec.model, "config": rec.config, "steps": steps, "runner": "trainscout",
-           "projected_step_s": projected["step_s"], "status": str(run.status), "error": run.error}
+           "projected_step_s": projected_step, "status": str(run.status), "error": run.error,
+           "global_batch": spec.recipe["global_batch"], "recipe_global_batch": rec.recipe["global_batch"],
+           "recipe_projected_step_s": projected["step_s"]}
     if run.ok:
         m = run.metrics
         out.update(measured_step_s=m["measured_step_s"],  # median of the full steps, as run
                    mean_step_s=m["timed_s"] / steps,        # wall time of all timed steps / steps (stalls included)
-                   ratio=m["measured_step_s"] / projected["step_s"],
-                   projected_tokens_per_s=projected["tokens_per_s"],
-                   measured_tokens_per_s=rec.recipe["global_batch"] * rec.recipe["seq_len"] / m["measured_step_s"],
+                   ratio=m["measured_step_s"] / projected_step,
+                   projected_tokens_per_s=spec.tokens_per_step / projected_step,
+                   measured_tokens_per_s=spec.tokens_per_step / m["measured_step_s"],
                    spread=m["step_spread"], loss=m["loss"], gpu=m.get("gpu"), wall_s=run.wall_s,
                    seed_method_step_s=m.get("seed_method_step_s"),  # unsynchronised, one micro-batch x A
                    seed_method_ratio=(m.get("seed_method_step_s") or 0) / m["measured_step_s"])

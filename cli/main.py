@@ -293,7 +293,7 @@ def cmd_verify(a) -> int:
     """`trainscout verify`: train a stored configuration for N full steps; measured against projected step time."""
     from trainscout.analysis.verify import verify
     r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address,
-               runner=a.runner)
+               runner=a.runner, global_batch=a.global_batch)
     if a.json:
         print(json.dumps(r))
     elif r["status"] != Status.OK:
@@ -302,6 +302,9 @@ def cmd_verify(a) -> int:
         by = {"trainscout": "trainscout's workers", "hf": "a stock HF Trainer + trainscout.runtime.hf.prepare",
               "accelerate": "accelerate launch + a stock HF Trainer + trainscout.runtime.hf.prepare"}[r["runner"]]
         print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps in {by}  ({r['gpu'] or 'cpu'})")
+        if r.get("global_batch", r.get("recipe_global_batch")) != r.get("recipe_global_batch"):
+            print(f"  at --global-batch {r['global_batch']} (the recipe's is {r['recipe_global_batch']}: projected "
+                  f"step {r['recipe_projected_step_s']:.2f} s); the projection below is the measurement's at this batch")
         if r.get("command"):
             print(f"  ran: {r['command']}")
         print(f"  projected step {r['projected_step_s']:.4f} s   measured median {r['measured_step_s']:.4f} s "
@@ -719,6 +722,9 @@ def build_parser() -> Parser:
                    help="who trains: trainscout's workers, the export in a stock HF Trainer with the runtime hook "
                         "(hf; several ranks: through accelerate launch), or always via accelerate launch")
     v.add_argument("--steps", type=positive_int("--steps"), default=200, help="timed full optimizer steps")
+    v.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
+                   help="with --runner trainscout: full steps of this many sequences, where the recipe's step is too "
+                        "long to verify (default: the recipe's)")
     v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     v.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
                    help="hard limit in seconds, > 0 (default: 30 x the projected time of the steps, at least 900)")

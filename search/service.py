@@ -505,7 +505,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
         from trainscout.trial import memory
         calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
-    start = [] if done else start_points(args, space, hw, calibration)
+    notes: list[str] = []
+    start = [] if done else start_points(args, space, hw, calibration, notes)
     known = [] if done else store_points(args, space, hw, store.measurements(), start)
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE)
@@ -542,6 +543,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
           f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
           f"store {url}", file=stream, flush=True)
+    for note in notes:
+        print(f"  {note}", file=stream, flush=True)
     for p, why in known:
         print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
               file=stream, flush=True)
@@ -553,16 +556,21 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     return summary
 
 
-def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None) -> list[dict]:
+def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None,
+                 notes: list[str] | None = None) -> list[dict]:
     """On a GPU, the first trials are the strong defaults a person would set by hand: every searched knob at its
     default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
     model predicts to fit in 85 % of the GPU's memory) - and, where compile is searched, the same with compile on
     (the yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched. With two or
-    more trials at once they run side by side."""
+    more trials at once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the
+    cheapest memory saver of the space that makes them fit is added first (fits), and `notes` says which and why."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
     from trainscout.spaces import get
     defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
+    defaults = fits(args, space, hw, calibration, defaults, notes)
+    if defaults is None:
+        return []
     if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
         point = dict(defaults, micro_batch_size="max")
     else:
@@ -578,6 +586,56 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
             on["loss_kernel"] = "compiled"
         compiled = [applicable(on)]
     return [applicable(point), *compiled]
+
+
+# memory savers, cheapest first (what each costs in speed): checkpoint every 4th .. every layer, then ZeRO offload of
+# the optimizer (its step on the CPU), then of the parameters too; a saver is tried only where the space has it
+SAVERS = ({"activation_checkpointing": 4}, {"activation_checkpointing": 3}, {"activation_checkpointing": 2},
+          {"activation_checkpointing": "full"},
+          {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"},
+          {"zero_stage": 3, "offload_optimizer": True, "offload_params": True, "activation_checkpointing": "full"})
+FIT_SHARE = 0.85  # a start point must be predicted to fit in this share of the GPU's memory
+
+
+def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,
+         notes: list[str] | None = None, host: float | None = None) -> dict | None:
+    """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the
+    cheapest memory saver (SAVERS) that fits the GPU and the host (host: its bytes; default this machine's);
+    None where none does (notes: why)."""
+    import psutil
+
+    from trainscout.trial import memory
+    sizes = [m for m in space.domains["micro_batch_size"] if m != "max"] or [1]
+    cap, host = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB, host or psutil.virtual_memory().total
+
+    def need(p: dict) -> tuple[float, str | None] | None:
+        spec = _spec_at(args, space, hw, dict(p, micro_batch_size=min(sizes)))
+        if spec is None:
+            return None
+        return memory.predict(spec, calibration), memory.host_refusal(spec, host, MEMORY_MARGIN)
+    first = need(point)
+    if first is None or (first[0] <= cap and first[1] is None):
+        return point
+    tried = []
+    for saver in SAVERS:
+        if any(v not in space.domains.get(k, ()) for k, v in saver.items()):
+            continue
+        got = need(dict(point, **saver))
+        if got is None:
+            continue
+        tried.append(f"{' '.join(f'{k}={fmt(v)}' for k, v in saver.items())}: {got[0] / memory.GiB:.1f} GiB"
+                     + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
+        if got[0] <= cap and got[1] is None:
+            if notes is not None:
+                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} (predicted "
+                             f"{first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of {hw['gpu_memory_gib']:.0f} GiB"
+                             f"{'; ' + first[1] if first[1] else ''}): the start point adds "
+                             + " ".join(f"{k}={fmt(v)}" for k, v in saver.items()))
+            return dict(point, **saver)
+    if notes is not None:
+        notes.append(f"no start point: the defaults need {first[0] / memory.GiB:.1f} GiB at micro-batch {min(sizes)} "
+                     f"and no memory saver of the space fits ({'; '.join(tried) or 'the space has none'})")
+    return None
 
 
 STORE_POINTS = 2  # start points taken from the store: the best MFU measured on this GPU kind, other models
@@ -629,12 +687,12 @@ def _spec_at(args: SearchArgs, space: Space, hw: dict, point: dict) -> TrialSpec
 
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
-    """The defaults at the largest micro-batch the memory model predicts to fit in 85 % of the GPU (None: none)."""
+    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU (None: none)."""
     from trainscout.trial import memory
     for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
         point = dict(defaults, micro_batch_size=mbs)
         spec = _spec_at(args, space, hw, point)
-        if spec is not None and memory.predict(spec, calibration) <= 0.85 * hw["gpu_memory_gib"] * memory.GiB:
+        if spec is not None and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
             return point
     return None
 

@@ -154,6 +154,17 @@ def test_verify_runs_full_steps_against_the_projection(store_dir, capsys):
     assert r["seed_method_ratio"] == pytest.approx(r["seed_method_step_s"] / r["measured_step_s"])
     assert os.path.exists(os.path.join(store_dir, f"verify-{r['key'][:12]}.json"))
     assert main(["verify", store_dir, "--trial", "nope"]) == 2
+    # a shorter step than the recipe's: the measurement's projection at that batch, (A' - A) micro-batches fewer
+    rec = next(m for m in Store(default_url(store_dir)).measurements() if m.key == r["key"])
+    per_step = rec.recipe["global_batch"] // rec.grad_accum
+    assert main(["verify", store_dir, "--trial", "k0", "--steps", "2", "--warmup", "1", "--json",
+                 "--global-batch", str(per_step)]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert short["status"] == "ok" and short["global_batch"] == per_step != short["recipe_global_batch"]
+    assert short["projected_step_s"] == pytest.approx(rec.m["step_s"] - (rec.grad_accum - 1) * rec.m["micro_batch_s"])
+    assert short["recipe_projected_step_s"] == rec.m["step_s"] and short["measured_step_s"] > 0
+    assert main(["verify", store_dir, "--trial", "k0", "--global-batch", str(per_step + 1)]) == 2
+    assert f"give a multiple of {per_step}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("key", ["k0", "k1"])  # plain (DDP on 2 ranks) and ZeRO-2

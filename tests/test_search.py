@@ -184,6 +184,34 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     assert start_points(args, space, dict(hw, device="cpu"), None) == []  # the CPU: TPE alone
 
 
+def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
+    """No GPU needed (the hardware dicts describe GPUs that are not here): where the defaults do not fit at the
+    smallest micro-batch, the start point adds the cheapest saver the memory model predicts to fit the GPU and the
+    host; where none does there is no start point, and the note says why, with each saver's prediction."""
+    from trainscout.search.service import FIT_SHARE, SearchArgs, fits, start_points, validate
+    from trainscout.trial import memory, prepare
+    args = SearchArgs(model="pythia-6.9b", out=str(tmp_path), device="cpu", trials=4)
+    space, _, hw = validate(args)
+    h200 = dict(hw, device="cuda", gpu_memory_gib=139.8, gpu="NVIDIA H200", gpu_count=1)
+    from trainscout.spaces import get
+    defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
+    notes = []
+    point = fits(args, space, h200, None, defaults, notes, host=125e9)
+    assert point["activation_checkpointing"] == "full" and "activation_checkpointing=full" in notes[0]
+    for saver in (4, 3, 2):  # every n-th layer saves less: predicted over the share, so not taken
+        spec = prepare("pythia-6.9b", {"activation_checkpointing": saver, "micro_batch_size": 1}, hw=h200,
+                       device="cuda")
+        assert memory.predict(spec) > FIT_SHARE * 139.8 * memory.GiB
+    first, compiled = start_points(args, space, h200, None, [])
+    assert first["activation_checkpointing"] == compiled["activation_checkpointing"] == "full"
+    # an 80 GiB GPU: checkpointing is not enough, the optimizer goes to the host (which has room for it)
+    off = fits(args, space, dict(h200, gpu_memory_gib=80.0), None, defaults, [], host=256e9)
+    assert off["zero_stage"] == 2 and off["offload_optimizer"] is True
+    notes = []  # 24 GB of host memory: no saver fits both, nothing to start from, and why
+    assert fits(args, space, dict(h200, gpu_memory_gib=80.0), None, defaults, notes, host=24e9) is None
+    assert notes[0].startswith("no start point") and "offload_optimizer=true" in notes[0] and "host" in notes[0]
+
+
 def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_gpu(tmp_path):
     """No GPU needed: the real H200 grid of Pythia-160M (bench/data/grid-h200) seeds a Pythia-410M search on an
     H200-like box: its highest-MFU configurations, put into the space (micro-batch probed again), valid here."""

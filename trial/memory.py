@@ -125,7 +125,8 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     """Predicted peak host (CPU) memory of a whole trial, all ranks together (they share the host), by component.
 
     On the CPU every rank's training state lives there: the analytic sum per rank. On a GPU: each rank's process,
-    then the larger of the model build (each rank builds its fp32 model on the host before moving it) and what
+    then the larger of the model build (each rank builds its fp32 model on the host before moving it, unless its
+    engine builds it on the GPU: Engine.builds_on_device) and what
     ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
     and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
     Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
@@ -138,11 +139,14 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
         from .models import resolve_model
         spec = spec.replace(model_config=resolve_model(spec.model).config)
     c, plan = _counts(spec.model_config), spec.plan
-    N, D = c["N"], engines.get(plan["engine"]).data_ranks(plan, world)
+    engine = engines.get(plan["engine"])
+    N, D = c["N"], engine.data_ranks(plan, world)
     zero = plan.get("zero") or {}
     offload = world * ((OFFLOAD_BYTES * N / D if "offload_optimizer" in zero else 0)
                        + (2 * N / D if "offload_param" in zero else 0))
-    out = {"processes": world * HOST_PROCESS, "build": world * 4 * N}
+    out = {"processes": world * HOST_PROCESS}
+    if not engine.builds_on_device:
+        out["build"] = world * 4 * N
     if offload:
         out["offload"] = offload
     return out
@@ -152,7 +156,7 @@ def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10
     """Why a trial would not fit the host's memory (None: it fits): the predicted peak against the capacity less a
     margin for the OS and the driver."""
     comp = host_peak(spec)
-    need = comp["processes"] + max(v for k, v in comp.items() if k != "processes")
+    need = comp["processes"] + max((v for k, v in comp.items() if k != "processes"), default=0.0)
     if need <= capacity * (1 - margin):
         return None
     return (f"predicted {need / GiB:.1f} GiB of host memory for the trial's {spec.world_size} rank(s) > "
