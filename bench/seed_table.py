@@ -55,27 +55,43 @@ def parse_trials(text: str | None) -> dict[str, int]:
     return out
 
 
-def not_fitting(model: str, hw: dict, host: float) -> dict:
-    """What would make a model fit that fits no single GPU here: the fewest GPUs of this kind with FSDP full_shard
-    and full checkpointing at micro-batch 1, and the host memory ZeRO-3 offload of optimizer and parameters needs."""
+def not_fitting(model: str, hw: dict, host: float, calibration: dict | None) -> dict:
+    """What the memory model says of a model that fits no single GPU here (GiB): the defaults and full checkpointing
+    at micro-batch 1, ZeRO offload (GPU and host), and the fewest GPUs of this kind that would hold it with FSDP
+    full_shard and full checkpointing."""
     from trainscout.search.service import FIT_SHARE
     from trainscout.trial import memory, prepare
-    out = {}
+
+    def gib(x: float) -> float:
+        return round(x / memory.GiB, 1)
+
+    def at(settings: dict, k: int = 1):
+        return prepare(model, dict(settings, micro_batch_size=1), workers=k, hw=dict(hw, gpu_count=max(k, 1)))
+    out = {"host_gib": gib(host), "gpu_gib": hw["gpu_memory_gib"], "share": FIT_SHARE,
+           "defaults_gib": gib(memory.predict(at({}), calibration)),
+           "checkpointed_gib": gib(memory.predict(at({"activation_checkpointing": "full"}), calibration))}
+    for name, settings in (("zero2_offload", {"zero_stage": 2, "offload_optimizer": True}),
+                           ("zero3_offload", {"zero_stage": 3, "offload_optimizer": True, "offload_params": True})):
+        spec = at(dict(settings, activation_checkpointing="full"))
+        comp = memory.host_peak(spec)
+        out[name] = {"gpu_gib": gib(memory.predict(spec, calibration)),
+                     "host_gib": gib(comp["processes"] + max(v for k, v in comp.items() if k != "processes"))}
     for k in (2, 4, 8, 16, 32):
-        spec = prepare(model, {"fsdp": "full_shard", "activation_checkpointing": "full", "micro_batch_size": 1},
-                       workers=k, hw=dict(hw, gpu_count=k))
-        need = memory.predict(spec)
+        need = memory.predict(at({"fsdp": "full_shard", "activation_checkpointing": "full"}, k), calibration)
         if need <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
-            out.update(gpus=k, per_gpu_gib=round(need / memory.GiB, 1))
+            out.update(gpus=k, per_gpu_gib=gib(need))
             break
-    spec = prepare(model, {"zero_stage": 3, "offload_optimizer": True, "offload_params": True,
-                           "activation_checkpointing": "full", "micro_batch_size": 1}, workers=1, hw=hw)
-    comp = memory.host_peak(spec)
-    out["offload_host_gib"] = round((comp["processes"] + max(v for k, v in comp.items() if k != "processes"))
-                                    / memory.GiB, 1)
-    out["host_gib"] = round(host / memory.GiB, 1)
-    out["offload_gpu_gib"] = round(memory.predict(spec) / memory.GiB, 1)
     return out
+
+
+def short_why(w: dict, gpu: str) -> str:
+    """not_fitting's verdict in one table cell."""
+    z2, z3 = w["zero2_offload"], w["zero3_offload"]
+    return (f"no: {w['defaults_gib']:.0f} GiB at micro-batch 1, {w['checkpointed_gib']:.0f} with full checkpointing "
+            f"(> {w['share']:.0%} of {w['gpu_gib']:.0f}); ZeRO-2 / ZeRO-3 offload would fit the GPU ({z2['gpu_gib']:.0f} / "
+            f"{z3['gpu_gib']:.0f} GiB) but need {z2['host_gib']:.0f} / {z3['host_gib']:.0f} GiB of host memory "
+            f"({w['host_gib']:.0f} here). Fits {w.get('gpus', '> 32')} x {gpu} with fsdp=full_shard + full checkpointing "
+            f"({w.get('per_gpu_gib', '?')} GiB per GPU predicted)")
 
 
 def verify_batch(rec, step_s: float) -> int | None:
@@ -145,7 +161,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         t = ", ".join(f"{n} {k}" for k, n in sorted(r.get("trials", {}).items()))
         if not r.get("fits"):
-            why = r.get("why") or ""
+            why = short_why(r["would_fit"], r.get("gpu", "GPU")) if r.get("would_fit") else r.get("why") or ""
             lines.append(f"| {r['model']} | no | {why} | | | | | | | | | {t} | {r.get('search_wall_s', 0):.0f} |")
             continue
         v = r.get("verify") or {}
@@ -217,14 +233,13 @@ def run(a, trials: dict[str, int]) -> int:
             from trainscout.spaces import get
             defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
             notes: list[str] = []
-            if fits(args, space, hw, None, defaults, notes, host=host) is None:
-                need = not_fitting(model, hw, host)
-                why = (f"{notes[0]}. Would fit: {need.get('gpus', '>32')} x {hw['gpu']} with fsdp=full_shard + "
-                       f"activation_checkpointing=full ({need.get('per_gpu_gib', '?')} GiB per GPU predicted), or one "
-                       f"with ZeRO-3 offload of optimizer and parameters on a host with >= {need['offload_host_gib']:.0f} "
-                       f"GiB of memory ({need['host_gib']:.0f} GiB here; {need['offload_gpu_gib']:.1f} GiB on the GPU)")
-                row = {"model": model, "fits": False, "why": why, "would_fit": need, "search_wall_s": 0.0, "trials": {}}
-                print(f"{model}: does not fit: {why}", flush=True)
+            from trainscout.trial import memory  # calibrated on the store's peaks of this GPU, as the search is
+            calibration = memory.fit(memory.calibration_pairs(open_store(url).measurements(), hw.get("gpu")))
+            if fits(args, space, hw, calibration, defaults, notes, host=host) is None:
+                need = not_fitting(model, hw, host, calibration)
+                row = {"model": model, "fits": False, "why": notes[0], "would_fit": need, "gpu": hw["gpu"],
+                       "calibrated": calibration is not None, "search_wall_s": 0.0, "trials": {}}
+                print(f"{model}: does not fit: {short_why(need, hw['gpu'])}", flush=True)
                 _append(a.out, table, rows, row)
                 continue
         log = io.StringIO()
