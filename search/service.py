@@ -561,8 +561,9 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     """On a GPU, the first trials are the strong defaults a person would set by hand: every searched knob at its
     default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
     model predicts to fit in 85 % of the GPU's memory) - and, where compile is searched, the same with compile on
-    (the yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched. With two or
-    more trials at once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the
+    (the yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that
+    again with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B
+    shape on an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the
     cheapest memory saver of the space that makes them fit is added first (fits), and `notes` says which and why."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
@@ -585,6 +586,10 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
         if "compiled" in space.domains.get("loss_kernel", ()):  # the loss too, which per-layer compile leaves out
             on["loss_kernel"] = "compiled"
         compiled = [applicable(on)]
+        if "tensorwise" in space.domains.get("fp8", ()):  # FP8 matmuls on top, where the GPU and torchao have them
+            fp8 = applicable(dict(on, fp8="tensorwise"))  # (the knob's own check refuses other GPUs)
+            if _spec_at(args, space, hw, fp8) is not None:
+                compiled.append(fp8)
     return [applicable(point), *compiled]
 
 

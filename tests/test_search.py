@@ -182,6 +182,14 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
             for m in (4, 8, 16, 32, 64)}
     assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
     assert start_points(args, space, dict(hw, device="cpu"), None) == []  # the CPU: TPE alone
+    # a GPU with FP8 tensor cores (compute capability 9.0) and torchao installed: FP8 matmuls on the compiled point
+    pytest.importorskip("torchao")
+    from trainscout.trial.runner import context
+    hopper = dict(hw, capability="9.0")
+    spec = prepare("pythia-410m", {}, hw=hopper)
+    gpu_space = Space.build({}, {}, context(spec.model_config, spec.recipe["global_batch"], 1, hopper))
+    *_, compiled, fp8 = start_points(args, gpu_space, hopper, None)
+    assert fp8 == dict(compiled, fp8="tensorwise") and compiled["fp8"] == "off"
 
 
 def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
