@@ -209,7 +209,7 @@ def run(a, trials: dict[str, int]) -> int:
     import psutil
 
     from trainscout.analysis.verify import verify
-    from trainscout.search.service import SearchArgs, fits, run_search, validate
+    from trainscout.search.service import SearchArgs, fits, run_search, space_defaults, validate
     from trainscout.store import default_url, open_store, storage_url
     os.makedirs(a.out, exist_ok=True)
     url = storage_url(default_url(os.path.abspath(a.out)))
@@ -230,8 +230,7 @@ def run(a, trials: dict[str, int]) -> int:
         space, _, hw = validate(args)
         t0 = time.time()
         if hw["device"] == "cuda":
-            from trainscout.spaces import get
-            defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
+            defaults = space_defaults(space)
             notes: list[str] = []
             from trainscout.trial import memory  # calibrated on the store's peaks of this GPU, as the search is
             calibration = memory.fit(memory.calibration_pairs(open_store(url).measurements(), hw.get("gpu")))

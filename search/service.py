@@ -568,8 +568,7 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
         return []
     from trainscout.spaces import get
-    defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
-    defaults = fits(args, space, hw, calibration, defaults, notes)
+    defaults = fits(args, space, hw, calibration, space_defaults(space), notes)
     if defaults is None:
         return []
     if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
@@ -591,6 +590,12 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
             if _spec_at(args, space, hw, fp8) is not None:
                 compiled.append(fp8)
     return [applicable(point), *compiled]
+
+
+def space_defaults(space: Space) -> dict:
+    """Every searched knob at its default (its first value where the default is not in the domain)."""
+    from trainscout.spaces import get
+    return {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
 
 
 # memory savers, cheapest first (what each costs in speed): checkpoint every 4th .. every layer, then ZeRO offload of

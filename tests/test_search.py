@@ -196,13 +196,12 @@ def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
     """No GPU needed (the hardware dicts describe GPUs that are not here): where the defaults do not fit at the
     smallest micro-batch, the start point adds the cheapest saver the memory model predicts to fit the GPU and the
     host; where none does there is no start point, and the note says why, with each saver's prediction."""
-    from trainscout.search.service import FIT_SHARE, SearchArgs, fits, start_points, validate
+    from trainscout.search.service import FIT_SHARE, SearchArgs, fits, space_defaults, start_points, validate
     from trainscout.trial import memory, prepare
     args = SearchArgs(model="pythia-6.9b", out=str(tmp_path), device="cpu", trials=4)
     space, _, hw = validate(args)
     h200 = dict(hw, device="cuda", gpu_memory_gib=139.8, gpu="NVIDIA H200", gpu_count=1)
-    from trainscout.spaces import get
-    defaults = {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
+    defaults = space_defaults(space)
     notes = []
     point = fits(args, space, h200, None, defaults, notes, host=125e9)
     assert point["activation_checkpointing"] == "full" and "activation_checkpointing=full" in notes[0]
