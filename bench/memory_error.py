@@ -25,7 +25,14 @@ def label(r) -> str:
         parts.append(f"pp{c['pipeline_stages']}-{c['pipeline_schedule']}-m{c['pipeline_microbatches']}")
     if c.get("activation_checkpointing", "none") != "none":
         parts.append(f"ckpt-{c['activation_checkpointing']}")
-    parts.append(f"mbs{c['micro_batch_size']}")
+    if c.get("compile"):  # what else changes the peak: compile (its scope), the loss kernel, attention, fp8
+        parts.append(f"compile-{c.get('compile_scope', 'model')}")
+    if c.get("loss_kernel", "eager") != "eager":
+        parts.append(f"loss-{c['loss_kernel']}")
+    for k in ("attention", "precision", "fp8"):
+        if c.get(k, r.plan.get(k)) not in (None, "sdpa", "bf16-mixed", "off"):
+            parts.append(f"{k}-{c[k]}")
+    parts.append(f"mbs{r.plan['micro_batch_size']}")  # the micro-batch run ("max" resolved)
     return " ".join(parts)
 
 
@@ -45,9 +52,9 @@ def main() -> int:
         ana, loo = memory.predict(rec), memory.predict(rec, cal)
         rows.append((label(rec), peak, ana, loo))
     rows.sort()
-    print(f"{'configuration':48} {'measured':>9} {'analytic':>9} {'err':>7} {'calibr.':>9} {'err':>7}   (GiB per rank)")
+    print(f"{'configuration':64} {'measured':>9} {'analytic':>9} {'err':>7} {'calibr.':>9} {'err':>7}   (GiB per rank)")
     for name, peak, ana, loo in rows:
-        print(f"{name:48} {peak / memory.GiB:9.2f} {ana / memory.GiB:9.2f} {100 * (ana / peak - 1):+6.1f}% "
+        print(f"{name:64} {peak / memory.GiB:9.2f} {ana / memory.GiB:9.2f} {100 * (ana / peak - 1):+6.1f}% "
               f"{loo / memory.GiB:9.2f} {100 * (loo / peak - 1):+6.1f}%")
     for what, idx in (("analytic", 2), ("calibrated (leave-one-out)", 3)):
         errs = sorted(abs(r[idx] / r[1] - 1) for r in rows)

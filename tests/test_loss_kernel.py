@@ -81,5 +81,5 @@ def test_memory_model_drops_the_logits_with_fused_linear():
                                 "plan": plan.to_dict(), "recipe": dict(TINY_RECIPE.to_dict(), seq_len=2048)})
         terms[kernel] = memory.components(rec)["logits"]
     b, s, V = 16, 2048, 128256
-    assert terms["eager"] == 10 * b * s * V and terms["compiled"] == 2 * b * s * V
+    assert terms["eager"] == 12 * b * s * V and terms["compiled"] == 4 * b * s * V
     assert terms["fused_linear"] < 0.05 * terms["eager"]  # one chunk of logits (fp32 + bf16) and the head's fp32 grad

@@ -148,9 +148,9 @@ def test_config_json_of_other_families(tmp_path, cfg, expected):
     spec = prepare(m, {"micro_batch_size": 2, "attention": attention}, device="cpu", global_batch=4, seq_len=seq,
                    hw={"device": "cpu"})
     c = memory.components(spec)
-    assert c["weights"] > 0 and c["activations"] > 0 and c["logits"] == 10 * 2 * seq * expected.vocab
-    counted = memory._counts(spec.model_config)["N"]  # GPT-2's position table and Llama's gate are not counted
-    assert 0.7 < counted / n_params < 1.1, (counted, n_params)
+    assert c["weights"] > 0 and c["activations"] > 0 and c["logits"] == 12 * 2 * seq * expected.vocab
+    assert memory._counts(spec.model_config)["N"] == n_params  # read from the model's modules: GPT-2's position
+    # table, BLOOM's embedding norm and Llama's gate included
     longer = build_model(m.config, attention, 512).config  # a --seq-len beyond the positions: the table grows
     assert getattr(longer, "max_position_embeddings", None) == (expected.max_positions and 512)
 

@@ -1,19 +1,36 @@
 """Predicted peak GPU memory per rank of a configuration, before anything is launched.
 
 The analytic part counts bytes the way the engines hold them (N parameters, D data-parallel ranks, P pipeline
-stages; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed precision with fp32 weights:
-- model states: plain/DDP/pipeline 4N weights + 4N gradients + 8N AdamW states + 2N autocast weight copies
-  (+ 4N DDP buckets on several ranks); FSDP2 (4+4+8)N/D + bf16 copies of two layers; DeepSpeed ZeRO-s: 2N bf16
-  weights (stage 3: 2N/D + the live gathered layers), 2N bf16 gradients (stages 2-3: 2N/D), (4+8)N/D fp32
-  master and AdamW states unless offloaded to the CPU, and a reduce bucket of min(N, 5e8) elements;
-- activations of one micro-batch: 34·s·b·h bytes per layer (Korthikanti et al. 2022 with a fused attention
-  kernel: no s² term), only the 4·s·b·h layer input for a checkpointed layer plus one layer recomputed in backward;
-  a pipeline rank holds the activations of its layers for every micro-batch in flight (GPipe: all of them, and
+stages; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed precision with fp32 weights. The
+parameter counts and the activation bytes are read from the model itself, built on the meta device
+(trial/model_tree.py), not from a formula of one family: N, a decoder layer's and the embedding's parameters,
+the linears' (what autocast copies) and whether the head is tied come from its modules; so GQA's smaller key/value
+projections, SwiGLU's third matrix and a tied vocabulary count as they are.
+- model states: plain/DDP/pipeline 4N weights + 4N gradients + 8N AdamW states + 2 bytes per linear parameter
+  for autocast's 16-bit copies (a tied head's too) (+ 4N DDP buckets on several ranks); FSDP2 (4+4+8)N/D + 16-bit
+  copies of two layers; DeepSpeed ZeRO-s: 2N bf16 weights (stage 3: 2N/D + the live gathered layers), 2N bf16
+  gradients (stages 2-3: 2N/D), (4+8)N/D fp32 master and AdamW states unless offloaded to the CPU, and a reduce
+  bucket of min(N, 5e8) elements;
+- activations of one micro-batch: what autograd saves for backward, measured per decoder layer by a forward on
+  the meta device (model_tree.saved) and scaled by b·s: under autocast for plain/DDP/pipeline, with 16-bit weights
+  for FSDP2 and DeepSpeed, SDPA as the GPU's cuDNN/flash kernel (no s² term) or eager attention (its s x s scores:
+  6 bytes per head and position); compiled layers as inductor's partitioner leaves them (model_tree). E.g. 34.1·h
+  bytes per token per layer for Pythia under autocast (Korthikanti et al.'s 34·h), 63.1·h for the Llama-3.2-1B
+  shape (its fp32 residual and RMSNorm, three 16-bit copies of each layer input, SwiGLU's three 4h-wide tensors),
+  plus what is saved outside the layers (token ids, the final norm, the head's input: 6·h and 10·h). A
+  checkpointed layer keeps its input (4 bytes per hidden unit under autocast, its fp32 residual; 2 with 16-bit
+  weights), and the one layer recomputed in backward counts only where it outgrows the logits, which are freed
+  by then. Where the meta forward fails the GPT-NeoX formula (34·h, 60·h in fp32) stands in and saved_bytes says so.
+  A pipeline rank holds the activations of its layers for every micro-batch in flight (GPipe: all of them, and
   the last stage all their logits; 1F1B: the stage count; interleaved: one more; zero-bubble: stages - 1 more
   again, for the deferred weight gradients — fitted to the 2-stage Pythia-1B measurements, not derived);
-- logits: 10·b·s·V bytes at the start of backward (fp32 log-softmax output and its gradient, bf16 logits' grad);
-  8·b·s·V fewer with loss_kernel=compiled, which keeps no fp32 copy (measured on the H200: Pythia-160M per-layer
-  compile at micro-batch 64 peaked 119.8 GiB with the loss eager, 70.7 GiB compiled; 49.1 GiB = 8.0·b·s·V).
+- logits: 12·b·s·V bytes at the peak of the loss's backward (the fp32 log-softmax output, its incoming gradient and
+  its outgoing gradient at once; measured on an H200: 12.0·b·s·V past the head's own, V = 50,304 and 128,256);
+  8·b·s·V fewer with loss_kernel=compiled, which keeps only the 16-bit logits and their gradient (measured 4.0;
+  and in the store: Pythia-160M per-layer compile at micro-batch 64 peaked 119.8 GiB with the loss eager, 70.7 GiB
+  compiled, 49.1 GiB = 8.0·b·s·V).
+Not counted: fp8 linears' smaller saved inputs, and what a whole-model compile (compile_scope=model) changes
+outside the layers (the loss fused into the graph, a materialised causal mask).
 A calibration fitted on measured peaks of the same GPU (least squares: peak = a·states + b·activations + c)
 absorbs what the counts miss (allocator rounding, workspace, temporaries); with fewer than 3 measurements the
 analytic sum is used with a 1 GiB allowance for workspaces.
@@ -32,13 +49,30 @@ GiB = 2**30
 
 
 def _counts(config: dict) -> dict:
+    """The parameter counts the engines read, from the model's module tree (trial/model_tree.py): h, L, V; N every
+    parameter once; per_layer the largest decoder layer's; embed the input embedding's; cast what autocast copies
+    to 16 bits (the linears, the LM head included when it is tied to the embedding); tied."""
+    from .model_tree import parameters
     from .models import sizes
-    z = sizes(config)  # through transformers: GPT-2 and BLOOM spell the sizes n_layer, n_embd, n_head
-    h, L, V, inter, tied = z.hidden, z.layers, z.vocab, z.intermediate, z.tied
-    per_layer = 4 * h * h + 2 * h * inter + 9 * h + inter  # qkv + out + mlp weights and biases, 2 layer norms
-    embed = V * h
-    return {"h": h, "L": L, "V": V, "per_layer": per_layer, "embed": embed,
-            "N": L * per_layer + embed * (1 if tied else 2) + 2 * h}
+    z, p = sizes(config), parameters(config)
+    return {"h": z.hidden, "L": p.layers, "V": z.vocab, "per_layer": p.per_layer, "embed": p.embed, "N": p.N,
+            "cast": p.cast, "tied": p.tied}
+
+
+def saved_bytes(spec: TrialSpec | Record):
+    """What one forward of the spec's model saves for backward, per token (trial/model_tree.Saved): measured on the
+    meta device under the spec's attention and the way its engine computes; measured=False (and why) where the
+    formula stands in for a model whose meta forward fails."""
+    from . import engines
+    from .model_tree import saved
+    if spec.model_config is None:
+        from .models import resolve_model
+        spec = spec.replace(model_config=resolve_model(spec.model).config)
+    plan = spec.plan
+    compute = "fp32" if plan["precision"] == "fp32" else engines.get(plan["engine"]).compute
+    # a record from before compile_scope existed compiled the whole model
+    compiled = plan.get("compile_scope", "model") if plan.get("compile") else None
+    return saved(spec.model_config, plan.get("attn_implementation", "sdpa"), compute, compiled)
 
 
 def components(spec: TrialSpec | Record) -> dict[str, float]:
@@ -56,17 +90,20 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
     mixed = plan["precision"] != "fp32"
     N, layers = engine.held(c, plan)
     out = engine.model_states(c, plan, N, engine.data_ranks(plan, spec.world_size), mixed)
-    b, s, h, V = plan["micro_batch_size"], recipe["seq_len"], c["h"], c["V"]
+    b, s, V = plan["micro_batch_size"], recipe["seq_len"], c["V"]
     every = plan.get("checkpoint_every", 0)
     ckpt = math.ceil(layers / every) if every else 0
-    act_bytes = 34 if mixed else 60  # fp32 activations hold every tensor in 4 bytes
-    terms = {"activations": (layers - ckpt) * act_bytes * s * b * h + ckpt * 4 * s * b * h
-                            + (act_bytes * s * b * h if ckpt else 0),
-             "logits": (10 if mixed else 12) * b * s * V}
+    act = saved_bytes(spec)
+    layer = act.layer_bytes(b, s)
+    # the loss's backward: fp32 log-softmax output, its incoming and its outgoing gradient at once (mixed or fp32)
+    terms = {"activations": (layers - ckpt) * layer + ckpt * act.layer_input * b * s + act.outside * b * s,
+             "logits": 12 * b * s * V}
     view = spec.to_dict()
     for knob in all_knobs():
         knob.memory(terms, plan, view)
     out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
+    if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
+        out["activations"] += max(0.0, layer - out["logits"])
     return out
 
 

@@ -48,6 +48,9 @@ class Engine:
     # the model may be built (and its weights initialised) on the rank's device: the engine moves it there whole
     # anyway. On the H200 a 1.2B model's build took 26-36 s on the host (bench/warm_workers_gpu.py)
     builds_on_device: ClassVar[bool] = False
+    # how a mixed-precision rank computes, for the memory model's activations (trial/model_tree.saved): "autocast"
+    # over fp32 weights, or "16-bit" weights without autocast
+    compute: ClassVar[str] = "autocast"
 
     def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int):
         raise NotImplementedError

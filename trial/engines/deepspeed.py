@@ -35,6 +35,7 @@ class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO: the model's transforms first, then deepspeed.initialize, then (compile) engine.compile()."""
 
     name = "deepspeed"
+    compute = "16-bit"  # DeepSpeed's bf16 / fp16 model: 16-bit weights, no autocast
     formats = ("hf", "deepspeed", "accelerate", "command")
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1):

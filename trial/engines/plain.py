@@ -63,6 +63,7 @@ class TorchEngine(Engine):
 
     @classmethod
     def model_states(cls, c, plan, N, D, mixed):
-        # fp32 weights, gradients and AdamW states; autocast's bf16 copies of the linears; DDP's buckets
-        return {"weights": 4 * N + (2 * (N - c["embed"]) if mixed else 0), "gradients": 4 * N, "optimizer": 8 * N,
+        # fp32 weights, gradients and AdamW states; autocast's bf16 copies of the linears (of a tied head too); DDP's
+        # buckets
+        return {"weights": 4 * N + (2 * c["cast"] * N / c["N"] if mixed else 0), "gradients": 4 * N, "optimizer": 8 * N,
                 "buffers": 4 * N if D > 1 else 0.0}
