@@ -127,8 +127,10 @@ def test_parameter_counts_are_the_built_models(config):
 
 
 def _saved_by_a_forward(model, b, s):
-    """Bytes of the distinct storages a real CPU forward saves for backward, parameters left out."""
+    """Bytes of the distinct storages a real CPU forward saves for backward, parameters left out (no cache, as a
+    trial runs the model)."""
     import torch
+    model.config.use_cache = False
     params = {p.untyped_storage()._cdata for p in (*model.parameters(), *model.buffers())}
     seen = {}
 
@@ -201,15 +203,36 @@ def test_a_failed_meta_forward_falls_back_to_the_formula_and_says_so(monkeypatch
     assert capsys.readouterr().err == ""
 
 
-def test_compiled_layers_save_what_the_partitioner_leaves(monkeypatch):
+def test_compiled_layers_save_what_the_partitioner_leaves():
     """torch.compile's partitioner recomputes cheap ops in backward: a compiled Llama layer saves less than an eager
-    one (on an H200: 24·h bytes per token less for the Llama-1B shape, which the trace finds). Per-layer compile,
-    with the cache transformers passes its layers in training, compiles only as many layers as dynamo's recompile
-    limit allows (8: it guards on each layer's index; 1 here), the rest run eager; the whole model compiled has no
-    such limit."""
+    one (on an H200: 24·h bytes per token less for the Llama-1B shape, which the trace finds). Every layer counts as
+    compiled: the model runs without a cache, as in a trial (test_per_layer_compile_compiles_every_layer)."""
     from trainscout.trial import model_tree
-    monkeypatch.setattr(model_tree, "_recompile_limit", lambda: 1)
     eager = model_tree.saved(TINY_LLAMA, "sdpa", "autocast")
     layers, whole = (model_tree.saved(TINY_LLAMA, "sdpa", "autocast", scope) for scope in ("layers", "model"))
-    assert whole.per_layer < 0.8 * eager.per_layer and whole.why == ""
-    assert layers.per_layer == pytest.approx((whole.per_layer + eager.per_layer) / 2)
+    assert layers.per_layer == whole.per_layer < 0.8 * eager.per_layer and layers.why == whole.why == ""
+
+
+def test_per_layer_compile_compiles_every_layer():
+    """compile_scope=layers as a trial applies it (use_cache=False, the knob's transform): the 3 layers of a
+    Llama-shaped model share one graph, so none falls back to eager. With a cache, dynamo would guard on each
+    layer's index and stop compiling at its recompile limit (8)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from trainscout.spaces import get
+    from trainscout.trial.models import build_model
+    torch._dynamo.reset()
+    counters.clear()
+    config = dict(TINY_LLAMA, num_hidden_layers=3)
+    model = build_model(config, "sdpa", 32)
+    model.config.use_cache = False  # as trial/worker.py and runtime/hf.py set it
+    model.train()
+
+    class Plan:
+        compile, compile_scope = True, "layers"
+    get("compile_scope").transform(model, Plan())
+    x = torch.randint(0, config["vocab_size"], (2, 32))
+    model(input_ids=x, labels=x).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1 and counters["stats"]["calls_captured"] > 0
+    torch._dynamo.reset()

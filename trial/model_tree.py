@@ -77,7 +77,9 @@ def _build(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
     from .models import build_model
     config = json.loads(key)
     with torch.device("meta"):
-        return build_model(config, attn_implementation, seq_len)
+        model = build_model(config, attn_implementation, seq_len)
+    model.config.use_cache = False  # as a trial (trial/worker.py) and the HF hook (runtime/hf.py) run it
+    return model
 
 
 @functools.lru_cache(maxsize=64)
@@ -112,9 +114,9 @@ def saved(config: dict, attention: str = "sdpa", compute: str = "autocast", comp
     pipeline stages), "16-bit" (16-bit weights, no autocast: FSDP2's param_dtype, DeepSpeed's bf16 model) or "fp32".
     compiled: None, or the compile scope ("layers", "model"): inductor's partitioner (min-cut rematerialisation)
     recomputes cheap ops in backward instead of saving them, so a compiled layer's bytes are those its partitioned
-    forward graph hands to its backward (see _partitioned). Per-layer compile with a cache passed to the layers (a
-    transformers model in training makes one unless use_cache=False) guards on each layer's index: past dynamo's
-    recompile limit (8) the remaining layers run eager, and per_layer is the mean of both kinds.
+    forward graph hands to its backward (see _partitioned); per-layer compile compiles every layer, as the model
+    runs without a cache (use_cache=False, as in a trial: with a cache, dynamo guards on each layer's index and
+    past its recompile limit of 8 the remaining layers would run eager).
     Where the meta forward fails for an architecture, the GPT-NeoX formula's bytes come back with measured=False and
     the reason; where only the compile trace fails, the eager layer's bytes with the reason; a warning names either
     on stderr once."""
@@ -122,7 +124,7 @@ def saved(config: dict, attention: str = "sdpa", compute: str = "autocast", comp
     eager = _saved(_key(config), attention, compute)
     if not compiled or not eager.measured:
         return eager
-    return _compiled(_key(config), attention, compute, compiled, _recompile_limit() if compiled == "layers" else 0)
+    return _compiled(_key(config), attention, compute)
 
 
 _warned: set = set()  # the configs (and the compiled ones) a warning has named
@@ -143,10 +145,10 @@ def _saved(key: str, attention: str, compute: str) -> Saved:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(key: str, attention: str, compute: str, scope: str, limit: int) -> Saved:
+def _compiled(key: str, attention: str, compute: str) -> Saved:
     eager = _saved(key, attention, compute)
     try:
-        per_layer, per_layer_s, cached = _partitioned(key, attention, compute)
+        per_layer, per_layer_s = _partitioned(key, attention, compute)
     except Exception as e:  # a layer the partitioner's tracer cannot take
         why = (f"torch.compile's partition could not be traced ({type(e).__name__}: "
                f"{str(e).splitlines()[0] if str(e) else ''})")
@@ -155,21 +157,12 @@ def _compiled(key: str, attention: str, compute: str, scope: str, limit: int) ->
             print(f"trainscout: warning: memory model of the {json.loads(key).get('model_type')} model: {why}; "
                   "its compiled layers are estimated with the eager layer's bytes", file=sys.stderr)
         return replace(eager, why=why)
-    L = parameters(json.loads(key)).layers
-    n = min(L, limit) if scope == "layers" and cached else L
-    return replace(eager, per_layer=(n * per_layer + (L - n) * eager.per_layer) / L,
-                   per_layer_s=(n * per_layer_s + (L - n) * eager.per_layer_s) / L)
+    return replace(eager, per_layer=per_layer, per_layer_s=per_layer_s)
 
 
-def _recompile_limit() -> int:
-    import torch._dynamo
-    config = torch._dynamo.config
-    return int(getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", 8))
-
-
-def _partitioned(key: str, attention: str, compute: str) -> tuple[float, float, bool]:
+def _partitioned(key: str, attention: str, compute: str) -> tuple[float, float]:
     """Bytes per token (and per token·position) the first decoder layer's forward graph saves for its backward
-    under torch.compile, and whether the model passes its layers a cache: the layer as the model calls it (its
+    under torch.compile: the layer as the model calls it (its
     arguments caught on the meta device), traced by AOTAutograd with inductor's decompositions and min-cut
     partitioner; what the forward graph hands to the backward, less the parameters and what is computed from them
     alone (autocast's copies). On an H200 inductor's compiled Llama-1B-shape layers held 24.0·h bytes per token
@@ -191,7 +184,7 @@ def _partitioned(key: str, attention: str, compute: str) -> tuple[float, float, 
     model.train()
     layer = decoder_layers(model)[0]
     names, params = zip(*layer.named_parameters())
-    rows, cached = [], False
+    rows = []
     for s in SEQS if attention == "eager" else SEQS[-1:]:  # fused attention: nothing grows with s², one length
         caught = {}
 
@@ -207,10 +200,7 @@ def _partitioned(key: str, attention: str, compute: str) -> tuple[float, float, 
             pass
         finally:
             hook.remove()
-        # a cache object is no tensor for the tracer (what it keeps, the keys and values, the layer saves anyway)
-        cached = cached or any(type(v).__name__.endswith("Cache") for v in caught["kwargs"].values())
-        kwargs = {k: None if type(v).__name__.endswith("Cache") else v for k, v in caught["kwargs"].items()}
-        leaves, tree = pytree.tree_flatten((caught["args"], kwargs))
+        leaves, tree = pytree.tree_flatten((caught["args"], caught["kwargs"]))
         where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
 
         def layer_fn(*flat):
@@ -228,10 +218,10 @@ def _partitioned(key: str, attention: str, compute: str) -> tuple[float, float, 
             traced(*params, *(leaves[i] for i in where))
         rows.append((s, _graph_saved(graphs[0], len(params))))
     if len(rows) == 1:
-        return rows[0][1] / (BATCH * rows[0][0]), 0.0, cached
+        return rows[0][1] / (BATCH * rows[0][0]), 0.0
     X = np.array([[BATCH * s, BATCH * s * s] for s, _ in rows])
     alpha, beta = np.linalg.lstsq(X, np.array([r[1] for r in rows]), rcond=None)[0]
-    return float(alpha), float(beta if beta * max(SEQS) > 1e-6 * abs(alpha) else 0.0), cached
+    return float(alpha), float(beta if beta * max(SEQS) > 1e-6 * abs(alpha) else 0.0)
 
 
 class _Caught(Exception):
@@ -373,6 +363,10 @@ def _cuda_like(low, fused):
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func in (torch.all, torch.Tensor.all) and getattr(args[0], "is_meta", False):
+                # a data-dependent check has no value on the meta device: take the answer a batch of whole, unpadded
+                # sequences gives (transformers' packed-sequence check without a cache: "no packing")
+                return torch.tensor(True)
             if fused and func is F.scaled_dot_product_attention:
                 return _sdpa(self, low, *args, **kwargs)
             if low is not None and func in lows:
