@@ -1,15 +1,17 @@
 """Replay trainscout's search against a recorded grid (bench/grid.py): the GPU-seconds it spends until a trial
 within --tolerance of the grid's best has run in full, over many sampler seeds, as a fraction of the grid's total.
 
-What runs is the search's own machinery, one trial at a time: a Ray Tune Tuner with OptunaSearch over
-search.space.Space.sample (the space recorded in the CSV), search.service.make_sampler, make_scheduler (ASHA),
-start_points (where they apply: a GPU grid) and search.service._trainable itself - invalid and pruned outcomes
-reported as 0, a configuration already measured answered from a results store (a fresh one per seed), ASHA fed
-each timed step - with one substitution: trial.execute plays back the recorded row (its timed steps' throughputs,
-then its record) instead of launching workers. Charges: a trial that ran in full costs its recorded GPU-seconds;
-one ASHA stopped after k of n timed steps costs its start-up, build and warm-up in full plus k/n of its timed
-steps; invalid, pruned and store-answered trials cost nothing. A configuration ASHA stopped is measured again when
-proposed again, as in a search. "best stopped": trials of a configuration within --tolerance that ASHA stopped.
+What runs is the search's own machinery, one trial at a time: a Ray Tune Tuner with the search's OptunaSearch
+(search.service.make_searcher: a repeated draw replaced by an unmeasured one, the ranked proposals of make_ranker
+first) over search.space.Space.sample (the space recorded in the CSV), make_sampler, make_scheduler (ASHA), the
+start points (where they apply: a GPU grid; start_points as first_points orders them) and search.service._trainable
+itself - invalid and pruned outcomes reported as 0, a configuration already measured answered from a results store
+(a fresh one per seed), ASHA fed each timed step - with one substitution: trial.execute plays back the recorded
+row (its timed steps' throughputs, then its record) instead of launching workers. Charges: a trial that ran in full
+costs its recorded GPU-seconds; one ASHA stopped after k of n timed steps costs its start-up, build and warm-up in
+full plus k/n of its timed steps; invalid, pruned and store-answered trials cost nothing, and so does a
+configuration ASHA stopped when proposed again (the search answers it with the stopped value). "best stopped":
+trials of a configuration within --tolerance that ASHA stopped.
 
     python bench/replay.py --csv bench/data/grid-cpu-tiny.csv --seeds 20
 """
@@ -27,7 +29,8 @@ import time
 
 from trainscout.cli.main import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
 from trainscout.search.service import (MEMORY_MARGIN, METRIC, Printer, SearchArgs, _progress_callback, _trainable,
-                                       make_sampler, make_scheduler, space_knobs, start_points)
+                                       first_points, make_ranker, make_sampler, make_scheduler, make_searcher,
+                                       space_knobs, start_points)
 from trainscout.search.space import Space
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
 from trainscout.store import default_url
@@ -171,7 +174,6 @@ def ledger_classes():
 
 def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, target: float, budget_s: float) -> dict:
     from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
     hw, workers, steps = meta["hardware"], meta["workers"], meta["steps"]
     kw = dict(workers=workers, steps=steps, warmup=meta["warmup"], hw=hw, seed=meta["seed"], **meta["recipe"])
     base = {"model": meta["model"], "workers": workers, "steps": steps, "warmup": meta["warmup"], "hardware": hw,
@@ -194,11 +196,13 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
         return row["gpu_s"] * (1 - row["timed_s"] / row["wall_s"] * (1 - ran)), row
 
     args = SearchArgs(model=meta["model"], out=tmp, gpus_per_trial=workers, recipe=meta["recipe"])
-    start = start_points(args, space, hw, None)
+    ranker = make_ranker(args, space, hw, None, seed=seed)  # as _search builds them, on an empty store
+    start = first_points(start_points(args, space, hw, None), ranker)
     Ledger, Done = ledger_classes()
     ledger = Ledger(charge, target, budget_s, [k for k, vs in space.domains.items() if len(vs) > 1])
-    searcher = OptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=make_sampler(seed, a.trials),
-                            points_to_evaluate=start or None)
+    import optuna
+    searcher = make_searcher(space, f"replay-{seed}", optuna.storages.InMemoryStorage(), make_sampler(seed, a.trials),
+                             start, seed=seed, ranker=ranker)
     # the search's own callback: it records the trials ASHA stopped, which a later proposal of theirs is answered from
     progress = _progress_callback(base["storage"], base["search"], Printer(space, open(os.devnull, "w")))
     t0 = time.perf_counter()

@@ -1,0 +1,114 @@
+"""Proposals chosen before any GPU time is spent on them: the unmeasured neighbours of the best configuration a
+search has measured (one searched knob changed), best predicted first, while one is predicted within MARGIN of it.
+
+A neighbour's predicted throughput is the best one's times the effect of its change: the effect measured by the
+search where it holds a pair of trials that differ in that change alone (the geometric mean of such pairs), else
+the ratio of the two configurations' step times predicted by trial/steptime.py. A neighbour that this model
+refuses or the memory model predicts not to fit (predict returns None) is not proposed; ties are broken in a
+seeded random order. When no neighbour is left within MARGIN the sampler proposes, and a better configuration it
+finds has its own neighbours ranked next.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+
+MARGIN = 0.05  # a change predicted slower than this is left to the sampler: the step-time model is rough
+
+
+def _key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+class Ranker:
+    """Ranks the neighbours of a search's best measured configuration; see the module docstring."""
+
+    def __init__(self, space, predict_s: Callable[[dict], float | None], seed: int = 0):
+        self.space, self.predict_s, self.rng = space, predict_s, random.Random(seed)
+        self._predicted: dict[str, float | None] = {}
+        self._params: dict[str, dict | None] = {}
+
+    def params(self, point: dict) -> dict | None:
+        """The parameters the sampler would hold for point (its knobs that apply), None where point is incomplete."""
+        import optuna
+        k = _key(point)
+        if k not in self._params:
+            fixed = optuna.trial.FixedTrial(point)
+            try:
+                self.space.sample(fixed)
+                self._params[k] = dict(fixed.params)
+            except ValueError:  # a knob that applies here has no value in point
+                self._params[k] = None
+        return self._params[k]
+
+    def step_s(self, params: dict) -> float | None:
+        """The predicted step time of params (cached), None where it cannot run here."""
+        k = _key(params)
+        if k not in self._predicted:
+            self._predicted[k] = self.predict_s(params)
+        return self._predicted[k]
+
+    def neighbours(self, params: dict) -> list[tuple[str, dict]]:
+        """(changed knob, parameters) of each configuration one searched knob away from params."""
+        from trainscout.spaces import get
+        full = {k: params.get(k, get(k).default if get(k).default in dom else dom[0])
+                for k, dom in self.space.domains.items()}
+        out = []
+        for k, dom in self.space.domains.items():
+            if k not in params or len(dom) < 2:  # a knob that does not apply here changes nothing
+                continue
+            for v in dom:
+                if v != params[k] and (p := self.params(dict(full, **{k: v}))) is not None:
+                    out.append((k, p))
+        return out
+
+    def propose(self, trials) -> tuple[dict, str] | None:
+        """(parameters, why) of the next configuration to measure, or None: leave it to the sampler. trials: the
+        study's trials (Optuna FrozenTrials); COMPLETE ones are measured (value 0: infeasible), others pending."""
+        import optuna
+        done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
+        feasible = [t for t in done if t.value > 0]
+        if not feasible:
+            return None
+        best = max(feasible, key=lambda t: t.value)
+        taken = {_key(t.params) for t in trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                               optuna.trial.TrialState.RUNNING,
+                                                               optuna.trial.TrialState.WAITING)}
+        base_s = self.step_s(best.params)
+        candidates = []
+        for knob, p in self.neighbours(best.params):
+            if _key(p) in taken:
+                continue
+            effect = self._measured_effect(done, knob, best.params[knob], p[knob])
+            if effect is None:
+                s = self.step_s(p)
+                if s is None or not base_s:
+                    continue
+                effect, source = base_s / s, "predicted step time"
+            else:
+                source = "measured change"
+            candidates.append((best.value * effect, knob, p, source))
+        self.rng.shuffle(candidates)  # ties in a seeded random order: sort is stable
+        candidates.sort(key=lambda c: -c[0])
+        if not candidates or candidates[0][0] < (1 - MARGIN) * best.value:
+            return None
+        value, knob, p, source = candidates[0]
+        return p, (f"{knob}={p[knob]} beside trial {best.number}'s best {best.value:,.0f} tokens/s: "
+                   f"predicted {value:,.0f} ({source})")
+
+    @staticmethod
+    def _measured_effect(done, knob: str, old, new) -> float | None:
+        """Geometric mean of value(new) / value(old) over pairs of measured trials that differ in knob alone."""
+        by_rest: dict[str, dict] = {}
+        for t in done:
+            if t.params.get(knob) in (old, new):
+                rest = _key({k: v for k, v in t.params.items() if k != knob})
+                by_rest.setdefault(rest, {})[t.params[knob] == new] = t.value
+        ratios = [pair[True] / pair[False] for pair in by_rest.values() if len(pair) == 2 and pair[False] > 0]
+        if not ratios:
+            return None
+        if min(ratios) <= 0:
+            return 0.0
+        return math.exp(sum(math.log(r) for r in ratios) / len(ratios))

@@ -1,0 +1,67 @@
+"""Predicted time of one training step of a configuration, before anything is launched: a roofline sum per rank
+that a search uses to rank candidates against each other (search/ranked.py), never to report a speed.
+
+Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's grad_accum):
+- compute: the model FLOPs of its tokens (metrics.flops_per_token), plus one forward again for each checkpointed
+  layer, at the GPU's dense bf16 peak (metrics.GPU_BF16_TFLOPS); fp32 at half of it with tf32 and 1/16 without
+  (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
+- memory traffic: the bytes the memory model holds for it (memory.components: activations and logits, which the
+  knobs adjust, e.g. loss_kernel=compiled keeps no fp32 logits), written once and read once, and read and written
+  once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
+- launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer.
+Its constants are round first-principles figures, not fitted: only the order it puts configurations in is used,
+and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
+between ranks (ZeRO, FSDP and DDP on several GPUs), CPU offload transfers, pipeline bubbles, fp8 linears.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import memory, metrics
+
+if TYPE_CHECKING:
+    from .records import TrialSpec
+
+# Memory bandwidth per GPU in TB/s (vendor datasheets), matched like metrics.GPU_BF16_TFLOPS.
+GPU_HBM_TBPS: list[tuple[str, float]] = [
+    ("GH200", 4.0), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35), ("H800", 3.35),
+    ("B200", 8.0), ("B100", 8.0), ("A100", 2.0), ("A800", 2.0), ("L40S", 0.864), ("L40", 0.864), ("L4", 0.3),
+    ("A10G", 0.6), ("A10", 0.6), ("A6000", 0.768), ("RTX 6000 Ada", 0.96), ("RTX 4090", 1.0), ("RTX 3090", 0.94),
+    ("V100", 0.9),
+]
+DEFAULT_TFLOPS, DEFAULT_TBPS = 989.0, 3.35  # an unknown GPU: the ratios between configurations are what counts
+PASSES_EAGER, PASSES_COMPILED = 4, 2  # traffic over the held bytes: write + read, + an eager kernel's own pass
+LAUNCH_S = 5e-6  # one kernel launch
+KERNELS_EAGER, KERNELS_COMPILED = 40, 10  # per layer, forward and backward
+FP32_RATE = {True: 0.5, False: 1 / 16}  # of the bf16 peak, by tf32
+
+
+def _lookup(table: list[tuple[str, float]], name: str | None, default: float) -> float:
+    for key, value in table:
+        if name and key.lower() in name.lower():
+            return value
+    return default
+
+
+def step_s(spec: TrialSpec) -> float:
+    """Predicted seconds of one optimizer step of spec per rank (see the module docstring for what is counted)."""
+    from .models import sizes
+    plan, recipe, z = spec.plan, spec.recipe, sizes(spec.model_config)
+    gpu = (spec.hardware or {}).get("gpu")
+    tflops = metrics.gpu_peak_tflops(gpu) or DEFAULT_TFLOPS
+    if plan["precision"] == "fp32":
+        tflops *= FP32_RATE[bool(plan.get("tf32"))]
+    tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)
+    n_params = memory._counts(spec.model_config)["N"]
+    every = plan.get("checkpoint_every", 0)
+    recomputed = (-(-z.layers // every) / z.layers) if every else 0.0  # checkpointed layers run forward twice
+    tokens = plan["micro_batch_size"] * recipe["seq_len"]
+    fpt = metrics.flops_per_token(n_params, z.layers, z.hidden, recipe["seq_len"])
+    compute = tokens * fpt * (1 + recomputed / 3) / (tflops * 1e12)  # the forward is a third of forward + backward
+    held = memory.components(spec)
+    passes = PASSES_COMPILED if plan.get("compile") else PASSES_EAGER
+    traffic = (held["activations"] * passes + held["logits"] * PASSES_EAGER) / (tbps * 1e12)
+    if plan.get("loss_kernel") not in (None, "eager"):  # a compiled or fused loss: its logits in fused kernels
+        traffic -= held["logits"] * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
+    launches = z.layers * (KERNELS_COMPILED if plan.get("compile") else KERNELS_EAGER) * LAUNCH_S
+    return plan.get("grad_accum", 1) * (compute + traffic + launches)
