@@ -42,7 +42,8 @@ def _grid():
     meta, table, late = replay.load_grid(os.path.join(ROOT, "bench", "data", "grid-h200-160m.csv"))
     replay.as_recorded(meta)
     table = [r for r in table if r["activation_checkpointing"] == "none"]  # the part measured in full
-    fixed = {**late, **{k: get(k).parse(v) for k, v in meta["space"]["fixed"].items()}, "activation_checkpointing": "none"}
+    fixed = {**late, **{k: get(k).parse(v) for k, v in meta["space"]["fixed"].items()},
+             "activation_checkpointing": "none"}
     searched = {k: tuple(get(k).parse(v) for v in vs) for k, vs in meta["space"]["searched"].items()
                 if k != "activation_checkpointing"}
     return meta, Space(fixed, searched), {replay.config_id(r): r for r in table if r["status"] != "invalid"}
