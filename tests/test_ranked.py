@@ -22,6 +22,14 @@ H200 = {"device": "cuda", "gpu": "NVIDIA H200", "gpu_count": 1, "gpu_memory_gib"
         "capability": "9.0", "cpu": "x86_64", "cpu_count": 32, "cuda": "13.0"}
 
 
+@pytest.fixture(autouse=True)
+def _installed_restored(monkeypatch):
+    """replay.as_recorded replaces hardware.installed_optional with the recording's packages: put it back after each
+    test (it had leaked into later test files: test_search's FP8 start point saw no torchao)."""
+    from trainscout.trial import hardware
+    monkeypatch.setattr(hardware, "installed_optional", hardware.installed_optional)
+
+
 def test_step_time_model_ranks_what_it_models_and_leaves_the_rest_neutral():
     base = {"precision": "bf16-mixed", "micro_batch_size": 16, "compile": False, "loss_kernel": "eager",
             "activation_checkpointing": "none", "zero_stage": 0, "fsdp": "off", "attention": "sdpa"}
