@@ -75,7 +75,7 @@ def not_fitting(model: str, hw: dict, host: float, calibration: dict | None) -> 
         spec = at(dict(settings, activation_checkpointing="full"))
         comp = memory.host_peak(spec)
         out[name] = {"gpu_gib": gib(memory.predict(spec, calibration)),
-                     "host_gib": gib(comp["processes"] + max(v for k, v in comp.items() if k != "processes"))}
+                     "host_gib": gib(memory.host_need(comp))}
     for k in (2, 4, 8, 16, 32):
         need = memory.predict(at({"fsdp": "full_shard", "activation_checkpointing": "full"}, k), calibration)
         if need <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
@@ -108,7 +108,7 @@ def non_default(config: dict) -> str:
                     if k in defaults and v != defaults[k] and k != "micro_batch_size") or "defaults"
 
 
-def row_of(model: str, out: str, store, search_log: str, wall: float, verify_out: dict | None) -> dict:
+def row_of(model: str, store, search_log: str, wall: float, verify_out: dict | None) -> dict:
     """One table row from the store: the search's best, its costs, the memory model's error on its trials."""
     from trainscout.analysis.cost import load_prices, price_for
     from trainscout.trial import memory
@@ -127,11 +127,7 @@ def row_of(model: str, out: str, store, search_log: str, wall: float, verify_out
     best = max(ok, key=lambda r: r.m["tokens_per_s"])
     m = best.m
     price = price_for(m.get("gpu"), load_prices())
-    errs = []
-    for r in ok:
-        if r.device == "cuda" and r.m.get("peak_allocated_mib"):
-            peak = max(r.m["peak_allocated_mib"]) * 2**20
-            errs.append(memory.predict(r) / peak - 1)
+    errs = [memory.predict(r) / peak - 1 for r, peak in memory.calibration_pairs(ok, None)]
     row |= {"fits": True, "key": best.key, "n_params": m["n_params"], "config": best.config,
             "knobs": non_default(best.config), "micro_batch_size": best.plan["micro_batch_size"],
             "grad_accum": best.grad_accum, "tokens_per_s": round(m["tokens_per_s"]), "mfu": round(m["mfu"] or 0.0, 4),
@@ -262,7 +258,7 @@ def run(a, trials: dict[str, int]) -> int:
                   f"{gb or best.recipe['global_batch']})", flush=True)
             ver = verify(a.out, key=best.key, steps=a.verify_steps, warmup=1, global_batch=gb)
             print(f"{model}: verify {ver['status']} ratio {ver.get('ratio')}", flush=True)
-        row = row_of(model, a.out, store, log.getvalue(), wall, ver)
+        row = row_of(model, store, log.getvalue(), wall, ver)
         _append(a.out, table, rows, row)
         print(f"{model}: {json.dumps({k: row.get(k) for k in ('knobs', 'tokens_per_s', 'mfu', 'projected_days')})}",
               flush=True)

@@ -59,15 +59,21 @@ def _counts(config: dict) -> dict:
             "cast": p.cast, "tied": p.tied}
 
 
+def _with_config(spec: TrialSpec | Record) -> TrialSpec | Record:
+    """spec with its model config (a stored record of a named model carries none: the named one's)."""
+    if spec.model_config is not None:
+        return spec
+    from .models import resolve_model
+    return spec.replace(model_config=resolve_model(spec.model).config)
+
+
 def saved_bytes(spec: TrialSpec | Record):
     """What one forward of the spec's model saves for backward, per token (trial/model_tree.Saved): measured on the
     meta device under the spec's attention and the way its engine computes; measured=False (and why) where the
     formula stands in for a model whose meta forward fails."""
     from . import engines
     from .model_tree import saved
-    if spec.model_config is None:
-        from .models import resolve_model
-        spec = spec.replace(model_config=resolve_model(spec.model).config)
+    spec = _with_config(spec)
     plan = spec.plan
     compute = "fp32" if plan["precision"] == "fp32" else engines.get(plan["engine"]).compute
     # a record from before compile_scope existed compiled the whole model
@@ -82,9 +88,7 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
     from trainscout.spaces import all_knobs
 
     from . import engines
-    if spec.model_config is None:  # a stored record of a named model
-        from .models import resolve_model
-        spec = spec.replace(model_config=resolve_model(spec.model).config)
+    spec = _with_config(spec)
     c, plan, recipe = _counts(spec.model_config), spec.plan, spec.recipe
     engine = engines.get(plan["engine"])
     mixed = plan["precision"] != "fp32"
@@ -172,9 +176,7 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     world = spec.world_size
     if spec.device == "cpu":
         return {"processes": world * HOST_PROCESS, "ranks": world * analytic(spec)}
-    if spec.model_config is None:
-        from .models import resolve_model
-        spec = spec.replace(model_config=resolve_model(spec.model).config)
+    spec = _with_config(spec)
     c, plan = _counts(spec.model_config), spec.plan
     engine = engines.get(plan["engine"])
     N, D = c["N"], engine.data_ranks(plan, world)
@@ -189,11 +191,17 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     return out
 
 
+def host_need(comp: dict[str, float]) -> float:
+    """The host bytes host_peak's components add up to: the processes plus the larger of the rest (the model build,
+    the offloaded states), as host_peak describes."""
+    return comp["processes"] + max((v for k, v in comp.items() if k != "processes"), default=0.0)
+
+
 def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10) -> str | None:
     """Why a trial would not fit the host's memory (None: it fits): the predicted peak against the capacity less a
     margin for the OS and the driver."""
     comp = host_peak(spec)
-    need = comp["processes"] + max((v for k, v in comp.items() if k != "processes"), default=0.0)
+    need = host_need(comp)
     if need <= capacity * (1 - margin):
         return None
     return (f"predicted {need / GiB:.1f} GiB of host memory for the trial's {spec.world_size} rank(s) > "
