@@ -1,7 +1,7 @@
 """GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
 calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|loss|fp8_lce|multi|pipeline|all] [--case TEXT] [--out results.jsonl]
+Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|loss|fp8_lce|handset_llama|multi|pipeline|all] [--case TEXT] [--out results.jsonl]
        [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
 table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
@@ -92,6 +92,14 @@ GROUPS = {
             ("llama-1b", LLAMA, 32, "fp8 tensorwise + fused_linear", {"fp8": "tensorwise", "loss_kernel": "fused_linear"}),
         ]
     ],
+    # the hand-set best of the Llama-1B shape beside a search of it (bench/search_vs_handset_gpu.sh): the search's
+    # recipe (global batch 256), each layer and the loss compiled, fp8 tensorwise, at the two micro-batches that fit
+    "handset_llama": [
+        (f"llama-1b mbs{mbs} {label}", LLAMA, {"micro_batch_size": mbs, "compile": True, "compile_scope": "layers",
+                                               "loss_kernel": "compiled", **s}, {"global_batch": 256})
+        for mbs, label, s in [(16, "fp8 tensorwise", {"fp8": "tensorwise"}),
+                              (32, "fp8 tensorwise", {"fp8": "tensorwise"}), (16, "loss compiled", {})]
+    ],
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
             ("ddp mbs8", {"micro_batch_size": 8}),
@@ -108,7 +116,7 @@ GROUPS = {
 }
 
 
-def run_case(case, steps, store):
+def run_case(case, steps, store, warmup=2):
     label, model, settings, kw = case
     kw = dict(kw)
     t = time.time()
@@ -117,7 +125,7 @@ def run_case(case, steps, store):
     workers = n if kw.pop("workers", 1) == "all" else 1
     label = label.replace("{n}", str(n))
     try:
-        spec = prepare(model, settings, device="cuda", workers=workers, steps=steps, warmup=2, **kw)
+        spec = prepare(model, settings, device="cuda", workers=workers, steps=steps, warmup=warmup, **kw)
         r = execute(spec, timeout=600).to_dict()
     except Exception as e:  # a bad case must not end the run
         spec, r = None, {"status": "invalid", "error": str(e), "metrics": None}
@@ -144,6 +152,7 @@ def main():
     p.add_argument("--out", default=None, help="append JSON lines here")
     p.add_argument("--case", default=None, help="only the cases whose label contains this text")
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--store", default=None, help="also keep every record in this results store (a folder)")
     p.add_argument("--parallel", type=int, default=1, help="one-GPU cases run at once (one per GPU)")
     a = p.parse_args()
@@ -159,9 +168,9 @@ def main():
     ensure_ray()
     multi = [c for c in cases if c[3].get("workers") == "all"]
     single = [c for c in cases if c not in multi]
-    rows = [run_case(c, a.steps, store) for c in multi]  # these take every GPU: one at a time
+    rows = [run_case(c, a.steps, store, a.warmup) for c in multi]  # these take every GPU: one at a time
     with ThreadPoolExecutor(max(1, a.parallel)) as pool:
-        rows += list(pool.map(lambda c: run_case(c, a.steps, store), single))
+        rows += list(pool.map(lambda c: run_case(c, a.steps, store, a.warmup), single))
     if store is not None:
         store.checkpoint()
     if a.out:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, fmt
 from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
+from trainscout.trial.memory import MARGIN
+from trainscout.trial.metrics import median
 from trainscout.trial.runner import Cancelled, context
 from trainscout.trial.status import DETERMINISTIC, Status
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
 
 METRIC = "tokens_per_s"
-MEMORY_MARGIN = 0.10  # a configuration predicted over the GPU's memory by more than this is not launched
+MEMORY_MARGIN = MARGIN  # a configuration predicted over the GPU's memory by more than this is not launched
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
@@ -900,15 +902,18 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         rec = store.get(t["key"])
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
-    # orchestration overhead: a measured trial's wall time less its timed steps (start-up, build, warm-up, teardown)
-    overhead = sorted(r.wall_s - r.metrics["timed_s"] for r in (store.get(t["key"]) for t in trials
-                      if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s)
+    # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
+    # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
+    overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0)
+                for r in (store.get(t["key"]) for t in trials
+                          if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
                "overhead_s": overhead}
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)
     if overhead:
-        print(f"per-trial overhead (wall − timed steps): median {overhead[len(overhead) // 2]:.1f} s, "
-              f"range {overhead[0]:.1f}–{overhead[-1]:.1f} s over {len(overhead)} measured trials", file=stream)
+        later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
+        print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
+              f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())

@@ -210,3 +210,56 @@ def test_bad_fault_switch_is_refused_before_launch(monkeypatch, capsys):
     assert main(["trial", "--model", "tiny", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert "TRAINSCOUT_FAULT" in err and "\n" not in err
+
+
+def test_probed_micro_batch_compiles_static_graphs_after_an_oom(monkeypatch):
+    """An out-of-memory candidate compiled its layers for its own batch size; the micro-batch that fits, and the one
+    below, must run graphs compiled for their own shape, as a run at that micro-batch compiles them. Without
+    probe.forget_graphs dynamo recompiled the changed batch size with a symbolic batch dimension (automatic
+    dynamic): the record measured kernels no user run executes. In this process, with the real plain engine and
+    per-layer torch.compile; the simulated capacity fails after a compiled forward and backward, as on a GPU.
+    Dynamo logs each symbolic size it creates (whether inductor's caches hit or not): there must be none."""
+    import logging
+    import torch
+    from trainscout.spaces import Plan
+    from trainscout.trial import engines, probe
+    monkeypatch.setenv("TRAINSCOUT_FAKE_CAPACITY_MBS", "2")
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": "max", "compile": True, "compile_scope": "layers"},
+                   device="cpu", workers=1, steps=1, warmup=2, global_batch=4, measure_accum=2)
+    plan, device = Plan.from_dict(spec.plan), torch.device("cpu")
+
+    def make(accum):
+        model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"])
+        model.config.use_cache = False
+        return model, engines.build(plan, model, spec.recipe, device, 1, accum)
+
+    class Symbols(logging.Handler):
+        seen: list = []
+
+        def emit(self, record):
+            if "create_symbol" in record.getMessage():
+                self.seen.append(record.getMessage()[:120])
+    log, handler = logging.getLogger("torch.fx.experimental.symbolic_shapes"), Symbols()
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        torch.compiler.reset()
+        (_, engine), accum, tried = probe.largest_fit(spec, plan, make, device)
+        assert tried == [[4, "oom"], [2, "ok"]] and plan.micro_batch_size == 2
+        batches = [torch.randint(0, 64, (2, spec.recipe["seq_len"]))]
+
+        def timed_step(a):
+            for i in range(a):
+                engine.micro_step(batches[0], is_last=i == a - 1, scale=1.0 / a)
+            engine.optimizer_step()
+            return {}, None
+        timed_step(accum)
+        below = probe.measure_below(spec, plan, device, batches, timed_step, lambda d: {})
+        assert below["mbs"] == 1 and plan.micro_batch_size == 2
+        engine.close()
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        torch.compiler.reset()
+    assert handler.seen == []

@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from .records import Record, TrialSpec
 
 GiB = 2**30
+# A configuration predicted over the GPU's memory by more than this share is not launched by a search, and
+# micro_batch_size=max does not probe such a micro-batch (trial/probe.py).
+MARGIN = 0.10
 
 
 def _counts(config: dict) -> dict:

@@ -2,16 +2,19 @@
 probe in the trial's own process and the measurement one candidate below (worker), and which of the two is the
 record (runner.execute).
 
-Candidates are the divisors of the per-rank batch, largest first, starting one above the largest the memory model
-predicts to fit; each runs what warm-up runs and is kept below PROBE_HEADROOM of the GPU's memory; an
-out-of-memory error frees the engine and steps down. The largest that fits and the one below are both timed; the
-faster is the record (`probe`, `probe_compared`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller
+Candidates are the divisors of the per-rank batch, largest first, from the largest the memory model cannot rule
+out (predicted at most memory.MARGIN over the GPU's memory, the rule by which a search does not launch a fixed
+micro-batch); each runs what warm-up runs and is kept below PROBE_HEADROOM of the GPU's memory; an out-of-memory
+error frees the engine, forgets torch.compile's graphs and steps down. The candidate that fits has run its warm-up
+in the probe. The largest that fits and the one below are both timed, each with graphs compiled for its own shape
+(what a run at that micro-batch compiles); the faster is the record (`probe`, `probe_compared`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller
 GPU: a micro-batch above N makes a real 64 TiB allocation, which the allocator refuses.
 """
 from __future__ import annotations
 
 import gc
 import os
+import time
 
 from .models import sizes
 from .records import RankResult, TrialSpec
@@ -25,18 +28,22 @@ PROBE_HEADROOM = 0.90
 
 # --- the runner: candidates, and the record ---------------------------------------------------------------------
 def candidates(spec: TrialSpec, plan, measured) -> list[dict]:
-    """The divisors of the per-rank batch, largest first, starting one above the largest the memory model predicts
-    to fit (so a model error of one step still finds the true largest). measured(A): micro-batches timed per step."""
+    """The divisors of the per-rank batch, largest first, from the largest the memory model cannot rule out:
+    predicted at most memory.MARGIN over the GPU's memory (the memory model's worst error on the stored H200 rows
+    is -14 %, so a candidate it puts under that line is tried; one it puts further over is the trial the search
+    would not launch at a fixed micro-batch). Each candidate tried above the fit costs a build, a compile and an
+    out-of-memory error. measured(A): micro-batches timed per step."""
     from . import memory
     per_rank = plan.micro_batch_size * plan.grad_accum
     cands = [{"mbs": d, "grad_accum": per_rank // d, "measured_accum": measured(per_rank // d)}
              for d in sorted((d for d in range(1, plan.micro_batch_size + 1) if per_rank % d == 0), reverse=True)]
     cap = spec.hardware.get("gpu_memory_gib")
     if spec.device == "cuda" and cap:
+        line = cap * memory.GiB * (1 + memory.MARGIN)
         fits = [i for i, c in enumerate(cands)
-                if memory.predict(spec.replace(plan=dict(spec.plan, micro_batch_size=c["mbs"]))) <= cap * memory.GiB]
+                if memory.predict(spec.replace(plan=dict(spec.plan, micro_batch_size=c["mbs"]))) <= line]
         if fits:
-            cands = cands[max(0, fits[0] - 1):]
+            cands = cands[fits[0]:]
     return cands
 
 
@@ -57,7 +64,8 @@ def settle(spec: TrialSpec, n_params: int, ranks: list[RankResult], derive) -> t
     if r0.below:
         b = r0.below
         low = {"micro_batch_size": b["mbs"], "grad_accum": b["grad_accum"], "measured_accum": b["measured_accum"]}
-        options.append(at(low, [r.replace(**{k: v for k, v in r.below.items() if k != "mbs"}) for r in ranks]))
+        options.append(at(low, [r.replace(**{k: v for k, v in r.below.items() if k not in ("mbs", "timed_s")})
+                                for r in ranks]))
     scored = [(s, derive(s, n_params, r)) for s, r in options]
     compared = [[s.plan["micro_batch_size"], m["tokens_per_s"]] for s, m in scored]
     best_spec, best = min(scored, key=lambda x: x[1]["step_s"])
@@ -69,17 +77,28 @@ def _is_oom(e: BaseException) -> bool:
     return classify(f"{type(e).__name__}: {e}") == Status.OOM
 
 
+PROBE_STEPS = 2  # optimizer steps a candidate runs: they are the warm-up of the one that fits
+
+
+def forget_graphs() -> None:
+    """Forget torch.compile's graphs, so the next shape compiles static as a fresh process would. Without it dynamo
+    recompiles a changed batch size with a symbolic batch dimension (automatic dynamic): the micro-batch the probe
+    settled on after an out-of-memory candidate ran dynamic-shape kernels that a run at that micro-batch does not."""
+    import torch
+    torch.compiler.reset()
+
+
 def _probe_step(engine, plan, spec: TrialSpec, accum: int, device) -> None:
-    """Two optimizer steps at this micro-batch, as the warm-up runs them (TRAINSCOUT_FAKE_CAPACITY_MBS: above)."""
+    """PROBE_STEPS optimizer steps at this micro-batch, as warm-up runs them (TRAINSCOUT_FAKE_CAPACITY_MBS: above)."""
     import torch
     fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
-    if fake and plan.micro_batch_size > int(fake):
-        torch.empty(1 << 46, dtype=torch.uint8, device=device)
     x = torch.randint(0, sizes(spec.model_config).vocab, (plan.sequences_per_call, spec.recipe["seq_len"]),
                       device=device)
-    for _ in range(2):  # what warm-up will run: the measured micro-batches, twice (allocator reuse included)
+    for _ in range(PROBE_STEPS):  # what warm-up runs: the measured micro-batches, twice (allocator reuse included)
         for i in range(accum):
             engine.micro_step(x, is_last=(i == accum - 1), scale=1.0 / accum)
+            if fake and plan.micro_batch_size > int(fake):  # after a compiled forward and backward, as on a GPU
+                torch.empty(1 << 46, dtype=torch.uint8, device=device)
         engine.optimizer_step()
 
 
@@ -109,6 +128,7 @@ def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:
             probe.append([cand["mbs"], Status.OOM])
             built = None
             gc.collect()
+            forget_graphs()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     else:
@@ -130,7 +150,10 @@ def measure_below(spec: TrialSpec, plan, device, batches: list, timed_step, peak
         torch.cuda.reset_peak_memory_stats(device)
     plan.micro_batch_size, plan.grad_accum, low = nxt[0]["mbs"], nxt[0]["grad_accum"], nxt[0]["measured_accum"]
     batches[:] = [b[: plan.sequences_per_call] for b in batches]
+    forget_graphs()  # its own static graphs, as a run at this micro-batch compiles them
     timed_step(low)  # one untimed step at this size
+    t = time.perf_counter()
     alt = [timed_step(low)[0] for _ in range(spec.timed_steps)]
+    timed_s = time.perf_counter() - t
     plan.micro_batch_size, plan.grad_accum = chosen
-    return dict(nxt[0], steps=alt, **peaks(device))
+    return dict(nxt[0], steps=alt, timed_s=timed_s, **peaks(device))

@@ -208,7 +208,8 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         return {"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1]),
                 "host_first_micro": host[0]}, loss
 
-    for _ in range(spec.warmup_steps):  # compile, allocator growth, first-step lazy init: not timed
+    # compile, allocator growth, first-step lazy init: not timed (a probed micro-batch ran its warm-up in the probe)
+    for _ in range(max(0, spec.warmup_steps - (mbs_probe.PROBE_STEPS if probe else 0))):
         optimizer_step_marks(accum)
     clock.sync()
     dist.barrier()
