@@ -6,8 +6,9 @@ Candidates are the divisors of the per-rank batch, largest first, from the large
 out (predicted at most memory.MARGIN over the GPU's memory, the rule by which a search does not launch a fixed
 micro-batch); each runs what warm-up runs and is kept below PROBE_HEADROOM of the GPU's memory; an out-of-memory
 error frees the engine, forgets torch.compile's graphs and steps down. The candidate that fits has run its warm-up
-in the probe. The largest that fits and the one below are both timed, each with graphs compiled for its own shape
-(what a run at that micro-batch compiles); the faster is the record (`probe`, `probe_compared`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller
+in the probe. The largest that fits is timed; where its timed steps made the CUDA allocator retry (memory pressure)
+the one below is timed too, with graphs compiled for its own shape (what a run at that micro-batch compiles), and
+the faster is the record (`probe`, `probe_compared`, `alloc_retries`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller
 GPU: a micro-batch above N makes a real 64 TiB allocation, which the allocator refuses.
 """
 from __future__ import annotations
@@ -138,12 +139,23 @@ def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:
     return built, accum, probe
 
 
-def measure_below(spec: TrialSpec, plan, device, batches: list, timed_step, peaks) -> dict | None:
-    """The candidate one below the probed micro-batch, timed like it (throughput may peak there): its steps and
-    peaks, or None where there is none. plan is put back; timed_step(accum) -> (phase times, loss)."""
+def alloc_retries(device) -> int | None:
+    """How often the CUDA caching allocator has had to free its cache and retry an allocation (memory pressure);
+    None on the CPU."""
+    import torch
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else None
+
+
+def measure_below(spec: TrialSpec, plan, device, batches: list, timed_step, peaks, retries: int | None) -> dict | None:
+    """The candidate one below the probed micro-batch, timed like it: its steps and peaks, or None where there is
+    none, or where the probed micro-batch's timed steps made the allocator retry no allocation (retries == 0; None:
+    the CPU, where nothing says). The same work in more, smaller micro-batches does not run faster unless the larger
+    one pressed against the GPU's memory: on the H200 the micro-batch below lost in 18 of 19 such pairs, and won the
+    19th by 0.3 % (Pythia-1B), while costing a compile at its shape and four more steps. plan is put back;
+    timed_step(accum) -> (phase times, loss)."""
     import torch
     nxt = [c for c in spec.probe if c["mbs"] < plan.micro_batch_size][:1]
-    if not nxt:
+    if not nxt or retries == 0:
         return None
     chosen = (plan.micro_batch_size, plan.grad_accum)
     if device.type == "cuda":

@@ -117,6 +117,7 @@ class RankResult(_Fields):
     loss: float | None = None
     probe: list = field(default_factory=list)  # micro_batch_size=max: [[mbs, "ok" | "oom"], ...]
     below: dict | None = None       # micro_batch_size=max: the candidate below, measured too
+    alloc_retries: int | None = None  # CUDA: the caching allocator's retries during the timed steps
     peak_allocated_mib: float | None = None
     peak_reserved_mib: float | None = None
     device_name: str | None = None

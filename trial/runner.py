@@ -261,6 +261,8 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "timed_s": max(r.timed_s for r in ranks),
         # micro_batch_size=max: the timed steps of the micro-batch compared with the first (probe.measure_below)
         "compared_timed_s": max((r.below or {}).get("timed_s", 0.0) for r in ranks),
+        # CUDA: the caching allocator's retries in the timed steps (memory pressure); None on the CPU
+        "alloc_retries": None if ranks[0].alloc_retries is None else max(r.alloc_retries or 0 for r in ranks),
         # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
         "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0].steps]),
         "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage

@@ -216,6 +216,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     t_warm = time.perf_counter()
 
     steps = []
+    retries = mbs_probe.alloc_retries(device)
     progress = spec.progress
     for s in range(spec.timed_steps):
         if s == 0:
@@ -227,9 +228,11 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
                           "loss": None if loss is None else float(loss.item())})
     t_timed = time.perf_counter()
     peaks = _peaks(device)
+    if retries is not None:  # the allocator's retries during the timed steps: memory pressure
+        retries = mbs_probe.alloc_retries(device) - retries
     below = None
-    if probe and not spec.data:  # micro_batch_size=max: also one candidate below (throughput may peak there)
-        below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks)
+    if probe and not spec.data:  # micro_batch_size=max: the candidate below too, where memory pressed
+        below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks, retries)
     if spec.save_dir:
         engines.save(engine, model, names, spec.save_dir, rank)
     engine.close()
@@ -237,7 +240,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     mine = RankResult(rank=rank, steps=steps, loss=None if loss is None else float(loss.item()),
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
                       probe=probe, below=below, build_s=t_built - t0, warmup_s=t_warm - t_built,
-                      timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(),
+                      timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
     return {"n_params": n_params, "rank": mine.to_dict()}
