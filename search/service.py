@@ -147,10 +147,14 @@ def _stopped_before(store, search: str, settings: dict) -> float | None:
     return None
 
 
-def _cancel(tune_trial_id: str) -> None:
-    """End the worker group of a Tune trial whose actor ended before its trial did."""
+def _cancel(tune_trial_id: str, stop: bool = False) -> None:
+    """End the worker group of a Tune trial whose actor ended before its trial did; stop: ASHA stopped it, and its
+    ranks leave at their next step boundary, keeping the group for the next trial (trial.pool.Pool.stop)."""
     from trainscout.trial import pool
-    pool.pool().cancel.remote(owner=tune_trial_id)
+    if stop:
+        pool.pool().stop.remote(owner=tune_trial_id)
+    else:
+        pool.pool().cancel.remote(owner=tune_trial_id)
 
 
 def _progress_callback(url: str, search: str, printer):
@@ -162,7 +166,7 @@ def _progress_callback(url: str, search: str, printer):
         def on_trial_complete(self, iteration, trials, trial, **info):
             r = trial.last_result or {}
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
-                _cancel(trial.trial_id)  # its actor is gone: the ranks still run its steps
+                _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
                 open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False, r.get(METRIC),
                                           trial.config)
                 r = dict(r, status=str(Status.STOPPED))

@@ -107,6 +107,22 @@ def test_compile_scope_auto_is_layers_on_pytorch_engines_and_model_under_deepspe
     assert resolve({"compile": True, "sdpa_backend": "flash"}, GPU)[1].compile_scope == "layers"
 
 
+def test_efficient_sdpa_is_refused_for_grouped_query_attention():
+    """The Llama-1B shape (32 query heads over 8 key/value heads): transformers calls SDPA with enable_gqa, which the
+    memory-efficient kernel cannot run on the H200 (a search's trial crashed on it); Pythia's heads are not grouped."""
+    import dataclasses
+    import json
+    import pathlib
+    llama = json.loads((pathlib.Path(__file__).parents[1] / "bench" / "models" / "llama-1b.json").read_text())
+    ctx = dataclasses.replace(GPU, model_config=llama)
+    with pytest.raises(ConfigError, match="set sdpa_backend=flash, cudnn or auto") as e:
+        resolve({"sdpa_backend": "efficient", "compile": True}, ctx)
+    assert e.value.field == "sdpa_backend" and "32 query heads over 8" in str(e.value)
+    for ok in ({"sdpa_backend": "cudnn"}, {"sdpa_backend": "efficient", "compile": True, "compile_scope": "model"}):
+        resolve(ok, ctx)
+    resolve({"sdpa_backend": "efficient"}, dataclasses.replace(GPU, model_config={"num_attention_heads": 12}))
+
+
 def test_global_batch_must_split_over_ranks():
     with pytest.raises(ConfigError, match="global_batch=33 does not split over 2"):
         resolve({}, Context(world_size=2, global_batch=33, num_layers=2))

@@ -1,6 +1,7 @@
 """A trial end to end with two gloo workers started by Ray Train, for every engine and knob family, and the
 failure classification through the real code path (faults injected into one worker)."""
 import math
+import ray
 import time
 
 import pytest
@@ -265,3 +266,24 @@ def test_probed_micro_batch_compiles_static_graphs_after_an_oom(monkeypatch):
         log.setLevel(level)
         torch.compiler.reset()
     assert handler.seen == []
+
+
+def test_a_stopped_trial_leaves_at_a_step_boundary_and_keeps_its_workers(ray_local):
+    """Early stopping (a search's ASHA) asks a running trial to stop: its ranks leave after the step they are in,
+    the caller gets Cancelled (no record: nothing failed), and the worker group is kept, so the next trial does not
+    pay a fresh start. Two gloo ranks: both leave at the same step."""
+    from trainscout.trial import pool
+    from trainscout.trial.runner import Cancelled
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2}, device="cpu", workers=2, steps=60,
+                   warmup=1, global_batch=64, measure_accum=0)
+    seen = []
+
+    def on_step(p):
+        if not seen:
+            ray.get(pool.pool().stop.remote(owner="searcher"))
+        seen.append(p)
+    with pytest.raises(Cancelled):
+        execute(spec, timeout=240, on_step=on_step, owner="searcher")
+    assert 1 <= len(seen) < 30  # 9 of 60 when measured: the stop arrives with the first report
+    r = execute(spec.replace(timed_steps=2), timeout=240)
+    assert r.status == "ok" and r.reused >= 1, (r.error, r.reused)

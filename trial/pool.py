@@ -20,6 +20,7 @@ import asyncio
 import os
 
 NAME = "trainscout-worker-pool"
+STOP_GRACE_S = 60.0  # a trial asked to stop (Pool.stop) and still running this long after has its group killed
 
 
 def fresh_requested() -> bool:
@@ -87,6 +88,11 @@ class Progress:
     def put(self, item: dict) -> None:
         self.handle.report.remote(self.trial_id, item)
 
+    def stopped(self) -> bool:
+        """Whether the trial's caller asked it to stop at its next step boundary (Pool.stop)."""
+        import ray
+        return ray.get(self.handle.stopped.remote(self.trial_id))
+
 
 def _bundle(cuda: bool) -> dict:
     """What one rank of a group holds: a GPU and a CPU, or half a CPU on a CPU-only run."""
@@ -115,6 +121,7 @@ class Pool:
         self.idle: list[_Group] = []
         self.busy: dict[str, _Group] = {}
         self.reports: dict[str, list] = {}
+        self.stopping: set[str] = set()
 
     async def _start(self, key, world: int, cuda: bool, env: dict) -> _Group:
         import ray
@@ -191,8 +198,11 @@ class Pool:
                 return {"timeout": True}
             outs = [f.result() for f in futures]
             healthy = True
+            if trial_id in self.stopping:  # left at a step boundary (stop): the group is clean for the next trial
+                return {"cancelled": True}
             return {"ok": {"n_params": outs[0]["n_params"], "ranks": [o["rank"] for o in outs]}, "reused": group.trials}
         finally:
+            self.stopping.discard(trial_id)
             for f in futures:
                 f.cancel()
             if self.busy.pop(trial_id, None) is not None:
@@ -217,6 +227,21 @@ class Pool:
         for t in ids:
             self.busy.pop(t).kill()
         return len(ids)
+
+    def stop(self, owner: str) -> int:
+        """Ask the running trials a caller started (a search's trial that ASHA stopped) to leave at their next step
+        boundary: the ranks end their trial as after its last step and the group is kept for the next trial (a
+        killed group costs the next trial a fresh start: ~20 s on the H200). A trial still running STOP_GRACE_S
+        later has its group killed. Returns how many."""
+        ids = [t for t, g in self.busy.items() if g.owner == owner]
+        loop = asyncio.get_running_loop()
+        for t in ids:
+            self.stopping.add(t)
+            loop.call_later(STOP_GRACE_S, self.cancel, t)
+        return len(ids)
+
+    def stopped(self, trial_id: str) -> bool:
+        return trial_id in self.stopping
 
     def report(self, trial_id: str, item: dict) -> None:
         self.reports.setdefault(trial_id, []).append(item)

@@ -132,6 +132,17 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _stop_requested(progress, rank: int, world: int, device) -> bool:
+    """Whether the search stopped this trial (trial.pool.Pool.stop): rank 0 asks the pool after a timed step, and
+    every rank learns its answer, so all leave at the same step boundary."""
+    import torch
+    import torch.distributed as dist
+    flag = torch.tensor([int(rank == 0 and progress.stopped())], device=device)
+    if world > 1:
+        dist.broadcast(flag, 0)
+    return bool(flag.item())
+
+
 def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     import torch
     import torch.distributed as dist
@@ -226,12 +237,14 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
             progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"], "grad_accum": plan.grad_accum,
                           "loss": None if loss is None else float(loss.item())})
+        if progress is not None and _stop_requested(progress, rank, world, device):
+            break  # early stopping ended the trial: leave as after the last step, so the process can be reused
     t_timed = time.perf_counter()
     peaks = _peaks(device)
     if retries is not None:  # the allocator's retries during the timed steps: memory pressure
         retries = mbs_probe.alloc_retries(device) - retries
     below = None
-    if probe and not spec.data:  # micro_batch_size=max: the candidate below too, where memory pressed
+    if probe and not spec.data and len(steps) == spec.timed_steps:  # micro_batch_size=max: the candidate below too, where memory pressed
         below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks, retries)
     if spec.save_dir:
         engines.save(engine, model, names, spec.save_dir, rank)

@@ -21,6 +21,15 @@ class SdpaBackend(Knob):
             raise ConfigError(self.name, f"sdpa_backend={value} needs 16-bit activations on a GPU: set precision=bf16-mixed "
                                          "or sdpa_backend=efficient")
 
+        heads, kv = _heads(ctx.model_config)
+        if value == "efficient" and ctx.device == "cuda" and kv < heads and not (
+                cfg["compile"] and cfg["compile_scope"] == "model"):
+            # measured on the H200 (torch 2.11, bench/sdpa_gqa_gpu.py): transformers calls SDPA with enable_gqa and
+            # no mask, which the memory-efficient kernel cannot run ("No available kernel"); flash, cuDNN and math can.
+            # A model compiled whole passes a mask, and transformers repeats the key/value heads itself there.
+            raise ConfigError(self.name, f"sdpa_backend=efficient cannot run grouped-query attention ({heads} query "
+                                         f"heads over {kv} key/value heads, as transformers calls it): set "
+                                         "sdpa_backend=flash, cudnn or auto")
         if value == "flash" and ctx.device == "cuda" and cfg["compile"] and cfg["compile_scope"] == "model":
             # measured on the H200: traced whole, the model hands SDPA a causal mask tensor, which flash cannot take
             raise ConfigError(self.name, "sdpa_backend=flash takes no mask tensor, and a model compiled whole passes "
@@ -34,6 +43,13 @@ class SdpaBackend(Knob):
         Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice."""
         select_sdpa(plan.sdpa_backend)
         return model
+
+
+def _heads(config: dict | None) -> tuple[int, int]:
+    """(query heads, key/value heads) of a model config; (0, 0) where it does not say."""
+    config = config or {}
+    heads = config.get("num_attention_heads") or 0
+    return heads, config.get("num_key_value_heads") or heads
 
 
 def select_sdpa(backend: str) -> None:
