@@ -758,7 +758,7 @@ FEASIBLE = (Status.OK, Status.STOPPED, Status.RUNNING)  # RUNNING: the last step
 def outcome_attrs(result: dict) -> dict:
     """What an Optuna trial carries of its outcome (user attributes, for optuna-dashboard and any tool reading the
     study): status and reason, the measurement's key, the metrics, and `constraint` (> 0: infeasible). The value
-    stays the tokens/s, 0 for an infeasible outcome, so TPE learns that region is bad; its constraints_func reads
+    stays the tokens/s, 0 for an infeasible outcome, so TPE learns that region is bad; set_constraint gives TPE
     `constraint`, so it also knows why."""
     status = str(Status.STOPPED if result.get("status") == Status.RUNNING else result.get("status", Status.CRASH))
     attrs = {"status": status, "constraint": [0.0 if status in FEASIBLE else 1.0]}
@@ -771,18 +771,19 @@ def outcome_attrs(result: dict) -> dict:
     return attrs
 
 
-def _constraint(trial) -> list[float]:
-    return trial.user_attrs.get("constraint", [0.0])
+def set_constraint(trial, attrs: dict) -> None:
+    """Tell the sampler whether an outcome was feasible (Optuna's Trial.set_constraint, read by TPE, before the
+    trial is told its value): outcome_attrs' `constraint`."""
+    trial.set_constraint("infeasible", attrs["constraint"][0])
 
 
 def make_sampler(seed: int, trials: int | None):
     """TPE made for conditional spaces (multivariate, grouped), seeded; a few random trials first; infeasible
-    outcomes (oom, invalid, pruned, crash, timeout) are constraint violations as well as value 0."""
+    outcomes (oom, invalid, pruned, crash, timeout) are constraint violations (set_constraint) as well as value 0."""
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, constant_liar=True,
-                                      n_startup_trials=min(10, max(3, (trials or 30) // 3)),
-                                      constraints_func=_constraint)
+                                      n_startup_trials=min(10, max(3, (trials or 30) // 3)))
 
 
 def make_scheduler(steps: int):
@@ -856,8 +857,10 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
         def on_trial_complete(self, trial_id, result=None, error=False):
             drawn = self._ot_trials.get(trial_id)
             if drawn is not None and result and trial_id not in self._completed_trials:
-                for k, v in outcome_attrs(result).items():
+                attrs = outcome_attrs(result)
+                for k, v in attrs.items():
                     drawn.set_user_attr(k, v)
+                set_constraint(drawn, attrs)
             super().on_trial_complete(trial_id, result, error)
 
     return DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
@@ -877,8 +880,10 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         row = rows.get(t.user_attrs.get(TUNE_ID))
         if row is not None:
-            for k, v in outcome_attrs({**row, METRIC: row["tokens_per_s"]}).items():
+            attrs = outcome_attrs({**row, METRIC: row["tokens_per_s"]})
+            for k, v in attrs.items():
                 ostorage.set_trial_user_attr(t._trial_id, k, v)
+            set_constraint(optuna.trial.Trial(study, t._trial_id), attrs)
             ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
         else:
             ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)

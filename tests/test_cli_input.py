@@ -592,6 +592,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
     by_tune = {t.user_attrs[service.TUNE_ID]: t for t in optuna.load_study(study_name="s", storage=ostorage).trials}
     assert by_tune["a2"].state == optuna.trial.TrialState.FAIL
     assert by_tune["a3"].state == optuna.trial.TrialState.COMPLETE and by_tune["a3"].value == 30.0
+    assert by_tune["a3"].constraints == {"infeasible": 0.0}  # TPE knows it was feasible
 
     plain = optuna.create_study(sampler=make_sampler(1, 4), direction="maximize")
     space.sample(plain.ask())

@@ -51,6 +51,7 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path):
         a = t.user_attrs
         assert a["status"] in by_status and a["tokens_per_s"] == t.value, a
         assert a["constraint"] == [0.0 if a["status"] in ("ok", "stopped") else 1.0]
+        assert t.constraints == {"infeasible": a["constraint"][0]}  # what TPE reads (Trial.set_constraint)
         if a["status"] == "ok":
             assert a["key"] in {r["key"] for r in trials} and a["wall_s"] > 0
 
