@@ -249,8 +249,19 @@ def print_trial(r, verbose: bool = False) -> None:
         ("memory", f"{m['peak_memory_gib']:.2f} GiB peak per rank"),
         ("MFU", mfu),
         ("run", f"{m['projected_days']:.2f} days for {rec['total_steps']:,} steps"),
-        ("overhead", f"build {m['build_s']:.1f} s, warm-up {m['warmup_s']:.1f} s, trial wall {r.wall_s:.1f} s"),
+        ("overhead", f"build{' and probe' if r.probe else ''} {m['build_s']:.1f} s, warm-up {m['warmup_s']:.1f} s, "
+                     f"trial wall {r.wall_s:.1f} s"),
     ]
+    if r.probe:  # micro_batch_size=max: what the probe tried, and the micro-batch below (or why not)
+        tried = ", ".join(f"{mbs} {status}" for mbs, status in r.probe)
+        if r.probe_compared and len(r.probe_compared) > 1:
+            below = "; measured " + ", ".join(f"{mbs}: {t:,.0f} tokens/s" for mbs, t in r.probe_compared) + \
+                    " (the faster is the record)"
+        elif m.get("alloc_retries") == 0:
+            below = "; the micro-batch below not measured: no allocator retry in the timed steps"
+        else:
+            below = ""
+        rows.insert(2, ("probe", f"micro_batch_size=max tried {tried}{below}"))
     for k, v in rows:
         print(f"{k:9}{v}")
 

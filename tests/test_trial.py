@@ -176,7 +176,7 @@ def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
     assert worker_pids() == []
 
 
-def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
+def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch, capsys):
     """micro_batch_size=max: candidates above the (simulated) capacity fail with a real allocator error and the
     trial steps down without restarting; the largest that fits is measured. TRAINSCOUT_FAKE_CAPACITY_MBS stands
     in for a smaller GPU (the CPU has no device memory limit to hit)."""
@@ -201,6 +201,9 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch):
     # the per-step values early stopping sees are on the record's basis: projected with the accumulation of the
     # micro-batch that ran (4 here), not the first candidate's (1), which inflated them by that ratio
     assert len(seen) == 2 and 0.5 < max(s["tokens_per_s"] for s in seen) / t4 < 2
+    from trainscout.cli.main import print_trial
+    print_trial(r)  # what `trainscout trial` prints of the probe
+    assert "probe    micro_batch_size=max tried 16 oom, 8 oom, 4 ok; measured 4: " in capsys.readouterr().out
     with pytest.raises(Exception, match="micro_batch_size=max"):
         prepare("tiny", {"micro_batch_size": "max"}, device="cpu", workers=2)
 
