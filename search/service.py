@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, fmt
 from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
-from trainscout.trial.memory import MARGIN
+from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.metrics import median
 from trainscout.trial.runner import Cancelled, context
 from trainscout.trial.status import DETERMINISTIC, Status
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
 
 METRIC = "tokens_per_s"
-MEMORY_MARGIN = MARGIN  # a configuration predicted over the GPU's memory by more than this is not launched
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat

@@ -8,8 +8,9 @@ micro-batch); each runs what warm-up runs and is kept below PROBE_HEADROOM of th
 error frees the engine, forgets torch.compile's graphs and steps down. The candidate that fits has run its warm-up
 in the probe. The largest that fits is timed; where its timed steps made the CUDA allocator retry (memory pressure)
 the one below is timed too, with graphs compiled for its own shape (what a run at that micro-batch compiles), and
-the faster is the record (`probe`, `probe_compared`, `alloc_retries`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only) simulates a smaller
-GPU: a micro-batch above N makes a real 64 TiB allocation, which the allocator refuses.
+the faster is the record (`probe`, `probe_compared`, `alloc_retries`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only)
+simulates a smaller GPU: a micro-batch above N makes a real 64 TiB allocation (after a compiled forward and
+backward, as a real one fails), which the allocator refuses.
 """
 from __future__ import annotations
 
