@@ -125,9 +125,9 @@ def write(tmp_path, d, name="config.json"):
 
 
 @pytest.mark.parametrize("cfg, expected", [
-    (GPT2, Sizes(layers=2, hidden=64, heads=4, vocab=512, intermediate=256, tied=True, max_positions=128)),
-    (BLOOM, Sizes(layers=3, hidden=64, heads=4, vocab=384, intermediate=256, tied=True, max_positions=None)),
-    (LLAMA, Sizes(layers=2, hidden=64, heads=4, vocab=256, intermediate=160, tied=False, max_positions=256)),
+    (GPT2, Sizes(layers=2, hidden=64, heads=4, kv_heads=4, vocab=512, intermediate=256, tied=True, max_positions=128)),
+    (BLOOM, Sizes(layers=3, hidden=64, heads=4, kv_heads=4, vocab=384, intermediate=256, tied=True, max_positions=None)),
+    (LLAMA, Sizes(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, intermediate=160, tied=False, max_positions=256)),
 ], ids=["gpt2", "bloom", "llama"])
 def test_config_json_of_other_families(tmp_path, cfg, expected):
     """GPT-2 and BLOOM config.json files crashed every command (KeyError: 'num_hidden_layers'): the sizes are read
@@ -182,5 +182,5 @@ def test_sizes_read_the_stored_spellings():
     from transformers import AutoConfig
     stored = AutoConfig.for_model(**GPT2).to_dict()
     assert "num_hidden_layers" not in stored and sizes(stored).layers == 2 and sizes(stored).hidden == 64
-    assert sizes(resolve_model("tiny").config) == Sizes(layers=2, hidden=64, heads=4, vocab=512, intermediate=256,
-                                                        tied=False, max_positions=256)
+    assert sizes(resolve_model("tiny").config) == Sizes(layers=2, hidden=64, heads=4, kv_heads=4, vocab=512,
+                                                        intermediate=256, tied=False, max_positions=256)

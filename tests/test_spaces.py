@@ -120,7 +120,8 @@ def test_efficient_sdpa_is_refused_for_grouped_query_attention():
     assert e.value.field == "sdpa_backend" and "32 query heads over 8" in str(e.value)
     for ok in ({"sdpa_backend": "cudnn"}, {"sdpa_backend": "efficient", "compile": True, "compile_scope": "model"}):
         resolve(ok, ctx)
-    resolve({"sdpa_backend": "efficient"}, dataclasses.replace(GPU, model_config={"num_attention_heads": 12}))
+    from trainscout.trial.models import resolve_model
+    resolve({"sdpa_backend": "efficient"}, dataclasses.replace(GPU, model_config=resolve_model("pythia-160m").config))
 
 
 def test_global_batch_must_split_over_ranks():

@@ -68,6 +68,7 @@ class Sizes:
     layers: int                # num_hidden_layers
     hidden: int                # hidden_size
     heads: int | None          # num_attention_heads (None for a model without attention heads)
+    kv_heads: int | None       # num_key_value_heads: fewer than heads for grouped-query attention, else heads
     vocab: int                 # vocab_size
     intermediate: int          # the MLP's inner width: intermediate_size, GPT-2's n_inner, else 4 * hidden
     tied: bool                 # tie_word_embeddings: the head shares the embedding's weights
@@ -115,8 +116,9 @@ def _sizes_of(hf) -> Sizes:
     declared = {f.name for f in dataclasses.fields(hf)} | set(hf.attribute_map) if dataclasses.is_dataclass(hf) else None
     inter = next((size(n) for n in _INTERMEDIATE if (declared is None or n in declared)
                   and getattr(hf, n, None) is not None), 4 * hidden)
-    return Sizes(layers=size("num_hidden_layers"), hidden=hidden, heads=size("num_attention_heads", required=False),
-                 vocab=size("vocab_size"), intermediate=inter, tied=bool(getattr(hf, "tie_word_embeddings", False)),
+    heads = size("num_attention_heads", required=False)
+    return Sizes(layers=size("num_hidden_layers"), hidden=hidden, heads=heads,
+                 kv_heads=size("num_key_value_heads", required=False) or heads, vocab=size("vocab_size"), intermediate=inter, tied=bool(getattr(hf, "tie_word_embeddings", False)),
                  max_positions=size("max_position_embeddings", required=False))
 
 

@@ -244,7 +244,8 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     if retries is not None:  # the allocator's retries during the timed steps: memory pressure
         retries = mbs_probe.alloc_retries(device) - retries
     below = None
-    if probe and not spec.data and len(steps) == spec.timed_steps:  # micro_batch_size=max: the candidate below too, where memory pressed
+    # micro_batch_size=max: the candidate below too, where memory pressed (not after early stopping ended the trial)
+    if probe and not spec.data and len(steps) == spec.timed_steps:
         below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks, retries)
     if spec.save_dir:
         engines.save(engine, model, names, spec.save_dir, rank)

@@ -20,16 +20,9 @@ class SdpaBackend(Knob):
         if value in ("flash", "cudnn") and ctx.device == "cuda" and cfg["precision"] == "fp32":
             raise ConfigError(self.name, f"sdpa_backend={value} needs 16-bit activations on a GPU: set precision=bf16-mixed "
                                          "or sdpa_backend=efficient")
-
-        heads, kv = _heads(ctx.model_config)
-        if value == "efficient" and ctx.device == "cuda" and kv < heads and not (
+        if value == "efficient" and ctx.device == "cuda" and ctx.model_config and not (
                 cfg["compile"] and cfg["compile_scope"] == "model"):
-            # measured on the H200 (torch 2.11, bench/sdpa_gqa_gpu.py): transformers calls SDPA with enable_gqa and
-            # no mask, which the memory-efficient kernel cannot run ("No available kernel"); flash, cuDNN and math can.
-            # A model compiled whole passes a mask, and transformers repeats the key/value heads itself there.
-            raise ConfigError(self.name, f"sdpa_backend=efficient cannot run grouped-query attention ({heads} query "
-                                         f"heads over {kv} key/value heads, as transformers calls it): set "
-                                         "sdpa_backend=flash, cudnn or auto")
+            _refuse_grouped_query(self.name, ctx.model_config)
         if value == "flash" and ctx.device == "cuda" and cfg["compile"] and cfg["compile_scope"] == "model":
             # measured on the H200: traced whole, the model hands SDPA a causal mask tensor, which flash cannot take
             raise ConfigError(self.name, "sdpa_backend=flash takes no mask tensor, and a model compiled whole passes "
@@ -45,11 +38,17 @@ class SdpaBackend(Knob):
         return model
 
 
-def _heads(config: dict | None) -> tuple[int, int]:
-    """(query heads, key/value heads) of a model config; (0, 0) where it does not say."""
-    config = config or {}
-    heads = config.get("num_attention_heads") or 0
-    return heads, config.get("num_key_value_heads") or heads
+def _refuse_grouped_query(name: str, model_config: dict) -> None:
+    """sdpa_backend=efficient on a grouped-query model, as transformers calls it. Measured on the H200 (torch 2.11,
+    bench/sdpa_gqa_gpu.py): transformers calls SDPA with enable_gqa and no mask, which the memory-efficient kernel
+    cannot run ("No available kernel"); flash, cuDNN and math can. A model compiled whole passes a mask, and
+    transformers repeats the key/value heads itself there (the caller leaves that case out)."""
+    from trainscout.trial.models import sizes
+    z = sizes(model_config)
+    if z.heads and z.kv_heads < z.heads:
+        raise ConfigError(name, f"sdpa_backend=efficient cannot run grouped-query attention ({z.heads} query heads "
+                                f"over {z.kv_heads} key/value heads, as transformers calls it): set "
+                                "sdpa_backend=flash, cudnn or auto")
 
 
 def select_sdpa(backend: str) -> None:
