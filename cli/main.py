@@ -18,6 +18,7 @@ import warnings
 from trainscout.spaces import ConfigError
 from trainscout.trial.status import Status
 
+EXIT_FAILED = 1  # the outcome is a failure: a trial, verify or train that did not end ok; the store failed
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`trainscout knobs --json | head`)
@@ -34,8 +35,9 @@ EPILOG = """a typical session:
   trainscout export runs/1b --best --out runs/1b/best
 
 `trainscout COMMAND --help` shows a command's flags with their defaults and an example. Exit status: 0 done, 1 the
-measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit), 2 bad
-input, 130 interrupted."""
+measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit) or the
+results store failed while in use (deleted, full, read-only: the line says what was kept), 2 bad input, 130
+interrupted."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -796,6 +798,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped reading (| head): no traceback, and none at exit's flush either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except Exception as e:  # noqa: BLE001
+        from trainscout.store.guard import StoreError  # here: the store's imports cost every command 0.17 s
+        if not isinstance(e, StoreError):
+            raise
+        print(f"trainscout: error: {e}", file=sys.stderr)  # the store failed while in use: what was kept
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

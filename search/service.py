@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -22,7 +23,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, fmt
-from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
+from trainscout.store import Store, StoreError, StoreLost, check_folder, default_url, guard, measurement_key, one_line, \
+    open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.metrics import median
@@ -69,9 +71,22 @@ class SearchArgs:
 
 
 def _trainable(config: dict, base: dict) -> None:
-    """One Tune trial: measure (or look up) one configuration and report it."""
+    """One Tune trial: measure (or look up) one configuration and report it. A store that failed (deleted, full,
+    read-only) is reported as `store_failed`, which stops the search (its driver says what was kept)."""
     from ray import tune
-    store = open_store(base["storage"])
+    try:
+        _measure(config, base)
+    except Exception as e:  # noqa: BLE001 - only a storage failure is caught; anything else is Tune's error
+        why = guard.failure_of(e)
+        if why is None:
+            raise
+        tune.report({METRIC: 0.0, "status": str(Status.CRASH), "store_failed": why, "cached": False})
+
+
+def _measure(config: dict, base: dict) -> None:
+    from ray import tune
+    ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None
+    store = open_store(base["storage"], expect=ident)
     trial_id = tune.get_context().get_trial_id()
     settings = {k: v for k, v in config.items() if k in base["knob_names"]}
     fault = None
@@ -114,6 +129,8 @@ def _trainable(config: dict, base: dict) -> None:
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
     if not cached:
+        if why := guard.lost(store.path, ident):  # no device time for a store that is gone
+            raise StoreLost(f"the results store {why} while the search ran")
         seen = []
 
         def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
@@ -164,10 +181,14 @@ def _progress_callback(url: str, search: str, printer):
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             r = trial.last_result or {}
+            if r.get("store_failed"):  # the trial could not write its outcome: the search stops (run_search says)
+                store_failed(r["store_failed"])
+                return
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
                 _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
-                open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False, r.get(METRIC),
-                                          trial.config)
+                if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
+                                                                r.get(METRIC), trial.config)):
+                    return
                 r = dict(r, status=str(Status.STOPPED))
             printer(trial, r)
 
@@ -178,8 +199,9 @@ def _progress_callback(url: str, search: str, printer):
             except Exception:  # the error file may be gone; the row is what matters
                 lines = []
             why = lines[-1][:2000] if lines else "the trial's actor failed"
-            open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0, trial.config, error=why)
-            printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
+            if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0,
+                                                        trial.config, error=why)):
+                printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
 
     return Progress()
 
@@ -395,6 +417,24 @@ def hold_folder(out: str) -> int:
     return fd
 
 
+def folder_free(out: str) -> None:
+    """Refuse a folder whose lock a running search holds, without writing anything (hold_folder takes it later)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(out, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return  # no lock file: no search ran there
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        raise ConfigError("--out", f"--out {out} is in use by a running search (pid {pid}): wait for it to end, "
+                                   "or give another --out")
+    finally:
+        os.close(fd)
+
+
 def _refuse_existing(store: Store, name: str, out: str, resume: bool) -> dict | None:
     """The saved settings of the search `name`; a new search (not resume) of a name the store holds is refused."""
     saved = store.search_args(name)
@@ -403,6 +443,35 @@ def _refuse_existing(store: Store, name: str, out: str, resume: bool) -> dict | 
         raise ConfigError("--out", f"--out {out} already holds the search {name} ({n} trial{'s' if n != 1 else ''}): "
                                    f"use --resume {out} to continue it (a larger --trials runs more), or another --out")
     return saved
+
+
+# --- a store that fails while the search runs ----------------------------------------------------------------
+_STORE_FAILED: list[str] = []  # why the store failed in this process's running search (the first reason)
+
+
+def store_failed(why: str) -> None:
+    """Record that the store failed (the search's stopper then ends the run; run_search says what was kept)."""
+    if not _STORE_FAILED:
+        _STORE_FAILED.append(why)
+
+
+def store_failure() -> str | None:
+    """Why the store of the search running in this process failed, or None."""
+    return _STORE_FAILED[0] if _STORE_FAILED else None
+
+
+def _write(fn) -> bool:
+    """Run a store write of the driver inside Tune's loop; a storage failure is recorded, not raised into Tune
+    (which would print its traceback). False when it failed."""
+    try:
+        fn()
+        return True
+    except Exception as e:  # noqa: BLE001 - only a storage failure is caught
+        why = guard.failure_of(e)
+        if why is None:
+            raise
+        store_failed(why)
+        return False
 
 
 # --- Ctrl-C -------------------------------------------------------------------------------------------------
@@ -443,17 +512,21 @@ def interrupted() -> bool:
     return _INTERRUPTED.is_set()
 
 
-def _interrupt_stopper():
+def _interrupt_stopper(path: str | None = None, ident=None):
     from ray.tune import Stopper
 
     class StopOnInterrupt(Stopper):
-        """Ends the whole experiment once Ctrl-C was pressed (Tune asks on every step of its loop)."""
+        """Ends the whole experiment once Ctrl-C was pressed, or the store failed or is not the file the search
+        opened (path, ident: a SQLite store's; one stat per step) (Tune asks on every step of its loop)."""
 
         def __call__(self, trial_id, result):
             return False
 
         def stop_all(self):
-            return interrupted()  # a module function: a pickled copy of the stopper reads the same flag
+            if (why := guard.lost(path, ident)) is not None:
+                store_failed(why)
+            # module functions: a pickled copy of the stopper reads the same flags
+            return interrupted() or store_failure() is not None
     return StopOnInterrupt()
 
 
@@ -464,15 +537,27 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
     stream = stream or sys.stdout
     space, _, hw = validate(args)
     name = args.search_name()
-    store = open_store(args.storage) if args.storage else None  # a bad URL is refused before anything is written
-    if store is None and os.path.exists(os.path.join(args.out, "results.db")):
+    path = guard.sqlite_path(args.storage) if args.storage else os.path.join(args.out, "results.db")
+    # an existing store (or a server's) is opened and read first, so that a bad URL or a search already there is
+    # refused before anything is written; a new SQLite file is made only after Ray is reached (a file in a folder
+    # that does not exist cannot be made: opening it refuses the URL and writes nothing)
+    store = None
+    if args.storage and (path is None or os.path.isfile(path) or not os.path.isdir(os.path.dirname(path))):
+        store = open_store(args.storage)
+    elif not args.storage and os.path.isfile(path):
         store = open_store(default_url(args.out))
     if store is not None:  # refused before the folder is touched
         _refuse_existing(store, name, args.out, resume)
+    folder_free(args.out)
+    if not (resume and store is not None and args.trials is not None and len(store.trials(name)) >= args.trials):
+        # Ray reached (or started) before anything is written: an address where nothing listens is refused here,
+        # not after the store, its log and the folder's lock were made (a rerun in that folder was then refused)
+        from trainscout.trial.runner import ensure_ray
+        ensure_ray(args.address)
     os.makedirs(args.out, exist_ok=True)
     lock = hold_folder(args.out)
     try:
-        store = store or open_store(default_url(args.out))
+        store = store or open_store(args.storage or default_url(args.out))
         saved = _refuse_existing(store, name, args.out, resume)  # again, now that no other driver can start here
         if saved is None:
             store.add_search(name, asdict(args))
@@ -484,6 +569,47 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
 
 
 def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream) -> dict:
+    _STORE_FAILED.clear()
+    keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
+    try:
+        summary = _run(args, store, name, space, hw, stream, keeper)
+    except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
+        why = guard.failure_of(e)
+        if why is None and keeper.lost() is None:
+            raise
+        store_failed(why or keeper.lost())
+        summary = None
+    try:
+        if keeper.lost() or store_failure():
+            raise StoreError(_store_stop_line(args, store, name, keeper))
+    finally:
+        keeper.close()
+    return summary
+
+
+def _store_stop_line(args: SearchArgs, store: Store, name: str, keeper) -> str:
+    """The one line a search stopped by its store ends with: what failed, and what was kept where."""
+    resume = f"trainscout search --resume {args.out}"
+    if why := keeper.lost():
+        dest = keeper.rescue()
+        got = guard.counts(f"sqlite:///{dest}", name) if dest else None
+        if got is None:
+            return f"the results store {why} while the search ran: the search stopped; nothing could be rescued"
+        where = dest if dest == keeper.path else f"{dest} (the path now holds another file)"
+        return (f"the results store {why} while the search ran: the search stopped; its {_n(got[0], 'trial')} and "
+                f"{_n(got[1], 'measurement')} are rescued into {where}; continue with: {resume}")
+    got = guard.counts(store.url, name, store)
+    kept = (f"the {_n(got[0], 'trial')} and {_n(got[1], 'measurement')} recorded before are kept in {store.url}"
+            if got else f"what was recorded before is in {store.url}")
+    return (f"the results store failed ({store_failure()}): the search stopped; {kept} (the trials running then "
+            f"were not recorded); make room or make it writable, then continue with: {resume}")
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper) -> dict:
     url = store.url
     done = store.trials(name)
     remaining = None if args.trials is None else args.trials - len(done)
@@ -503,6 +629,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
+    guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
     drawn = recover_interrupted(ostorage, name, store)
     # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
     sampler = make_sampler((args.seed + drawn) % SEED_RANGE, args.trials)
@@ -526,7 +653,10 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
             "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
             "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
             "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(done),
-            "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs())}
+            "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs()),
+            # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
+            # filesystem numbers devices per host) does not compare it
+            "store_identity": store.identity, "driver_host": socket.gethostname()}
     import psutil  # the driver's host: on one box (the common case) the trials' host too
     base["host"] = {"capacity": psutil.virtual_memory().total, "margin": MEMORY_MARGIN}
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
@@ -545,7 +675,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
-                                  stop=_interrupt_stopper(), failure_config=tune.FailureConfig(max_failures=0)))
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident), failure_config=tune.FailureConfig(max_failures=0)))
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}), "
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
           f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
@@ -557,6 +687,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
               file=stream, flush=True)
     with _catch_interrupt():
         tuner.fit()
+    if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
+        return {}
     summary = summarize(store, name, stream, out=args.out)
     if interrupted():
         summary["interrupted"] = True
@@ -830,6 +962,17 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
 
     class DistinctOptunaSearch(OptunaSearch):
         def suggest(self, trial_id):
+            if store_failure() is not None:
+                return None  # the store failed: nothing more is drawn (the stopper ends the run)
+            try:
+                return self._suggest(trial_id)
+            except Exception as e:  # noqa: BLE001 - a storage failure stops the search, in one line (run_search)
+                if (why := guard.failure_of(e)) is None:
+                    raise
+                store_failed(why)
+                return None
+
+        def _suggest(self, trial_id):
             if ranker is not None:
                 trials = self._ot_study.get_trials(deepcopy=False)
                 if not any(t.state == optuna.trial.TrialState.WAITING for t in trials):  # start points first
@@ -854,6 +997,16 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
             return config
 
         def on_trial_complete(self, trial_id, result=None, error=False):
+            if (result or {}).get("store_failed") or store_failure() is not None:
+                return  # left RUNNING in the study: a resume settles it from the store's rows
+            try:
+                self._complete(trial_id, result, error)
+            except Exception as e:  # noqa: BLE001
+                if (why := guard.failure_of(e)) is None:
+                    raise
+                store_failed(why)
+
+        def _complete(self, trial_id, result=None, error=False):
             drawn = self._ot_trials.get(trial_id)
             if drawn is not None and result and trial_id not in self._completed_trials:
                 attrs = outcome_attrs(result)

@@ -20,6 +20,9 @@ from trainscout.spaces import ConfigError
 from trainscout.trial.records import Record, TrialSpec
 from trainscout.trial.status import DETERMINISTIC, MEASURED, Status  # DETERMINISTIC: outcomes served from the store
 
+from . import guard
+from .guard import StoreError, StoreLost  # noqa: F401  (the store failed while in use: deleted, full, read-only)
+
 META = sa.MetaData()
 MEASUREMENTS = sa.Table(
     "trainscout_measurements", META,
@@ -155,6 +158,10 @@ class Store:
             raise ConfigError("--storage", f"cannot open storage {url!r}: {str(e).splitlines()[0][:200]}; "
                                            "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
         self.url = url
+        # the file opened (device, inode): a new connection to the path once it is another file is refused (guard)
+        self.path = guard.sqlite_path(url)
+        self.identity = guard.identity(self.path)
+        guard.pin(self.engine, self.path, self.identity)
         self._error_column = None  # whether trainscout_search_trials has "error" (a store older than it has not)
 
     def _has_error_column(self) -> bool:
@@ -367,8 +374,16 @@ def imported_problem(rec) -> str | None:
 _OPEN: dict[str, Store] = {}
 
 
-def open_store(url: str) -> Store:
-    """One Store per URL and process (objects that Ray pickles keep the URL, not the engine)."""
+def open_store(url: str, expect=None) -> Store:
+    """One Store per URL and process (objects that Ray pickles keep the URL, not the engine). expect: the (device,
+    inode) of the SQLite file the caller opened (a search's driver): StoreLost, and nothing created, when the path is
+    not that file any more."""
+    if expect:
+        why = guard.lost(guard.sqlite_path(url), expect)
+        if why is None and url in _OPEN and _OPEN[url].identity and tuple(_OPEN[url].identity) != tuple(expect):
+            why = f"{_OPEN[url].path} is another file than the search opened"
+        if why:
+            raise StoreLost(f"the results store {why} while the search ran")
     if url not in _OPEN:
         _OPEN[url] = Store(url)
     return _OPEN[url]

@@ -207,6 +207,42 @@ def test_an_in_memory_storage_is_refused(tmp_path, capsys, url):
     assert not (tmp_path / "o").exists()
 
 
+# --- Ray reached before anything is written (issue 30) -----------------------------------------------------------
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:  # bound, then closed: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS", "RAY_TMPDIR"])
+@pytest.mark.parametrize("command", ["search", "trial"])
+def test_an_unreachable_ray_or_an_unwritable_temp_folder_is_one_line_within_seconds(tmp_path, how, command):
+    """An address where nothing listens (the flag, or RAY_ADDRESS as `ray job submit` sets it) and a Ray temp folder
+    that cannot be made: exit 2 with one line naming the setting, within 20 s (Ray itself retried for minutes), and
+    the search wrote nothing (no results.db, no lock: a rerun there is not refused)."""
+    (tmp_path / "afile").write_text("")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    argv = [sys.executable, "-m", "trainscout.cli", command, "--model", "tiny", "--device", "cpu"]
+    argv += ["--trials", "1", "--out", str(tmp_path / "o")] if command == "search" else []
+    address = f"127.0.0.1:{_free_port()}"
+    if how == "--address":
+        argv += ["--address", address]
+    elif how == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = address
+    else:
+        env["RAY_TMPDIR"] = str(tmp_path / "afile" / "ray")  # under a file: nothing can be made there
+    t0 = time.time()
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    took = time.time() - t0
+    err = res.stderr.strip()
+    assert res.returncode == 2 and took < 20, (res.returncode, round(took, 1), err[-2000:])
+    assert len(err.splitlines()) == 1 and err.startswith(f"trainscout: error: {how}") and "Traceback" not in err, err
+    assert ("nothing listens" in err) if how != "RAY_TMPDIR" else ("temp folder" in err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+
+
 # --- output folders --------------------------------------------------------------------------------------------
 def _read_only_dir(tmp_path) -> str:
     ro = tmp_path / "ro"

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, hardware, metrics, pool, probe
+from . import faults, hardware, metrics, pool, probe, reach
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
@@ -97,13 +97,28 @@ def context(model_config: dict, global_batch: int, workers: int, hw: dict) -> Co
 
 
 def ensure_ray(address: str | None = None) -> None:
-    """Start (or attach to) Ray. A local Ray binds to 127.0.0.1 and starts no dashboard."""
+    """Start (or attach to) Ray. A local Ray binds to 127.0.0.1 and starts no dashboard. An address where nothing
+    listens, no cluster for auto, or a temp folder Ray cannot write: ConfigError in a few seconds (trial.reach)."""
     import ray
     if ray.is_initialized():
         return
+    flag = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")  # set by `ray job submit`
+    try:
+        _init(ray, address, flag)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - only the failures reach names are turned into one line
+        err = reach.start_error(e, address, flag)
+        if err is None:
+            raise
+        raise err from None
+
+
+def _init(ray, address: str | None, flag: str) -> None:
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     if address:
+        reach.check_address(address, flag)
         ray.init(address=address, **kw)
     else:
         # Ray turns 127.0.0.1 into the machine's address and binds its gRPC servers to every interface unless it

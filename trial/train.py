@@ -57,6 +57,8 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     spec = prepare(model or stored_model(exp["model"], exp.get("model_config")), exp["config"], device=device, workers=workers, steps=steps, warmup=0,
                    measure_accum=0, **kw)
     check_data(data, data_dtype, spec.recipe["seq_len"])
+    from trainscout.trial.runner import ensure_ray
+    ensure_ray(address)  # reached before the checkpoint folder is made: an unreachable address writes nothing
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
     spec = spec.replace(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out)
