@@ -8,6 +8,9 @@ from .errors import ConfigError
 from .plan import Context, Plan
 
 REGISTRY: dict[str, "Knob"] = {}
+# where a knob's model transform runs, in the order trainscout.runtime applies them: process settings, module swaps,
+# the loss, activation checkpointing, per-layer compile, then (after the engine shards the model) whole-model compile
+STAGES = ("process", "modules", "loss", "checkpoint", "compile_layers", "sharded")
 
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
