@@ -77,7 +77,7 @@ def requirement_error(knob: Knob, value: Any, cfg: dict) -> ConfigError | None:
 def resolve(settings: dict[str, Any], ctx: Context) -> tuple[dict[str, Any], Plan]:
     """Validate knob settings against the context; return (canonical config, plan). Raises ConfigError."""
     order = all_knobs()
-    cfg: dict[str, Any] = {k.name: k.default for k in order}
+    cfg: dict[str, Any] = {k.name: k.default_for(ctx) for k in order}
     for name, raw in settings.items():
         cfg[name] = plugins.call(get(name), "parse", raw)
     for k in order:

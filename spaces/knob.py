@@ -100,6 +100,11 @@ class Knob:
         """True when every knob this one requires has an allowed value in cfg."""
         return all(cfg.get(k, REGISTRY[k].default) in allowed for k, allowed in self.requires.items())
 
+    def default_for(self, ctx: Context) -> Any:
+        """The value this knob takes when nothing sets it, in this context: its default, unless the model cannot run
+        that (a model without the default attention kernel gets one it has); resolve() fills unset knobs with it."""
+        return self.default
+
     def concrete(self, value: Any, cfg: dict, ctx: Context) -> Any:
         """The value the trial runs with (a knob with an "auto" value decides it here from the context)."""
         return value
