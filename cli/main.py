@@ -393,7 +393,7 @@ SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", 
 
 def cmd_search(a) -> int:
     """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone)."""
-    from trainscout.search.service import SearchArgs, resumed, run_search, summarize
+    from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
     from trainscout.store import default_url, open_store
     out = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout, the rest on stderr
     input_file("--space", a.space)
@@ -419,7 +419,7 @@ def cmd_search(a) -> int:
                  "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
                  "storage": storage, "address": a.address}
-        args, notes = resumed(saved, a.resume, given, done=len(store.trials(name)))
+        args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
     else:

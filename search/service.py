@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
 
 METRIC = "tokens_per_s"
+# outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
+# not count toward --trials; FREE_RUN of them in a row end the search's drawing (the space is mostly infeasible)
+FREE = (Status.INVALID, Status.PRUNED)
+FREE_RUN = 30
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
@@ -154,6 +158,11 @@ def _measure(config: dict, base: dict) -> None:
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0)})
 
 
+def counted(rows: list[dict]) -> int:
+    """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE)."""
+    return sum(1 for t in rows if t["status"] not in FREE)
+
+
 def _stopped_before(store, search: str, settings: dict) -> float | None:
     """The best step of an earlier trial of this search that ASHA stopped with the same settings (None: none)."""
     same = json.loads(json.dumps(settings, sort_keys=True, default=str))
@@ -212,6 +221,7 @@ class Printer:
     def __init__(self, space: Space, stream=None, *, total: int | None = None, budget_s: float | None = None,
                  ranks: int = 1, unit: str = "GPU"):
         self.space, self.stream, self.best, self.n = space, stream, None, 0
+        self.counted = 0  # rows that count toward --trials (not refused or pruned before running)
         self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
         self.header = False
         # the progress line: trials to go (None: until the budget), the budget, the ranks each trial holds
@@ -222,14 +232,16 @@ class Printer:
         """One line: trials done of the total, elapsed and ETA, best so far, device-seconds the trials held."""
         elapsed = time.time() - self.t0
         eta = []
-        if self.total:
-            eta.append(elapsed / self.n * max(0, self.total - self.n))
+        if self.total and self.counted:
+            eta.append(elapsed / self.counted * max(0, self.total - self.counted))
         if self.budget_s:
             eta.append(max(0.0, self.budget_s - elapsed))
         left = f"ETA {_clock(min(eta))}" if eta else "ETA -"
-        done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        done = f"{self.counted}/{self.total}" if self.total else f"{self.counted}"
+        done += " trials" + (f" (+{self.n - self.counted} refused or pruned before running, not counted)"
+                             if self.n > self.counted else "")
         best = f"{self.best:,.0f} tok/s" if self.best else "-"
-        return (f"    {done} trials, {_clock(elapsed)} elapsed, {left}, best {best}, "
+        return (f"    {done}, {_clock(elapsed)} elapsed, {left}, best {best}, "
                 f"{self.device_s:,.0f} {self.unit}-s measured")
 
     def __getstate__(self):  # Ray Tune pickles its callbacks; an open stream is not picklable
@@ -242,6 +254,7 @@ class Printer:
                   file=out)
             self.header = True
         self.n += 1
+        self.counted += r.get("status") not in FREE
         v = r.get(METRIC) or 0.0
         if r.get("status") == Status.OK and (self.best is None or v > self.best):
             self.best = v
@@ -549,7 +562,7 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
     if store is not None:  # refused before the folder is touched
         _refuse_existing(store, name, args.out, resume)
     folder_free(args.out)
-    if not (resume and store is not None and args.trials is not None and len(store.trials(name)) >= args.trials):
+    if not (resume and store is not None and args.trials is not None and counted(store.trials(name)) >= args.trials):
         # Ray reached (or started) before anything is written: an address where nothing listens is refused here,
         # not after the store, its log and the folder's lock were made (a rerun in that folder was then refused)
         from trainscout.trial.runner import ensure_ray
@@ -612,7 +625,7 @@ def _n(count: int, word: str) -> str:
 def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper) -> dict:
     url = store.url
     done = store.trials(name)
-    remaining = None if args.trials is None else args.trials - len(done)
+    remaining = None if args.trials is None else args.trials - counted(done)
     if remaining is not None and remaining <= 0:
         print(f"search {name}: all {args.trials} trials done; give a larger --trials with --resume to run more",
               file=stream)
@@ -643,7 +656,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     known = [] if done else store_points(args, space, hw, store.measurements(), start)
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
-                             ranker=ranker)
+                             ranker=ranker, target=remaining)
     scheduler = make_scheduler(args.steps)
     if hw["device"] == "cuda":
         concurrent = max(1, int(ray.cluster_resources().get("GPU", 0)) // args.gpus_per_trial)
@@ -669,7 +682,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                    num_samples=remaining if remaining is not None else -1,
+                                    num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
                                     max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
                                     trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=True),  # one trial after another in the same actor process
@@ -678,7 +691,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                                   stop=_interrupt_stopper(keeper.path, keeper.ident), failure_config=tune.FailureConfig(max_failures=0)))
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}), "
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
-          f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
+          f"{counted(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
           f"store {url}", file=stream, flush=True)
     for note in notes:
         print(f"  {note}", file=stream, flush=True)
@@ -689,6 +702,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         tuner.fit()
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
         return {}
+    if searcher.stopped_why:
+        print(f"  {searcher.stopped_why}", file=stream, flush=True)
     summary = summarize(store, name, stream, out=args.out)
     if interrupted():
         summary["interrupted"] = True
@@ -697,29 +712,39 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
 
 def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None,
                  notes: list[str] | None = None) -> list[dict]:
-    """On a GPU, the first trials are the strong defaults a person would set by hand: every searched knob at its
-    default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
-    model predicts to fit in 85 % of the GPU's memory) - and, where compile is searched, the same with compile on
-    (the yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that
-    again with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B
-    shape on an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the
-    cheapest memory saver of the space that makes them fit is added first (fits), and `notes` says which and why."""
-    if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
+    """The first trials, on every device, are the strong defaults a person would set by hand: every searched knob at
+    its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
+    probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
+    CPU the knob's default (auto) or the largest below it that fits the host's memory (a CPU step of a larger one
+    ran past the trial's time limit). On a GPU, where compile is searched, the same with compile on follows (the
+    yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that again
+    with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B shape on
+    an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults
+    do not fit even at the smallest micro-batch, the cheapest memory saver of the space that makes them fit is added
+    first (fits), and `notes` says which and why. A CPU search of a real model (pythia-14m, 3 trials) drew 1 invalid
+    and 2 pruned configurations and measured nothing; `--trials 1 --set micro_batch_size=...` drew random values for
+    the knobs left (eager attention, full checkpointing, FSDP on one GPU)."""
+    if not space.domains:
         return []
     from trainscout.spaces import get
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
     defaults = fits(args, space, hw, calibration, space_defaults(space), notes)
     if defaults is None:
         return []
-    if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
+    sizes = space.domains.get("micro_batch_size")
+    if sizes is None:  # fixed: the defaults as they are
+        point = defaults if _spec_at(args, space, hw, defaults) is not None else None
+    elif gpu and "max" in sizes:  # probed in the trial, from the memory model's estimate up
         point = dict(defaults, micro_batch_size="max")
     else:
         point = _largest_fit(args, space, hw, calibration, defaults)
     if point is None:
         return []
+
     def applicable(p):  # a knob whose requirements do not hold keeps its default (compile_scope without compile)
         return {k: v for k, v in p.items() if get(k).applies(p)}
     compiled = []
-    if True in space.domains.get("compile", ()) and not point["compile"]:
+    if gpu and True in space.domains.get("compile", ()) and not point.get("compile"):
         on = dict(point, compile=True)
         if "compiled" in space.domains.get("loss_kernel", ()):  # the loss too, which per-layer compile leaves out
             on["loss_kernel"] = "compiled"
@@ -754,14 +779,18 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     import psutil
 
     from trainscout.trial import memory
-    sizes = [m for m in space.domains["micro_batch_size"] if m != "max"] or [1]
-    cap, host = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB, host or psutil.virtual_memory().total
+    searched = "micro_batch_size" in space.domains
+    sizes = [m for m in space.domains.get("micro_batch_size", ()) if m != "max"] or [1]
+    smallest = {"micro_batch_size": min(sizes)} if searched else {}  # fixed: as fixed
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
+    host = host or psutil.virtual_memory().total
 
     def need(p: dict) -> tuple[float, str | None] | None:
-        spec = _spec_at(args, space, hw, dict(p, micro_batch_size=min(sizes)))
+        spec = _spec_at(args, space, hw, dict(p, **smallest))
         if spec is None:
             return None
-        return memory.predict(spec, calibration), memory.host_refusal(spec, host, MEMORY_MARGIN)
+        return (memory.predict(spec, calibration) if gpu else 0.0), memory.host_refusal(spec, host, MEMORY_MARGIN)
     first = need(point)
     if first is None or (first[0] <= cap and first[1] is None):
         return point
@@ -776,13 +805,14 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
                      + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
         if got[0] <= cap and got[1] is None:
             if notes is not None:
-                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} (predicted "
-                             f"{first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of {hw['gpu_memory_gib']:.0f} GiB"
-                             f"{'; ' + first[1] if first[1] else ''}): the start point adds "
+                over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
+                        f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
+                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}): the start point adds "
                              + " ".join(f"{k}={fmt(v)}" for k, v in saver.items()))
             return dict(point, **saver)
     if notes is not None:
-        notes.append(f"no start point: the defaults need {first[0] / memory.GiB:.1f} GiB at micro-batch {min(sizes)} "
+        need_text = f"{first[0] / memory.GiB:.1f} GiB" if gpu else f"more than the host has ({first[1]})"
+        notes.append(f"no start point: the defaults need {need_text} at micro-batch {min(sizes)} "
                      f"and no memory saver of the space fits ({'; '.join(tried) or 'the space has none'})")
     return None
 
@@ -825,23 +855,36 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     return out
 
 
-def _spec_at(args: SearchArgs, space: Space, hw: dict, point: dict) -> TrialSpec | None:
-    """The trial a start point means, as the sampler would build it (None: this model refuses it)."""
+def _spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -> TrialSpec | None:
+    """The trial a start point means, as the sampler would build it, with `override` set over it (None: this model
+    refuses it)."""
     import optuna
     try:
-        return prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
-                       hw=hw, **args.recipe)
+        settings = dict(space.sample(optuna.trial.FixedTrial(point)), **override)
+        return prepare(args.model, settings, workers=args.gpus_per_trial, hw=hw, **args.recipe)
     except ConfigError:
         return None
 
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
-    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU (None: none)."""
+    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU; on the CPU,
+    at the largest no larger than the knob's default (auto) that fits the host's memory (None: none)."""
+    import psutil
+
     from trainscout.trial import memory
-    for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    sizes = sorted((m for m in space.domains["micro_batch_size"] if m != "max"), reverse=True)
+    if not gpu:
+        auto = _spec_at(args, space, hw, dict(defaults, micro_batch_size=min(sizes)), micro_batch_size="auto")
+        sizes = [m for m in sizes if auto is None or m <= auto.plan["micro_batch_size"]]
+    for mbs in sizes:
         point = dict(defaults, micro_batch_size=mbs)
         spec = _spec_at(args, space, hw, point)
-        if spec is not None and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
+        if spec is None:
+            continue
+        if gpu and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
+            return point
+        if not gpu and memory.host_refusal(spec, psutil.virtual_memory().total, MEMORY_MARGIN) is None:
             return point
     return None
 
@@ -933,7 +976,7 @@ def space_knobs():
 
 
 def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] | None = None, seed: int = 0,
-                  ranker=None):
+                  ranker=None, target: int | None = None):
     """Ray Tune's OptunaSearch on the study `name`, handing Tune only configurations the study has not measured nor
     is measuring. A resumed sampler starts its seed's draws again (a 4-trial search, killed and resumed, ended with
     2 distinct configurations), and TPE proposes its best again and again (skipping such a draw does not move it:
@@ -942,8 +985,14 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
     attribute "explore"); where none is found (a space measured in full) the repeat runs, and the store answers it.
     Each Optuna trial carries its Tune trial's id (TUNE_ID): a resume matches one left RUNNING to the store's row.
     With a ranker (make_ranker), once the start points are drawn its proposal comes before the sampler's (enqueued,
-    user attribute "ranked" saying why) while it has one."""
+    user attribute "ranked" saying why) while it has one.
+
+    target: the trials this run adds toward --trials (None: until the time budget). Tune asks for trials without a
+    count (num_samples=-1) and the searcher ends the run once `target` trials that count have ended: a draw refused
+    or pruned before it runs (FREE) costs no device time and is replaced; FREE_RUN of them in a row end the drawing
+    (stopped_why says so)."""
     import optuna
+    from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
     size = math.prod(len(v) for v in space.domains.values())  # at least the number of distinct configurations
@@ -961,11 +1010,22 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
         return None
 
     class DistinctOptunaSearch(OptunaSearch):
+        counted, free_run, in_flight, stopped_why = 0, 0, set(), None
+
         def suggest(self, trial_id):
             if store_failure() is not None:
                 return None  # the store failed: nothing more is drawn (the stopper ends the run)
+            if target is not None and (self.counted >= target or self.free_run >= FREE_RUN):
+                return Searcher.FINISHED
+            if target is not None and self.counted + len(self.in_flight) >= target:
+                return None  # the running trials may end the search; ask again when one ends
+            if self.free_run >= FREE_RUN:
+                return Searcher.FINISHED
             try:
-                return self._suggest(trial_id)
+                config = self._suggest(trial_id)
+                if isinstance(config, dict):
+                    self.in_flight.add(trial_id)
+                return config
             except Exception as e:  # noqa: BLE001 - a storage failure stops the search, in one line (run_search)
                 if (why := guard.failure_of(e)) is None:
                     raise
@@ -999,6 +1059,16 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
         def on_trial_complete(self, trial_id, result=None, error=False):
             if (result or {}).get("store_failed") or store_failure() is not None:
                 return  # left RUNNING in the study: a resume settles it from the store's rows
+            if trial_id in self.in_flight:
+                self.in_flight.discard(trial_id)
+                if not error and (result or {}).get("status") in FREE:
+                    self.free_run += 1
+                    if self.free_run == FREE_RUN:
+                        self.stopped_why = (f"stopped drawing: the last {FREE_RUN} draws were refused or pruned before "
+                                            "running (see their reasons in the table): narrow the space with --set "
+                                            "or --space")
+                else:
+                    self.counted, self.free_run = self.counted + 1, 0
             try:
                 self._complete(trial_id, result, error)
             except Exception as e:  # noqa: BLE001
@@ -1070,7 +1140,10 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
                           if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
                "overhead_s": overhead}
-    print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)
+    free = len(trials) - counted(trials)
+    print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
+          + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
+          file=stream)
     if overhead:
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "

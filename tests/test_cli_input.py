@@ -121,12 +121,13 @@ def test_quiet_and_verbose_together_are_refused(capsys):
 
 
 def finished_search(tmp_path) -> str:
-    """A saved search whose 4 trials are done (a resume runs nothing, starts no Ray): 3 refused, 1 crashed."""
+    """A saved search whose 4 trials are done (a resume runs nothing, starts no Ray): 3 out of memory, 1 crashed
+    (trials refused or pruned before running would not count toward --trials)."""
     out, _ = saved_search(tmp_path)
     store = Store(default_url(out))
     for i in range(3):
-        store.add_trial("s", f"t{i}", None, "invalid", False, 0.0, {"micro_batch_size": i},
-                        error="refused: " + "because " * 30 + "the end")
+        store.add_trial("s", f"t{i}", None, "oom", False, 0.0, {"micro_batch_size": i},
+                        error="out of memory: " + "because " * 30 + "the end")
     crash = Record(model="tiny", config={"micro_batch_size": 4}, status="crash", device="cpu", world_size=1,
                    error="RuntimeError: boom", stderr_tail="[rank0.err] Traceback ...\nRuntimeError: boom")
     store.put("c" * 32, crash)
@@ -138,7 +139,7 @@ def test_quiet_search_prints_the_summary_alone(tmp_path, capsys):
     out = finished_search(tmp_path)
     assert main(["search", "--resume", out]) == 0
     loud = capsys.readouterr().out
-    assert "all 4 trials done" in loud and "4 trials: 1 crash, 3 invalid" in loud
+    assert "all 4 trials done" in loud and "4 trials: 1 crash, 3 oom" in loud
     assert main(["-q", "search", "--resume", out]) == 0
     cap = capsys.readouterr()
     assert cap.out == loud[loud.index("\n4 trials:"):] and cap.err == ""  # the summary, as a search prints it
@@ -349,11 +350,16 @@ def test_resume_of_a_finished_search_runs_nothing_and_json_is_alone_on_stdout(tm
     out, args = saved_search(tmp_path)
     store = Store(default_url(out))
     for i in range(4):
-        store.add_trial("s", f"t{i}", None, "invalid", False, 0.0, {"micro_batch_size": i}, error="refused")
+        store.add_trial("s", f"t{i}", None, "timeout", False, 0.0, {"micro_batch_size": i}, error="too slow")
     assert main(["search", "--resume", out, "--json"]) == 0
     cap = capsys.readouterr()
     assert json.loads(cap.out)["trials"] == 4  # nothing but the JSON on stdout
-    assert "all 4 trials done" in cap.err and "4 trials: 4 invalid" in cap.err
+    assert "all 4 trials done" in cap.err and "4 trials: 4 timeout" in cap.err
+    # refused and pruned trials do not count toward --trials: these 4 leave 3 to go
+    for i, status in enumerate(("invalid", "pruned", "invalid")):
+        store.add_trial("s2", f"u{i}", None, status, False, 0.0, {}, error="refused")
+    store.add_trial("s2", "u3", None, "ok", False, 1.0, {})
+    assert service.counted(store.trials("s2")) == 1
 
 
 # --- one search per folder at a time ---------------------------------------------------------------------------
@@ -542,10 +548,11 @@ def test_the_live_table_shows_why_a_trial_did_not_run(capsys):
     header, invalid, progress1, ok, progress2 = cap.err.splitlines()
     assert "invalid" in invalid and "(offload_params=true needs zero_stage=3 (got 0): set zero_stage=3" in invalid
     assert "second line" not in cap.err and ok.endswith("activation_checkpointing=full")  # no reason for an ok trial
-    # the progress line after each row: done/total, elapsed, ETA from the pace so far, best, device-seconds held
-    assert progress1.split() == ["1/4", "trials,", "1m00s", "elapsed,", "ETA", "3m00s,", "best", "-,", "0", "GPU-s",
-                                 "measured"]
-    assert "2/4 trials" in progress2 and "ETA 1m00s" in progress2 and "best 100 tok/s" in progress2
+    # the progress line after each row: done/total (a trial refused before running does not count toward --trials),
+    # elapsed, ETA from the pace so far, best, device-seconds held
+    assert progress1.split() == ["0/4", "trials", "(+1", "refused", "or", "pruned", "before", "running,", "not",
+                                 "counted),", "1m00s", "elapsed,", "ETA", "-,", "best", "-,", "0", "GPU-s", "measured"]
+    assert "1/4 trials (+1 refused" in progress2 and "ETA 3m00s" in progress2 and "best 100 tok/s" in progress2
     assert "40 GPU-s measured" in progress2  # 20 s x 2 ranks
 
 

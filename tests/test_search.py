@@ -182,7 +182,13 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
             for m in (4, 8, 16, 32, 64)}
     assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
-    assert start_points(args, space, dict(hw, device="cpu"), None) == []  # the CPU: TPE alone
+    cpu = dict(hw, device="cpu")  # the CPU: the defaults first too, at the knob's own micro-batch (auto: <= 8)
+    [on_cpu] = start_points(args, Space(space.fixed, dict(space.domains, micro_batch_size=(1, 2, 4, 8, 16, 32))), cpu,
+                            None)
+    import psutil
+    host_fits = [m for m in (1, 2, 4, 8) if memory.host_refusal(prepare("pythia-410m", dict(point, micro_batch_size=m),
+                                                                        hw=cpu), psutil.virtual_memory().total) is None]
+    assert on_cpu == dict(point, micro_batch_size=max(host_fits), compile=False)  # the largest <= 8 the host holds
     # a GPU with FP8 tensor cores (compute capability 9.0) and torchao installed: FP8 matmuls on the compiled point
     pytest.importorskip("torchao")
     from trainscout.trial.runner import context
@@ -240,3 +246,57 @@ def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_g
     assert all(first[k] == best.config[k] for k in first if k in best.config and k != "micro_batch_size")  # its knobs
     assert store_points(args, space, dict(hw, gpu="NVIDIA A100"), grid, have) == []  # another GPU kind: none
     assert store_points(SearchArgs(model="pythia-160m", out=str(tmp_path)), space, hw, grid, have) == []  # own model
+
+
+# --- what counts toward --trials; the start point on every device (issue 30) --------------------------------------
+def test_draws_refused_or_pruned_before_running_do_not_use_up_the_trials(tmp_path, ray_local):
+    """The real Ray Tune + Optuna around a trainable that refuses half the space (invalid) and prunes a quarter: a
+    search of --trials 2 ends after exactly 2 trials that ran, however many free draws came between (a CPU search
+    of pythia-14m, 3 trials, ran 1 invalid and 2 pruned draws and measured nothing). Where every draw is refused,
+    the search stops after FREE_RUN of them in a row and says so."""
+    from ray import tune
+
+    from trainscout.search import service
+    ctx = Context(world_size=1, device="cpu", num_layers=2, global_batch=16)
+    space = Space.build({"precision": ["fp32", "bf16-mixed"], "attention": ["eager", "sdpa"],
+                         "activation_checkpointing": ["none", "full"]}, {}, ctx)
+    space = Space(space.fixed, {k: v for k, v in space.domains.items()
+                                if k in ("precision", "attention", "activation_checkpointing")})
+
+    def outcome(config, refuse_all=False):
+        if refuse_all or config["attention"] == "eager":
+            return "invalid"
+        return "pruned" if config["activation_checkpointing"] == "full" and config["precision"] == "fp32" else "ok"
+
+    def trainable(config, refuse_all=False):
+        status = outcome(config, refuse_all)
+        tune.report({"tokens_per_s": 100.0 if status == "ok" else 0.0, "status": status})
+
+    for refuse_all, want in ((False, 2), (True, 0)):
+        storage = f"sqlite:///{tmp_path}/s{int(refuse_all)}.db"
+        searcher = service.make_searcher(space, f"s{int(refuse_all)}", optuna.storages.RDBStorage(storage),
+                                         make_sampler(0, 2), seed=0, target=2)
+        tuner = tune.Tuner(tune.with_parameters(trainable, refuse_all=refuse_all), tune_config=tune.TuneConfig(
+            search_alg=searcher, num_samples=-1, max_concurrent_trials=1),
+            run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0))
+        results = tuner.fit()
+        statuses = [r.metrics["status"] for r in results]
+        assert statuses.count("ok") == want and len(statuses) > want, statuses
+        if refuse_all:
+            assert len(statuses) == service.FREE_RUN and "last 30 draws were refused or pruned" in searcher.stopped_why
+        else:
+            assert searcher.stopped_why is None and statuses[-1] == "ok"  # it ended at the second that ran
+
+
+def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_path):
+    """`search --trials 1 --set ...` on the CPU runs the start point: the knobs given as given, every other searched
+    knob at its default (it drew random values for them: eager attention, full checkpointing, FSDP on one GPU)."""
+    out = tmp_path / "start"
+    res = subprocess.run(search_cli(out, "--trials", "1", "--seed", "7", "--set", "precision=fp32",
+                                    "--set", "micro_batch_size=4"), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [t] = store_of(out).trials("start")
+    defaults = {k.name: k.default for k in all_knobs()}
+    given = {"precision": "fp32", "micro_batch_size": 4, "compile": False, "loss_kernel": "eager", "zero_stage": 0,
+             "tf32": True, "attention": "sdpa"}
+    assert t["status"] in ("ok", "stopped") and t["config"] == dict(defaults, **given), t["config"]

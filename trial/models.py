@@ -282,20 +282,18 @@ def _check_builds(path: str, hf) -> None:
                                      "attention sees later tokens (an encoder, is_decoder false): give a decoder's "
                                      "config.json, or set \"is_decoder\": true to train it as one")
     _BUILT[key] = None
+    _ATTENTIONS[key] = frozenset({"eager"} | {knob for knob, flag in (("sdpa", "_supports_sdpa"),
+                                                                      ("flash", "_supports_flash_attn"))
+                                              if getattr(cls, flag, True) is not False})
 
 
-def model_attentions(config: dict) -> frozenset[str]:
-    """The attention knob's values the model's transformers class implements: eager always; sdpa and flash where
-    the class says so (_supports_sdpa, _supports_flash_attn). BLOOM, Gemma-2, Mamba: eager alone (Gemma-2: and
-    flash), in transformers 5.24."""
-    key = json.dumps(config, sort_keys=True, default=repr)
-    if key not in _ATTENTIONS:
-        from transformers import AutoModelForCausalLM
-        cls = AutoModelForCausalLM._model_mapping[type(hf_config(config))]
-        _ATTENTIONS[key] = frozenset({"eager"} | {knob for knob, flag in (("sdpa", "_supports_sdpa"),
-                                                                          ("flash", "_supports_flash_attn"))
-                                                  if getattr(cls, flag, True) is not False})
-    return _ATTENTIONS[key]
+def model_attentions(config: dict) -> frozenset[str] | None:
+    """The attention knob's values the model's transformers class implements, as _check_builds read them from the
+    class of a config.json it checked in this process (eager always; sdpa and flash where the class says so:
+    _supports_sdpa, _supports_flash_attn; BLOOM, Gemma-2, Mamba: eager alone, Gemma-2 and flash, in transformers
+    5.24). None for a config not checked here (a built-in GPT-NeoX, which has them all, or a stored record's,
+    checked when it was measured): importing a modeling class costs 2-4 s and torchao's import warnings on stderr."""
+    return _ATTENTIONS.get(json.dumps(config, sort_keys=True, default=repr))
 
 
 _ATTENTIONS: dict[str, frozenset] = {}

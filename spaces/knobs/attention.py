@@ -7,7 +7,7 @@ _noted: set[str] = set()
 
 
 def _attentions(ctx) -> frozenset | None:
-    """The attention values the context's model implements (None: no model to ask)."""
+    """The attention values the context's model implements (None: not known here, trial.models.model_attentions)."""
     if not ctx.model_config or "model_type" not in ctx.model_config:
         return None
     from trainscout.trial.models import model_attentions
