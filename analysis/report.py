@@ -24,7 +24,7 @@ import pandas as pd
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
 from trainscout.trial.status import Status
 
-from . import cost, table
+from . import cost, table, ties
 
 if TYPE_CHECKING:
     from trainscout.trial.records import Record
@@ -58,6 +58,7 @@ class Analysis:
     importance: list[dict]           # per search: PED-ANOVA importances of the knobs it searched
     varied: list[str]                # knobs with more than one value in the store
     searched: bool = True            # False: a store of measurements only (one row per measurement, no search)
+    tie: object = None               # analysis.ties.Choice: the best, and what is within its measured noise
     generated: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -90,7 +91,21 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     return Analysis(source=str(source if isinstance(source, str) else getattr(source, "url", source)), df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
-                    varied=varied, searched=searched)
+                    varied=varied, searched=searched, tie=ties.choose(list(records.values())))
+
+
+def _tied_keys(a: Analysis) -> set:
+    """The keys of the configurations within the measured noise of the fastest (empty: no tie)."""
+    return {r.key for r in a.tie.tied} if a.tie is not None and len(a.tie.tied) > 1 else set()
+
+
+def tie_text(a: Analysis) -> str:
+    """One sentence on the tie at the top (analysis.ties): which is the best, and why."""
+    c = a.tie
+    if c.is_tie:
+        return c.line()[0].upper() + c.line()[1:] + "."
+    return (f"The fastest, {c.fastest.key[:12]}, is also the simplest of the {len(c.tied)} configurations within the "
+            f"measured noise ({c.noise:.1%}) of it, marked (tie): it is the best (rule: README, ties).")
 
 
 def _first_line(text: str, limit: int = 300) -> str:
@@ -266,11 +281,15 @@ def summary(a: Analysis, top: int = 5) -> str:
     if len(a.best):
         lines.append("best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
                      "the GPUs and machines):")
+        tied = _tied_keys(a)
         for i, r in a.best.head(top).iterrows():
-            lines.append(f"  #{i + 1} {num(r['tokens_per_s'])} tokens/s  MFU {num(r['mfu'], '.3f')}  "
+            lines.append(f"  #{i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
+                         f"MFU {num(r['mfu'], '.3f')}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
                          f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]")
+        if tied:
+            lines.append(f"  {tie_text(a)}")
     else:
         lines.append("no trial ran to the end: nothing to rank (see what failed below)")
     if len(a.hardware) > 1:
@@ -940,12 +959,16 @@ def render_html(a: Analysis) -> str:
 
     out.append("<h2>Best configurations</h2>")
     if len(b):
-        rows = [[str(i + 1), num(r["tokens_per_s"]), num(r["mfu"], ".3f"), num(r["peak_memory_gib"], ".2f"),
+        tied = _tied_keys(a)
+        rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else ""), num(r["tokens_per_s"]), num(r["mfu"], ".3f"),
+                 num(r["peak_memory_gib"], ".2f"),
                  days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]), _e(f"{r['model']} on {where(r)}"),
                  f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
                 for i, r in b.head(TOP).iterrows()]
         out.append(_table(["#", "tokens/s", "MFU", "GiB/rank", "days", "rent", "box", "model / hardware",
                            "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 3, 4, 5, 6}))
+        if tied:
+            out.append(f"<p class=\"note\"><b>{_e(tie_text(a))}</b></p>")
         out.append("<p class=\"note\">days: the recipe's full run projected from the measured optimizer step. rent: "
                    "days × 24 × $/GPU-hour × GPUs. box: buying the GPUs and the machines that hold them. MFU: "
                    "against the GPU's bf16 dense peak (n/a on a CPU). Export one with "

@@ -61,13 +61,14 @@ def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, cr
 
 
 def measurement(source: str, key: str | None = None, best: bool = False) -> Record:
-    """One stored record: by key (a prefix is enough), or the fastest ok one."""
+    """One stored record: by key (a prefix is enough), or the best ok one (the fastest, or the simplest of those
+    within its measured noise: analysis.ties)."""
     store = store_of(source) if isinstance(source, str) else source
-    ok = [m for m in store.measurements() if m.ok]
     if best:
-        if not ok:
+        choice = best_choice(store)
+        if choice is None:
             raise ConfigError("--best", "no successful measurement in this store: run a search first")
-        return max(ok, key=lambda m: m.metrics["tokens_per_s"])
+        return choice.best
     hits = [m for m in store.measurements() if key and m.key.startswith(key)]
     if len(hits) != 1:
         raise ConfigError("--trial", f"--trial {key}: {'no' if not hits else 'more than one'} measurement matches: "
@@ -75,6 +76,13 @@ def measurement(source: str, key: str | None = None, best: bool = False) -> Reco
     if not hits[0].ok:
         raise ConfigError("--trial", f"--trial {key} ended {hits[0].status}: export a measurement that ran")
     return hits[0]
+
+
+def best_choice(source):
+    """analysis.ties.choose over a store's measurements: the best, the fastest, and the tie between them."""
+    from .ties import choose
+    store = store_of(source) if isinstance(source, str) else source
+    return choose(store.measurements())
 
 
 def dumps(df: pd.DataFrame) -> str:

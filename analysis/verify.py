@@ -56,7 +56,8 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
 def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout: float | None) -> dict:
     """The export of `rec` run by analysis/hf_run.py in a stock HF Trainer, in its own process(es)."""
     from .export import export
-    folder = os.path.join(source if os.path.isdir(source) else tempfile.mkdtemp(), f"verify-{runner}-{rec.key[:12]}")
+    folder = os.path.abspath(os.path.join(source if os.path.isdir(source) else tempfile.mkdtemp(),
+                                          f"verify-{runner}-{rec.key[:12]}"))
     try:
         export(rec, folder, ("hf", "accelerate"))
     except ConfigError as e:
@@ -70,7 +71,8 @@ def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout:
            "projected_step_s": projected["step_s"], "export": folder, "command": " ".join([sys.executable, *cmd])}
     limit = timeout or max(900.0, 30 * steps * projected["step_s"])
     try:
-        done = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=limit)
+        # from the export folder, as its launch line says (accelerate.yaml names deepspeed.json relative to it)
+        done = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=limit, cwd=folder)
     except subprocess.TimeoutExpired:
         return out | {"status": "timeout", "error": f"the Trainer did not finish in {limit:.0f} s"}
     if done.returncode != 0 or not os.path.exists(row):
@@ -80,9 +82,8 @@ def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout:
         r = json.load(f)
     if r["world_size"] != rec.world_size:  # another global batch: the step times do not compare
         return out | {"status": "invalid", "world_size": r["world_size"],
-                      "error": f"the Trainer ran on {r['world_size']} rank(s), the measurement on {rec.world_size} "
-                               "(accelerate launch starts one process on the CPU without mpirun): verify on the "
-                               "measured ranks, or --runner trainscout"}
+                      "error": f"the Trainer ran on {r['world_size']} rank(s), the measurement on {rec.world_size}: "
+                               "verify on the measured ranks, or --runner trainscout"}
     return out | {"status": "ok", "error": None, "measured_step_s": r["step_s"], "mean_step_s": r["mean_step_s"],
                   "ratio": r["step_s"] / projected["step_s"], "projected_tokens_per_s": projected["tokens_per_s"],
                   "measured_tokens_per_s": r["tokens_per_s"], "loss": r["loss"], "world_size": r["world_size"],

@@ -479,7 +479,7 @@ INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a tr
 
 def cmd_results(a) -> int:
     """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
-    from trainscout.analysis.table import METRICS, dumps, load_resolved, store_of
+    from trainscout.analysis.table import METRICS, best_choice, dumps, load_resolved, store_of
     from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
         if a.import_file:
@@ -495,7 +495,8 @@ def cmd_results(a) -> int:
         else:
             print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
         return 0
-    df = load_resolved(store_of(a.source))  # a store of measurements alone too (a grid, an import)
+    store = store_of(a.source)
+    df = load_resolved(store)  # a store of measurements alone too (a grid, an import)
     for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
         vals = df[col].dropna()
         if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \
@@ -519,13 +520,18 @@ def cmd_results(a) -> int:
         width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
         df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
         print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
+        choice = best_choice(store)
+        if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
+            print(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
+                  f" (the fastest and the simplest of {len(choice.tied)} within the measured noise "
+                  f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"))
     return 0
 
 
 def cmd_export(a) -> int:
     """`trainscout export`: write a measured configuration's files; prints each path, then what was not exported."""
     from trainscout.analysis.export import FORMATS, export
-    from trainscout.analysis.table import measurement, store_of
+    from trainscout.analysis.table import best_choice, measurement, store_of
     if bool(a.trial) == bool(a.best):
         raise ConfigError("--best", "give --best or --trial KEY (one of them)")
     out_folder("--out", a.out)
@@ -534,10 +540,20 @@ def cmd_export(a) -> int:
     rec = measurement(store, key=a.trial, best=a.best)
     for path in export(rec, a.out, formats, measurements=store.measurements()):
         print(path)
+    if a.best and (tie := best_choice(store).line()):
+        print(f"note: {tie}")
     with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
         exported = json.load(f)
     for fmt, why in exported["not_exported"].items():
         print(f"not exported: {fmt}: {why}")
+    how = exported["launch"]
+    print(f"launch (from {a.out}): {how['command']}" + (f"   or ./launch.sh (trainscout train)" if "command" in formats
+                                                         and how["launcher"] != "trainscout" else ""))
+    if "hf" in formats and "hf" not in exported["not_exported"]:
+        with open(os.path.join(a.out, "training_args.json"), encoding="utf-8") as f:
+            version = json.load(f).get("transformers_version")
+        print(f"training_args.json was written for transformers {version}: load it with "
+              f"trainscout.runtime.hf.training_arguments({a.out!r}), which adapts it to the installed version")
     for note in exported.get("notes", []):
         print(f"note: {note}")
     if exported["hook"] and "hf" in formats:

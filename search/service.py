@@ -1125,21 +1125,31 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
     for t in trials:
         by_status[t["status"]] = by_status.get(t["status"], 0) + 1
     best = []
-    seen = set()
+    seen, records = set(), []
     for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
         if t["key"] in seen:
             continue
         seen.add(t["key"])
         rec = store.get(t["key"])
+        rec.key = t["key"]
+        records.append(rec)
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
+    # the best: the fastest, or the simplest of those within its measured noise (analysis.ties; rule: README)
+    from trainscout.analysis.ties import choose
+    choice = choose(records)
+    if choice is not None and choice.is_tie:
+        best.sort(key=lambda b: b["key"] != choice.best.key)  # the chosen first, the others fastest first
+    tie = None if choice is None or len(choice.tied) < 2 else {
+        "best": choice.best.key, "fastest": choice.fastest.key, "tied": [r.key for r in choice.tied],
+        "noise": choice.noise, "why": choice.line()}
     # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
     # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
     overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0)
                 for r in (store.get(t["key"]) for t in trials
                           if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
-               "overhead_s": overhead}
+               "overhead_s": overhead, "tie": tie}
     free = len(trials) - counted(trials)
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
           + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
@@ -1148,10 +1158,16 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
               f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
+    tied = set(tie["tied"]) if tie else set()
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
-        print(f"best #{i}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
+        mark = " (tie)" if b["key"] in tied else ""
+        print(f"best #{i}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
               f"{_days(b['projected_days'])} for the recipe\n         {cfg}", file=stream)
+    if tie:
+        why = tie["why"] or (f"the fastest is also the simplest of the {len(tied)} configurations within the measured "
+                             f"noise ({tie['noise']:.1%}) of it, marked (tie): it is the best (rule: README, ties)")
+        print(f"  {why}", file=stream)
     print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
     return summary
