@@ -73,7 +73,10 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
                                  "`trainscout results DIR --import FILE`) first, then report")
     searched = bool(df["search"].notna().any())
     df = cost.with_costs(df.assign(search=df["search"].fillna(NO_SEARCH)), prices)
-    df.insert(0, "n", range(1, len(df) + 1))  # the trial's number in the report: its row in the trial table
+    # the trial's number in the report: its Optuna trial number (the live table's and optuna-dashboard's; the report
+    # said #4 for Optuna's 3), else its row from 0; rows keep their own anchor ("row")
+    df.insert(0, "row", range(len(df)))
+    df.insert(0, "n", [int(n) if not _na(n) else i for i, n in enumerate(df["number"])])
     records = {m.key: m for m in store.measurements()}
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
@@ -1163,7 +1166,7 @@ def trial_table(a: Analysis) -> str:
                  _e(gpu_s_text(r)), f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>",
                  f"<code>{_e(str(r['key'])[:12]) if isinstance(r['key'], str) else '—'}</code>",
                  f"<code>{_e(cmd)}</code>" if cmd else "—"]
-        body.append(f"<tr id=\"trial-{r['n']}\">" + "".join(
+        body.append(f"<tr id=\"trial-{r['row']}\">" + "".join(
             f"<td class=\"n\">{c}</td>" if h in ("#", "tokens/s", "micro-batch", "accum") or h.endswith("-s")
             else f"<td>{c}</td>" for h, c in zip(head, cells)) + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"

@@ -455,6 +455,9 @@ def cmd_search(a) -> int:
             print_failures(store, summary["search"], out)
     if a.json:
         print(json.dumps(summary))
+    if summary.get("none_why"):  # exit 0 means it did what was asked: a run that ended no trial did not
+        print(f"trainscout: error: this run of {summary['search']} ended no trial: {summary['none_why']}", file=sys.stderr)
+        return EXIT_FAILED
     if summary.get("interrupted"):
         n = summary["trials"]
         print(f"trainscout: interrupted: {n} trial{'s' if n != 1 else ''} ended and {'are' if n != 1 else 'is'} kept "

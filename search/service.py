@@ -43,6 +43,9 @@ FREE = (Status.INVALID, Status.PRUNED)
 FREE_RUN = 30
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
+# Tune trial id -> its Optuna trial's number, for the live table: one numbering everywhere (the live table, the
+# report, optuna-dashboard), Optuna's (the report said #4 for Optuna's number 3)
+_NUMBERS: dict[str, int] = {}
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
 SEED_RANGE = 2**32  # numpy's, which Optuna's samplers seed
 
@@ -265,7 +268,7 @@ class Printer:
         status = r.get("status", "?") + ("*" if r.get("cached") else "")
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks
-        print(f"{self.n:>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
+        print(f"{_NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
               f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
         print(self.progress(), file=out, flush=True)
 
@@ -702,11 +705,17 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         tuner.fit()
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
         return {}
+    recover_interrupted(ostorage, name, store)  # Ctrl-C or the time budget ended a trial Tune did not report
     if searcher.stopped_why:
         print(f"  {searcher.stopped_why}", file=stream, flush=True)
     summary = summarize(store, name, stream, out=args.out)
     if interrupted():
         summary["interrupted"] = True
+    summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
+    if summary["ran"] == 0 and not interrupted():
+        summary["none_why"] = (f"the time budget ({_clock(args.time_budget_s)}) ran out before a trial ended (the "
+                               "first trial of a run starts its worker processes): give a longer --time-budget"
+                               if args.time_budget_s else searcher.stopped_why or "the searcher proposed no trial")
     return summary
 
 
@@ -994,7 +1003,7 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
     import optuna
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
     size = math.prod(len(v) for v in space.domains.values())  # at least the number of distinct configurations
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))  # in memory: random draws
 
@@ -1011,6 +1020,19 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
 
     class DistinctOptunaSearch(OptunaSearch):
         counted, free_run, in_flight, stopped_why = 0, 0, set(), None
+        reported: dict  # Tune trial id -> the last step told to Optuna as an intermediate value
+
+        def on_trial_result(self, trial_id, result):
+            if store_failure() is not None:
+                return
+            try:
+                super().on_trial_result(trial_id, result)
+                self.reported = getattr(self, "reported", None) or {}
+                self.reported[trial_id] = result.get("training_iteration")
+            except Exception as e:  # noqa: BLE001
+                if (why := guard.failure_of(e)) is None:
+                    raise
+                store_failed(why)
 
         def suggest(self, trial_id):
             if store_failure() is not None:
@@ -1042,18 +1064,23 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
             config = super().suggest(trial_id)
             drawn = self._ot_trials[trial_id]
             drawn.set_user_attr(TUNE_ID, trial_id)
+            _NUMBERS[trial_id] = drawn.number
             others = [t for t in self._ot_study.get_trials(deepcopy=False, states=states) if t.number != drawn.number]
             twin = next((t for t in others if t.params == drawn.params), None)
             measured = {key(t.params) for t in others}
             fresh = unmeasured(measured) if twin is not None and len(measured) < size else None
             if fresh is None:
                 return config
+            # PRUNED, not FAIL: nothing failed (the dashboard showed a failure), and TPE, which ignores a FAIL and so
+            # proposed the same configuration again, counts a pruned trial among the worse ones
             drawn.set_user_attr("skipped", f"a draw of trial {twin.number}'s configuration again")
-            self._ot_study.tell(drawn, state=optuna.trial.TrialState.FAIL)
+            drawn.set_user_attr("status", "skipped")
+            self._ot_study.tell(drawn, state=optuna.trial.TrialState.PRUNED)
             del self._ot_trials[trial_id]
             self._ot_study.enqueue_trial(fresh, user_attrs={"explore": f"instead of trial {drawn.number}'s draw"})
             config = super().suggest(trial_id)
             self._ot_trials[trial_id].set_user_attr(TUNE_ID, trial_id)
+            _NUMBERS[trial_id] = self._ot_trials[trial_id].number
             return config
 
         def on_trial_complete(self, trial_id, result=None, error=False):
@@ -1083,16 +1110,33 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
                 for k, v in attrs.items():
                     drawn.set_user_attr(k, v)
                 set_constraint(drawn, attrs)
+                if attrs["status"] == Status.STOPPED:  # ASHA stopped it (or stopped it before): PRUNED, with each
+                    # reported step as an intermediate value (OptunaSearch.on_trial_result), the last its value;
+                    # Tune hands the step ASHA stopped it at to on_trial_complete alone
+                    step = result.get("training_iteration")
+                    if step is not None and (getattr(self, "reported", None) or {}).get(trial_id) != step:
+                        drawn.report(result.get(METRIC) or 0.0, step)
+                    self._ot_study.tell(drawn, state=optuna.trial.TrialState.PRUNED)
+                    self._completed_trials.add(trial_id)
+                    return
             super().on_trial_complete(trial_id, result, error)
 
-    return DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
-                                storage=ostorage, points_to_evaluate=start or None)
+    searcher = DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
+                                    storage=ostorage, points_to_evaluate=start or None)
+    # the objective's name, for optuna-dashboard ("Objective 0" before) and any tool reading the study
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        searcher._ot_study.set_metric_names([METRIC])
+    return searcher
 
 
 def recover_interrupted(ostorage, name: str, store: Store) -> int:
-    """Optuna trials left RUNNING by a driver that was killed or interrupted: one whose Tune trial the store holds
-    (it finished; only the driver's report to Optuna was lost) is completed with the stored value, so the sampler
-    knows it was measured; any other is marked FAIL (its measurement was lost). Returns the study's trial count."""
+    """Optuna trials left RUNNING (a driver killed, interrupted, or ended by its time budget while a trial ran or
+    was about to): one whose Tune trial the store holds (it finished; only the report to Optuna was lost) is told
+    its stored outcome (COMPLETE with its value; PRUNED where ASHA or the stop ended it), so the sampler knows it
+    was measured; one with reported steps and no row was stopped mid-run: PRUNED at its last step; any other never
+    ran, or its measurement was lost: FAIL, with the user attribute status "not run". Run on every resume and after
+    every run, so no trial stays RUNNING. Returns the study's trial count."""
     import optuna
     try:
         study = optuna.load_study(study_name=name, storage=ostorage)
@@ -1106,8 +1150,20 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
             for k, v in attrs.items():
                 ostorage.set_trial_user_attr(t._trial_id, k, v)
             set_constraint(optuna.trial.Trial(study, t._trial_id), attrs)
-            ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
+            if attrs["status"] == Status.STOPPED:
+                if not t.intermediate_values:
+                    ostorage.set_trial_intermediate_value(t._trial_id, 1, row["tokens_per_s"] or 0.0)
+                ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.PRUNED,
+                                                [row["tokens_per_s"] or 0.0])
+            else:
+                ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE,
+                                                [row["tokens_per_s"] or 0.0])
+        elif t.intermediate_values:
+            ostorage.set_trial_user_attr(t._trial_id, "status", str(Status.STOPPED))
+            ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.PRUNED,
+                                            [t.intermediate_values[max(t.intermediate_values)]])
         else:
+            ostorage.set_trial_user_attr(t._trial_id, "status", "not run")
             ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
     return len(study.trials)
 

@@ -322,3 +322,21 @@ def test_a_tie_within_the_measured_noise_goes_to_the_simplest_and_is_shown(tmp_p
     text = capsys.readouterr().out
     assert "#1 (tie)" in text and "#2 (tie)" in text and "The best is the simplest of 2" in text
     assert "The best is the simplest of 2" in (out / "report.html").read_text()
+
+
+def test_load_gives_each_column_the_same_dtype_in_every_store(store_dir, tmp_path):
+    """mfu was object dtype on a CPU store (None throughout: nlargest raised) and micro_batch_size int64 in one store,
+    float or text in another: metrics are float64 and a knob's column has its domain's dtype in every store."""
+    from trainscout.analysis import table
+    other = Store(default_url(str(tmp_path)))
+    other.add_search("o", {"model": "tiny"})
+    other.add_trial("o", "t1", None, "invalid", False, 0.0, {"precision": "fp16-mixed"}, error="refused")
+    other.add_trial("o", "t2", None, "pruned", False, 0.0, {"micro_batch_size": "max", "zero_stage": 1}, error="big")
+    frames = [table.load(store_dir), table.load(str(tmp_path)), table.load_resolved(store_dir)]
+    for df in frames:
+        assert df["mfu"].dtype == "float64" and df["tokens_per_s"].dtype == "float64"
+        df.nlargest(2, "mfu")  # raised TypeError on object dtype
+        assert df["micro_batch_size"].dtype == object and str(df["zero_stage"].dtype) == "Int64"
+        assert str(df["compile"].dtype) == "boolean"
+    assert frames[0]["micro_batch_size"].dropna().tolist() == [4, 4, 4]  # the values as stored, numbers here
+    assert frames[1]["micro_batch_size"].dropna().tolist() == ["max"]

@@ -690,6 +690,8 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
     assert 1 <= n < 3, before
     ended = "1 trial ended and is kept" if n == 1 else f"{n} trials ended and are kept"
     assert f"interrupted: {ended} in the store; continue with: trainscout search --resume {out}" in cap.err, cap.err[-3000:]
+    study = optuna.load_study(study_name="s", storage=default_url(str(out)))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]  # one was left per Ctrl-C
 
     t0 = time.time()
     assert main(["search", "--resume", str(out), "--trials", "4", "--json"]) == 0
@@ -712,6 +714,17 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(rows) == 4 and {r["world_size"] for r in rows} <= {"1", ""} and "error" in rows[0]
     print(f"resume of {4 - n} trials: {time.time() - t0:.0f} s")
+
+    # a time budget for a resume: a run that ends no trial says why and does not exit 0 (it exited 0 with 0 trials
+    # and left a RUNNING one); one long enough runs trials (the space is measured in full: the store answers them)
+    assert main(["search", "--resume", str(out), "--trials", "6", "--time-budget", "0.01"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("trainscout: error: this run of s ended no trial: the time budget") and "longer" in err, err
+    assert main(["search", "--resume", str(out), "--trials", "6", "--time-budget", "20"]) == 0
+    capsys.readouterr()
+    assert len(store.trials("s")) > 4
+    study = optuna.load_study(study_name="s", storage=default_url(str(out)))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),

@@ -1,6 +1,7 @@
 """The search service with the real Ray Tune, Optuna and ASHA on the CPU (tiny model, 2 gloo workers)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,25 +36,44 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path):
     res = subprocess.run(search_cli(out, "--trials", "6", "--seed", "3"), capture_output=True, text=True, timeout=800)
     assert res.returncode == 0, res.stderr[-3000:]
     trials = store_of(out).trials("s1")
-    assert len(trials) == 6 and len({t["trial"] for t in trials}) == 6
+    from trainscout.search.service import counted
+    assert counted(trials) == 6 and len({t["trial"] for t in trials}) == len(trials)  # refused draws do not count
     statuses = [t["status"] for t in trials]
     assert statuses.count("ok") >= 1, statuses  # trials run one at a time here: a later one must beat the rung
     assert "stopped" in statuses, statuses  # ASHA ended at least one clearly slower trial after a step or two
     # a stopped trial's worker group is killed by the driver: that is no crash of its configuration (trial.pool)
     assert not [r for r in store_of(out).measurements() if r.status != "ok"], [r.error for r in store_of(out).measurements()]
-    assert "best #1:" in res.stdout and "tokens/s" in res.stdout
-    # every trial taught the sampler a value (no FAIL, which TPE would ignore)
+    assert re.search(r"^best #1( \(tie\))?:", res.stdout, re.M) and "tokens/s" in res.stdout
+    # every trial taught the sampler a value (no FAIL, which TPE would ignore): COMPLETE, or PRUNED where ASHA
+    # stopped it, with its reported steps as intermediate values (Optuna's convention; they were COMPLETE); a draw
+    # skipped as a repeat is PRUNED too (not FAIL), and nothing is left RUNNING
     study = optuna.load_study(study_name="s1", storage=default_url(str(out)))
-    assert [t.state for t in study.trials].count(optuna.trial.TrialState.COMPLETE) == 6
+    assert study.metric_names == ["tokens_per_s"]  # optuna-dashboard showed "Objective 0"
+    P, C = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.COMPLETE
+    ran = {t.user_attrs["tune_trial_id"]: t for t in study.trials if "skipped" not in t.user_attrs}
+    assert len(ran) == len(trials) and all(t.state in (P, C) for t in study.trials), [t.state for t in study.trials]
+    assert all(t.state == P for t in study.trials if "skipped" in t.user_attrs)
+    for row in trials:
+        t = ran[row["trial"]]
+        assert t.state == (P if row["status"] == "stopped" else C), (row["status"], t.state)
+        if row["status"] == "stopped":
+            assert t.intermediate_values and t.value == row["tokens_per_s"] == list(t.intermediate_values.values())[-1]
     # and tells what happened, for the dashboard and any tool reading it: the store's status, value and key
     by_status = {t["status"]: t for t in trials}
-    for t in (t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE):
+    for t in ran.values():
         a = t.user_attrs
         assert a["status"] in by_status and a["tokens_per_s"] == t.value, a
         assert a["constraint"] == [0.0 if a["status"] in ("ok", "stopped") else 1.0]
         assert t.constraints == {"infeasible": a["constraint"][0]}  # what TPE reads (Trial.set_constraint)
         if a["status"] == "ok":
             assert a["key"] in {r["key"] for r in trials} and a["wall_s"] > 0
+    # one numbering: the live table's "#", the report's and Optuna's trial number are the same
+    shown = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*(\d+) ([0-9a-f]{5,10}) +([a-z]+\*?) ",
+                                                              res.stdout, re.M)}
+    assert len(shown) == len(trials) and all(ran[tid].number == shown[tid[-10:]] for tid in ran), (shown, res.stdout[-2000:])
+    from trainscout.analysis.report import analyse
+    df = analyse(str(out)).df
+    assert {r["trial"]: r["n"] for r in df.to_dict("records")} == {tid: t.number for tid, t in ran.items()}
 
     # a repeat of the best configuration is answered from the store, not measured again
     best = max((t for t in trials if t["status"] == "ok"), key=lambda t: t["tokens_per_s"])
