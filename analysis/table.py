@@ -18,6 +18,11 @@ METRICS = ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days",
 def store_of(source: str, create: bool = False) -> Store:
     """A search's --out folder (its results.db) or a SQLAlchemy URL; create=True makes a new folder's store."""
     if "://" in source:
+        from trainscout.store.guard import sqlite_path
+        path = sqlite_path(source)
+        if path is not None and not create and not os.path.isfile(path):  # a typo made an empty database there
+            raise ConfigError("DIR", f"{source}: no SQLite file {path}: give a search's --out folder or the URL of an "
+                                     "existing store")
         return Store(source)
     if create:
         os.makedirs(source, exist_ok=True)

@@ -337,16 +337,23 @@ def cmd_train(a) -> int:
     out_folder("--out", a.out)
     for flag, path in (("--config", a.config), ("--data", a.data), ("--model", a.model)):
         input_file(flag, path)
-    bar = tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr)
+    if a.data_dtype is not None and a.data is None:  # it was read as nothing at all (synthetic tokens)
+        raise ConfigError("--data-dtype", f"--data-dtype {a.data_dtype} without --data: it says how a --data file is "
+                                          "written; give --data FILE, or leave --data-dtype out for synthetic tokens")
+    bars = []  # made at the first step: a refusal before training (the data file, the config) stays one line
 
     def on_step(m):
+        if not bars:
+            bars.append(tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr))
+        bar = bars[0]
         bar.update(m["step"] - bar.n)
         loss = f"{m['loss']:.3f}" if m.get("loss") is not None else "-"
         bar.set_postfix_str(f"loss {loss}  {m['tokens_per_s']:,.0f} tok/s")
-    r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype, out=a.out,
+    r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype or "uint16", out=a.out,
               workers=a.workers, device=a.device, timeout=a.timeout, address=a.address, on_step=on_step,
               **recipe_kwargs(a))
-    bar.close()
+    for bar in bars:
+        bar.close()
     if a.json:
         print(json.dumps(r))
     elif r["status"] == Status.OK:
@@ -772,7 +779,8 @@ def build_parser() -> Parser:
     tr.add_argument("--model", default=None, help="model to train (default: the exported one)")
     tr.add_argument("--steps", type=positive_int("--steps"), default=100, help="optimizer steps")
     tr.add_argument("--data", default=None, help="flat binary file of token ids (default: synthetic tokens)")
-    tr.add_argument("--data-dtype", default="uint16", help="token id type of --data: uint16, uint32, int32, int64")
+    tr.add_argument("--data-dtype", default=None,
+                    help="token id type of --data: uint16, uint32, int32, int64 (default: uint16)")
     tr.add_argument("--out", default="runs/train", help="checkpoint folder (config.json + model.safetensors)")
     tr.add_argument("--workers", type=positive_int("--workers"), default=None, help="ranks (default: as exported)")
     tr.add_argument("--device", default="auto", help="auto, cpu or cuda")

@@ -41,6 +41,7 @@ METRIC = "tokens_per_s"
 # not count toward --trials; FREE_RUN of them in a row end the search's drawing (the space is mostly infeasible)
 FREE = (Status.INVALID, Status.PRUNED)
 FREE_RUN = 30
+TRIAL_ACTOR = {"CPU": 1}  # what a search's Tune trial actor holds beside its ranks (Tune needs >= 1 CPU there)
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
 # Tune trial id -> its Optuna trial's number, for the live table: one numbering everywhere (the live table, the
@@ -568,8 +569,9 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
     if not (resume and store is not None and args.trials is not None and counted(store.trials(name)) >= args.trials):
         # Ray reached (or started) before anything is written: an address where nothing listens is refused here,
         # not after the store, its log and the folder's lock were made (a rerun in that folder was then refused)
-        from trainscout.trial.runner import ensure_ray
+        from trainscout.trial.runner import check_resources, ensure_ray
         ensure_ray(args.address)
+        check_resources(args.gpus_per_trial, hw["device"], "--gpus-per-trial", per_trial=TRIAL_ACTOR)
     os.makedirs(args.out, exist_ok=True)
     lock = hold_folder(args.out)
     try:
@@ -683,7 +685,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                       unit="GPU" if hw["device"] == "cuda" else "worker")
     printer.to_stderr = stream is sys.stderr
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
+        tune.with_resources(tune.with_parameters(_trainable, base=base), TRIAL_ACTOR),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                     num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
                                     max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,

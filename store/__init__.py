@@ -95,6 +95,26 @@ def storage_url(url: str, flag: str = "--storage") -> str:
     return u.set(database=db).render_as_string(hide_password=False)
 
 
+# SQLAlchemy driver name -> the package that provides it (pip install ...), where the two differ or are not obvious
+DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "psycopg": "psycopg[binary]", "mysqldb": "mysqlclient",
+                   "pymysql": "pymysql", "mysqlconnector": "mysql-connector-python", "mariadbconnector": "mariadb",
+                   "pyodbc": "pyodbc", "oracledb": "oracledb", "cx_oracle": "cx_Oracle", "pg8000": "pg8000",
+                   "asyncpg": "asyncpg", "aiomysql": "aiomysql"}
+
+
+def driver_missing(url: str, e: ImportError) -> str:
+    """What is missing for a storage URL whose database driver does not import, and how to install it (the URL's
+    own driver: a mysql:// URL named the PostgreSQL one)."""
+    try:
+        u = sa.engine.make_url(url)
+        backend, driver = u.get_backend_name(), u.get_driver_name()
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse: the import error alone
+        return f"its database driver is missing ({e}): install it"
+    package = DRIVER_PACKAGES.get(driver, driver)
+    return (f"the {backend} driver {driver} is missing ({e}): install it (pip install {package}), or name an "
+            f"installed one in the URL ({backend}+DRIVER://...)")
+
+
 def check_folder(path: str | None, flag: str = "--out") -> str:
     """An output folder that can be made and written (nothing is created here): its absolute path, or ConfigError
     with the fix for an empty name, a file on the way or a folder that is not writable."""
@@ -150,8 +170,8 @@ class Store:
                     if "already exists" not in str(e) or attempt == 4:
                         raise
         except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
-            raise ConfigError("--storage", f"cannot open storage {url!r}: its driver is missing ({e}): install it "
-                                           "(e.g. pip install psycopg) or give sqlite:///path/results.db")
+            raise ConfigError("--storage", f"cannot open storage {url!r}: {driver_missing(url, e)}, or give "
+                                           "sqlite:///path/results.db")
         except ConfigError:
             raise
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.DatabaseError, ValueError) as e:

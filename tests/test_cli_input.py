@@ -244,6 +244,78 @@ def test_an_unreachable_ray_or_an_unwritable_temp_folder_is_one_line_within_seco
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
 
 
+# --- the smaller ones of issue 30: refused up front, naming the fix ----------------------------------------------
+def test_more_ranks_than_the_ray_cluster_can_place_are_refused_up_front(tmp_path, capsys, ray_local):
+    """`--gpus-per-trial 8` on a 2-core CPU waited until the trial's timeout: each rank holds half a CPU and the
+    search's trial actor one, which this cluster cannot place; refused before anything is written."""
+    cpus = int(ray_local.cluster_resources()["CPU"])
+    ranks = 2 * cpus + 2  # 0.5 CPU each + the trial actor's 1: more than the cluster has
+    assert main(["search", "--model", "tiny", "--device", "cpu", "--trials", "1", "--gpus-per-trial", str(ranks),
+                 "--global-batch", str(2 * ranks), "--out", str(tmp_path / "o")]) == 2
+    err = one_line_error(capsys, "--gpus-per-trial")
+    assert f"has {cpus}:" in err and "or fewer" in err and not (tmp_path / "o").exists(), err
+    assert main(["trial", "--model", "tiny", "--device", "cpu", "--workers", str(ranks),
+                 "--global-batch", str(2 * ranks)]) == 2
+    one_line_error(capsys, "--workers")
+
+
+def test_a_storage_url_names_its_own_missing_driver(tmp_path, capsys):
+    assert main(SEARCH + ["--out", str(tmp_path / "o"), "--storage", "mysql://u@127.0.0.1/db"]) == 2
+    err = one_line_error(capsys, "--storage")
+    assert "mysql driver mysqldb is missing" in err and "pip install mysqlclient" in err and "psycopg" not in err, err
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{tmp}/typo.db", "sqlite:///typo.db"])
+def test_a_mistyped_sqlite_url_is_refused_and_creates_nothing(tmp_path, capsys, monkeypatch, url):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["results"], ["report"], ["export", "--best", "--out", str(tmp_path / "x")]):
+        assert main([argv[0], url.format(tmp=tmp_path), *argv[1:]]) == 2
+        assert "no SQLite file" in one_line_error(capsys, "DIR")
+    assert os.listdir(tmp_path) == []  # no empty database made where the typo pointed
+
+
+def _export_of_tiny(tmp_path) -> str:
+    """An export folder of the tiny model (trainscout.json as `trainscout export` writes it, for `train`)."""
+    from trainscout.trial.models import resolve_model
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    m = resolve_model("tiny")
+    (folder / "trainscout.json").write_text(json.dumps({
+        "model": "tiny", "model_config": m.config, "config": {"precision": "fp32", "micro_batch_size": 4},
+        "recipe": m.recipe.to_dict(), "hardware": {"device": "cpu", "world_size": 1}}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("case", ["id-beyond-vocab", "negative-id", "size-not-a-multiple", "dtype-without-data"])
+def test_train_refuses_data_it_cannot_train_on_before_any_trial(tmp_path, capsys, case):
+    """Token ids >= the vocabulary crashed inside the trial, a size that is not a multiple of the dtype after 23 s,
+    and --data-dtype without --data was silently ignored: each is one line naming the flag, before Ray starts."""
+    import numpy as np
+    export, data = _export_of_tiny(tmp_path), tmp_path / "tokens.bin"
+    ids = np.arange(400, dtype=np.int64) % 500  # tiny's vocabulary: 512 ids
+    argv = ["train", "--config", export, "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "ckpt")]
+    if case == "id-beyond-vocab":
+        ids[123] = 600
+        ids.astype(np.uint16).tofile(data)
+        argv += ["--data", str(data)]
+        want, field = "token id 600, outside the model's vocabulary of 512", "--data"
+    elif case == "negative-id":
+        ids[7] = -3
+        ids.astype(np.int32).tofile(data)
+        argv += ["--data", str(data), "--data-dtype", "int32"]
+        want, field = "token id -3", "--data"
+    elif case == "size-not-a-multiple":
+        data.write_bytes(ids.astype(np.uint16).tobytes() + b"\0")
+        argv += ["--data", str(data)]
+        want, field = "not a whole number of uint16 token ids", "--data"
+    else:
+        argv += ["--data-dtype", "uint32"]
+        want, field = "without --data", "--data-dtype"
+    assert main(argv) == 2
+    assert want in one_line_error(capsys, field)
+    assert not (tmp_path / "ckpt").exists()
+
+
 # --- output folders --------------------------------------------------------------------------------------------
 def _read_only_dir(tmp_path) -> str:
     ro = tmp_path / "ro"
@@ -633,7 +705,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
     store.add_trial("s", "a3", None, "ok", False, 30.0, {})
     assert recover_interrupted(ostorage, "s", store) >= 3  # the study's trials, draws skipped already included
     by_tune = {t.user_attrs[service.TUNE_ID]: t for t in optuna.load_study(study_name="s", storage=ostorage).trials}
-    assert by_tune["a2"].state == optuna.trial.TrialState.FAIL
+    assert by_tune["a2"].state == optuna.trial.TrialState.FAIL and by_tune["a2"].user_attrs["status"] == "not run"
     assert by_tune["a3"].state == optuna.trial.TrialState.COMPLETE and by_tune["a3"].value == 30.0
     assert by_tune["a3"].constraints == {"infeasible": 0.0}  # TPE knows it was feasible
 
@@ -646,7 +718,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
     assert len({a1, a3, b1, b2}) == 4  # every configuration of the space, each once
     study = optuna.load_study(study_name="s", storage=ostorage)
     skipped = [t for t in study.trials if "skipped" in t.user_attrs]
-    assert skipped and all(t.state == optuna.trial.TrialState.FAIL for t in skipped)
+    assert skipped and all(t.state == optuna.trial.TrialState.PRUNED for t in skipped)  # nothing failed (was FAIL)
     explored = [t.state for t in study.trials if "explore" in t.user_attrs]
     assert explored == [optuna.trial.TrialState.COMPLETE] * len(skipped)
     n = len(study.trials)
