@@ -210,7 +210,8 @@ def test_verify_runs_full_steps_against_the_projection(store_dir, capsys):
                  "--global-batch", str(per_step)]) == 0
     short = json.loads(capsys.readouterr().out)
     assert short["status"] == "ok" and short["global_batch"] == per_step != short["recipe_global_batch"]
-    assert short["projected_step_s"] == pytest.approx(rec.m["step_s"] - (rec.grad_accum - 1) * rec.m["micro_batch_s"])
+    from trainscout.trial import metrics  # derived at A' = 1 as step_s was at A: the last micro-batch + optimizer
+    assert short["projected_step_s"] == pytest.approx(metrics.project_at(rec.m["phases"], 1))
     assert short["recipe_projected_step_s"] == rec.m["step_s"] and short["measured_step_s"] > 0
     assert main(["verify", store_dir, "--trial", "k0", "--global-batch", str(per_step + 1)]) == 2
     assert f"give a multiple of {per_step}" in capsys.readouterr().err
@@ -340,3 +341,33 @@ def test_load_gives_each_column_the_same_dtype_in_every_store(store_dir, tmp_pat
         assert str(df["compile"].dtype) == "boolean"
     assert frames[0]["micro_batch_size"].dropna().tolist() == [4, 4, 4]  # the values as stored, numbers here
     assert frames[1]["micro_batch_size"].dropna().tolist() == ["max"]
+
+
+def test_the_projection_at_another_global_batch_is_derived_as_the_step_was():
+    """verify --global-batch compared full steps of A' micro-batches with step_s + (A' - A) x the median
+    micro-batch. step_s is the median over steps of each step's projection, the micro-batch the median over all of
+    them: their difference, times A - A', was 4.5 % of an 8-micro-batch step for a 0.3 % one at A = 128. The
+    projection now derives the step at A' from the record's phases exactly as runner.derive derives step_s at A
+    (checked against derive itself on the same raw phases), and an older record without phases gets
+    (A' - 1) x micro-batch + last + optimizer."""
+    from trainscout.analysis.verify import step_at
+    from trainscout.trial import metrics, prepare
+    from trainscout.trial.records import RankResult
+    from trainscout.trial.runner import derive
+    # each step's first micro-batch faster (after the optimizer step there is no gradient to add to), the others
+    # drifting by 1 % a step: the median of the steps' medians (0.102) is not the median of all of them (0.101)
+    steps = [{"micro": [0.090, 0.100 + 0.001 * k, 0.100 + 0.001 * k, 0.120], "optim": 0.030, "total": 0.0,
+              "host_first_micro": 0.09} for k in range(5)]
+    rank = RankResult(rank=0, steps=steps, micro_batch_size=2, grad_accum=128, measured_accum=4, build_s=1.0,
+                      warmup_s=1.0, timed_s=1.0, peak_rss_mib=1.0)
+    hw = {"device": "cpu", "cpu": "x", "cpu_count": 2}
+    at = {gb: prepare("tiny", {"micro_batch_size": 2}, hw=hw, global_batch=gb, measure_accum=4) for gb in (256, 16)}
+    assert at[256].grad_accum == 128 and at[16].grad_accum == 8
+    m = derive(at[256], 1000, [rank])
+    want = derive(at[16], 1000, [rank])["step_s"]  # what a measurement at 16 sequences projects from these phases
+    assert step_at(m, 8) == pytest.approx(want, rel=1e-12)
+    before = m["step_s"] + (8 - 128) * m["micro_batch_s"]
+    assert before / want - 1 == pytest.approx(120 * 0.001 / want, rel=1e-6) and before / want > 1.13  # +13.9 %
+    old = {k: v for k, v in m.items() if k != "phases"}
+    assert step_at(old, 8) == pytest.approx(7 * m["micro_batch_s"] + m["last_micro_batch_s"] + m["optimizer_s"])
+    assert metrics.project_at(m["phases"], 128) == pytest.approx(m["step_s"])

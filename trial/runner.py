@@ -276,11 +276,16 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
         "measured_step_s": metrics.median(measured),  # the timed steps as run (measured_accum micro-batches)
         "micro_batch_s": metrics.median(non_last or last),
+        # their mean: a full step sums its micro-batches, so stalls a median leaves out count there (bench/verify_batch)
+        "micro_batch_mean_s": sum(non_last or last) / len(non_last or last),
         "last_micro_batch_s": metrics.median(last),
         "optimizer_s": metrics.median([st["optim"] for r in ranks for st in r.steps]),
         "step_spread": (max(projected) - min(projected)) / step_s,
         "rank_spread": (max(rank_steps) - min(rank_steps)) / step_s,
         "steps_s": projected,
+        # per rank and timed step: [median accumulating micro-batch, last, optimizer]; verify --global-batch projects
+        # from them (metrics.project_at) the way step_s is projected here
+        "phases": metrics.phases([r.steps for r in ranks]),
         "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
         "n_params": n_params,
         "flops_per_token": fpt,
