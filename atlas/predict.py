@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 GiB = 2**30
 NEAREST_MODELS = 2  # model shapes whose rows calibrate a prediction
+# the farthest a leave-one-model-out prediction reaches over the shipped shapes: log(6.9B / 2.8B) = 0.9 (the next
+# shape's), and another architecture at log(1.24B / 1.01B) + 1 = 1.2 (the Llama-1B shape from Pythia-1B)
+REACH = 1.25
 CANDIDATES = 4      # distinct configurations tried for a model never measured
 # GPU memory (GiB, as torch reports it) and compute capability, from datasheets: what a prediction for a GPU kind
 # never measured assumes; a measured kind uses its records' own figures. Matched like metrics.GPU_BF16_TFLOPS.
@@ -145,12 +148,14 @@ class Sample:
     world: int
     fam: tuple          # family() at every level
     config: dict        # its knob settings
+    plan: dict
     roofline_s: float   # steptime.step_s
     step_s: float       # measured (projected full step)
     tokens_per_step: int
     states: float
     acts: float
     peak: float | None  # measured peak bytes (the fullest rank), None where not recorded
+    mfu: float | None   # recomputed (trainscout.atlas.mfu), from the row's derived values
 
     @property
     def ratio(self) -> float:
@@ -166,14 +171,16 @@ def row_id(row: dict) -> str:
     return f"{row['key']}:{row['record'].get('trial_id')}"
 
 
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "tie_word_embeddings", "rotary_pct", "use_parallel_residual",
+              "head_dim", "num_local_experts", "num_experts", "num_experts_per_tok")
+
+
 def shape_of(model_config: dict | None) -> str:
     """The model's identity across names: the sizes that make it (a config.json of the same shape is the model)."""
     import json
     c = model_config or {}
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "vocab_size", "tie_word_embeddings", "rotary_pct", "use_parallel_residual",
-            "head_dim", "num_local_experts", "num_experts", "num_experts_per_tok")
-    return json.dumps({k: c.get(k) for k in keys if c.get(k) is not None}, sort_keys=True)
+    return json.dumps({k: c.get(k) for k in SHAPE_KEYS if c.get(k) is not None}, sort_keys=True)
 
 
 def features(record) -> dict:
@@ -201,10 +208,11 @@ def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
         out.append(Sample(
             id=row_id(row), key=row["key"], model=rec["model"], shape=shape_of(rec.get("model_config")) or rec["model"],
             arch=f["arch"], n_params=f["n_params"], gpu=gpu_kind(row["provenance"].get("gpu")), world=world,
-            fam=tuple(family(rec["config"], plan, world, lv) for lv in range(len(LEVELS))), config=rec["config"],
+            fam=tuple(family(rec["config"], plan, world, lv) for lv in range(len(LEVELS))), config=rec["config"], plan=plan,
             roofline_s=f["roofline_s"], step_s=m["step_s"],
             tokens_per_step=rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
-            states=f["states"], acts=f["acts"], peak=max(peaks) * 2**20 if peaks else None))
+            states=f["states"], acts=f["acts"], peak=max(peaks) * 2**20 if peaks else None,
+            mfu=(row.get("derived") or {}).get("mfu")))
     return out
 
 
@@ -357,25 +365,40 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
             break
         notes.append(f"nothing is predicted to fit {want} x {kind} ({FIT_SHARE:.0%} of {capacity_gib:.1f} GiB, the "
                      "share a search's start point uses)")
+    from trainscout.trial import metrics
+    from trainscout.trial.models import sizes
+    z = sizes(spec_model.config)
+    peak_tflops = metrics.gpu_peak_tflops(hw_name)
     for r in rows:
         same_count = [s for s in on_kind if s.world == r["gpus"]]
         ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind)
         step = r.pop("_roofline_s") * ratio
-        r.update(step_s=step, tokens_per_s=r["tokens_per_step"] / step, level=level, ratio=ratio,
-                 calibrated_on=sorted({s.model for s in used}), projected_days=r["total_steps"] * step / 86400)
+        tps = r["tokens_per_step"] / step
+        fpt = metrics.flops_per_token(n, z.layers, z.hidden, r["tokens_per_step"] // r["global_batch"])
+        r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),
+                 projected_days=r["total_steps"] * step / 86400, mfu=metrics.mfu(tps, fpt, peak_tflops, r["gpus"]),
+                 mfu_convention="dense_v0 (predicted)")
     rows.sort(key=lambda r: -r["tokens_per_s"])
+    near = min((_distance(n, arch, s) for s in on_kind), default=None)
+    if near is not None and near > REACH:
+        nearest = min(on_kind, key=lambda s: _distance(n, arch, s))
+        notes.append(f"extrapolated: the nearest measured model ({nearest.model}, {nearest.n_params / 1e6:,.0f} M "
+                     f"parameters, against {n / 1e6:,.0f} M) is farther than any the leave-one-out held out: its "
+                     "error may be larger than the error shown")
     return {"model": spec_model.name, "gpu": kind, "gpus": rows[0]["gpus"] if rows else gpus, "rows": rows,
             "notes": notes, "n_params": n, "capacity_gib": capacity_gib}
 
 
 def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], global_batch: int | None, hw: dict,
                 installed: frozenset, cap: float, savers: list[dict], notes: list[str]) -> list[dict]:
-    """predict_model's candidates on `gpus` GPUs, each at its largest fitting micro-batch (unsorted, uncalibrated)."""
-    from trainscout.trial import steptime
+    """predict_model's candidates on `gpus` GPUs, each at its largest fitting micro-batch (unsorted, uncalibrated):
+    the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
+    the nearest models' rows."""
+    from trainscout.trial import memory, steptime
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
-    source = sorted((s for s in at if s.shape in near), key=lambda s: (s.ratio, s.id))  # fastest vs its roofline
+    source = sorted((s for s in at if s.shape in near), key=lambda s: (-(s.mfu or 0), s.id))
     picked, seen = [], set()
     for s in source:
         if s.fam[0] not in seen:
@@ -388,13 +411,18 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
         base = {k: v for k, v in s.config.items() if k != "micro_batch_size"}
         why = None
         for extra in ({}, *savers):
-            spec, mem, why = _largest_fit(model, {**base, **extra}, gpus, global_batch, hw, installed,
+            settings = {**base, **extra}
+            if settings.get("zero_stage") and settings.get("compile_scope") == "layers":
+                settings["compile_scope"] = "auto"  # DeepSpeed compiles the whole model (compile_scope's rule)
+            spec, mem, why = _largest_fit(model, settings, gpus, global_batch, hw, installed,
                                           lambda fam: memory_calibration(fam, n, arch, pool), cap)
             if spec is None:
                 continue
-            fitted = " (+ " + " ".join(f"{k}={v}" for k, v in extra.items()) + " to fit)" if extra else ""
+            fitted = " [to fit: " + " ".join(f"{k}={v}" for k, v in extra.items()) + "]" if extra else ""
+            host = memory.host_need(memory.host_peak(spec))
             out.append({"config": spec.config, "plan": spec.plan, "gpus": gpus,
                         "describe": describe(spec.config, spec.plan) + fitted, "peak_memory_gib": mem / GiB,
+                        "host_memory_gib": host / GiB,
                         "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
                         "total_steps": spec.recipe["total_steps"], "from": s.model,
                         "_fam": tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))),
@@ -402,7 +430,8 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
             break
         else:
             if why:
-                notes.append(f"{s.model}'s {describe(s.config, {'micro_batch_size': ''})[:-5]} on {gpus} GPU(s): {why}")
+                notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} with any "
+                             f"memory saver ({why})")
     return out
 
 

@@ -105,6 +105,35 @@ def provenance_of(record: dict, *, command: str | None = None, origin: str = "lo
     return prov
 
 
+def search_command(args: dict, models_dir: str | None = None) -> str:
+    """The `trainscout search` command a store's saved search arguments (trainscout_searches.args) stand for,
+    without the measuring box's paths: a config.json model by its file name (under models_dir where given),
+    --out by its last folder."""
+    model = args.get("model") or UNKNOWN
+    if model.endswith(".json"):
+        model = os.path.basename(model)
+        model = f"{models_dir}/{model}" if models_dir else model
+    parts = ["trainscout search", f"--model {model}"]
+    if args.get("gpus_per_trial", 1) != 1:
+        parts.append(f"--gpus-per-trial {args['gpus_per_trial']}")
+    if args.get("trials"):
+        parts.append(f"--trials {args['trials']}")
+    if args.get("time_budget_s"):
+        parts.append(f"--time-budget {args['time_budget_s']:g}s")
+    if args.get("space"):
+        parts.append(f"--space {args['space'] if not os.path.isabs(args['space']) else os.path.basename(args['space'])}")
+    for k, v in sorted((args.get("sets") or {}).items()):
+        parts.append(f"--set {k}={v}")
+    for k, v in sorted((args.get("recipe") or {}).items()):
+        parts.append(f"--{k.replace('_', '-')} {v}")
+    for flag in ("steps", "warmup", "seed"):
+        if args.get(flag) is not None:
+            parts.append(f"--{flag} {args[flag]}")
+    if args.get("out"):
+        parts.append(f"--out {os.path.basename(os.path.normpath(args['out']))}")
+    return " ".join(parts)
+
+
 def make_row(record: dict, key: str, provenance: dict, labels: list[dict] | None = None,
              verified: dict | None = None, derived: dict | None = None) -> dict:
     """A version-1 row (content hash included) of a stored record (a Record.to_dict())."""

@@ -79,33 +79,10 @@ def folder_of(rel: str) -> dict:
     return FOLDERS.get(best, {})
 
 
-def search_command(args: dict) -> str:
-    """The `trainscout search` command line a store's saved search arguments stand for."""
-    from trainscout.atlas.schema import model_name
-    model = args.get("model") or "?"
-    if model.endswith(".json"):  # the project's own config file, named as in the repository
-        model = f"bench/models/{os.path.basename(model)}" if model_name(model) == "llama-1b" else model
-    parts = ["trainscout search", f"--model {model}"]
-    if args.get("gpus_per_trial", 1) != 1:
-        parts.append(f"--gpus-per-trial {args['gpus_per_trial']}")
-    if args.get("trials"):
-        parts.append(f"--trials {args['trials']}")
-    if args.get("time_budget_s"):
-        parts.append(f"--time-budget {args['time_budget_s']:g}s")
-    if args.get("space"):
-        parts.append(f"--space {args['space']}")
-    for k, v in sorted((args.get("sets") or {}).items()):
-        parts.append(f"--set {k}={v}")
-    for k, v in sorted((args.get("recipe") or {}).items()):
-        parts.append(f"--{k.replace('_', '-')} {v}")
-    parts += [f"--steps {args.get('steps')}", f"--warmup {args.get('warmup')}", f"--seed {args.get('seed', 0)}",
-              f"--out {args.get('out')}"]
-    return " ".join(parts)
-
-
 def read_store(path: str) -> tuple[list[tuple[dict, str]], dict[str, str]]:
     """[(record dict with key, its search's command or None)] of a results store, opened read-only and immutable
     (the tracked file is never touched)."""
+    from trainscout.atlas.schema import search_command
     con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     try:
         rows = con.execute("SELECT key, record FROM trainscout_measurements ORDER BY key").fetchall()
@@ -117,7 +94,7 @@ def read_store(path: str) -> tuple[list[tuple[dict, str]], dict[str, str]]:
                     "SELECT search, key, cached FROM trainscout_search_trials WHERE key IS NOT NULL "
                     "ORDER BY cached, created_at"):
                 if key not in by_key and search in args:
-                    by_key[key] = search_command(args[search])
+                    by_key[key] = search_command(args[search], models_dir="bench/models")
     finally:
         con.close()
     return [(dict(json.loads(r), key=k), by_key.get(k)) for k, r in rows], by_key
