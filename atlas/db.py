@@ -117,3 +117,21 @@ def load(sources: list[str] | None = None, shipped: bool = True) -> Atlas:
         for r in layer.rows:
             merged[row_id(r)] = r
     return Atlas(layers, list(merged.values()), shipped_model())
+
+
+def with_shipped(records: list) -> list:
+    """A store's records with the shipped ones beneath: every shipped ok or oom record whose key the store lacks,
+    as a Record (source "atlas"), its metrics' mfu the recomputed one (the recorded one kept as mfu_recorded).
+    What a search's start points read (search.service.store_points)."""
+    from trainscout.trial.records import Record
+    have = {r.key for r in records}
+    out = list(records)
+    for row in shipped_rows():
+        if row["key"] in have:
+            continue
+        rec = dict(row["record"], key=row["key"], source="atlas")
+        derived = row.get("derived") or {}
+        if rec.get("metrics") and "mfu" in derived:
+            rec["metrics"] = dict(rec["metrics"], mfu=derived["mfu"], mfu_recorded=derived.get("mfu_recorded"))
+        out.append(Record.from_dict(rec))
+    return out

@@ -107,7 +107,8 @@ def _provenance_line(prov: dict) -> str:
             f"{prov.get('origin')}: {prov.get('source')}")
 
 
-def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batch: int | None, prices) -> dict:
+def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batch: int | None, prices,
+             top: int = TOP) -> dict:
     """The measured answer: {"groups": [{"gpu", "gpus", "global_batch", "rows": [...], "oom": [...]}],
     "notes": [...]}."""
     from trainscout.trial.metrics import median
@@ -157,7 +158,8 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
             days = rec["recipe"]["total_steps"] * step / 86400
             mfus = [(r.get("derived") or {}).get("mfu") for r in oks]
             mfus = [x for x in mfus if x is not None]
-            row = {"status": "measured", "key": best["key"], "gpu": best["provenance"].get("gpu"), "gpus": n,
+            row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
+                   "gpus": n,
                    "global_batch": batch, "tokens_per_s": tps, "repeats": [r["record"]["metrics"]["tokens_per_s"]
                                                                           for r in oks],
                    "mfu": median(mfus) if mfus else None,
@@ -172,7 +174,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
             row.update(_money(days, n, row["gpu"], prices))
             ok.append(row)
         ok.sort(key=lambda r: -r["tokens_per_s"])
-        out.append({"gpu": kind_, "gpus": n, "global_batch": batch, "rows": ok[:TOP], "more": max(0, len(ok) - TOP),
+        out.append({"gpu": kind_, "gpus": n, "global_batch": batch, "rows": ok[:top], "more": max(0, len(ok) - top),
                     "oom": oom})
     return {"groups": out, "notes": notes}
 
@@ -238,13 +240,13 @@ def _features(atlas) -> dict:
 
 
 def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, global_batch: int | None = None,
-           budget: str | None = None, gpu_memory_gib: float | None = None) -> dict:
+           budget: str | None = None, gpu_memory_gib: float | None = None, top: int = TOP) -> dict:
     """The whole answer for one model (JSON-ready): measured groups, else (for the asked GPU kind and count) the
     prediction, the budget's verdict, notes."""
     target = target_of(model)
     prices = _prices()
     want = parse_budget(budget)
-    got = measured(atlas, target, gpu, gpus, global_batch, prices)
+    got = measured(atlas, target, gpu, gpus, global_batch, prices, top)
     out = {"model": target["name"], "path": target["path"], "gpu": gpu, "gpus": gpus, "global_batch": global_batch,
            "measured": got["groups"], "notes": got["notes"], "predicted": None,
            "atlas": {"layers": [{"name": layer.name, "kind": layer.kind, "rows": len(layer.rows),
@@ -273,7 +275,8 @@ def verdict(answer: dict, want: dict) -> dict:
     limit = f"{want['days']:g} days" if what == "days" else f"${want['usd']:,.0f}"
     if within:
         best = max(within, key=lambda r: r["tokens_per_s"])
-        text = (f"within {limit}: {best['describe']} ({best['status']}), {best['projected_days']:.1f} days"
+        text = (f"within {limit}: {best['describe']} on {best['gpus']} x {best['gpu']} ({best['status']}), "
+                f"{best['projected_days']:.1f} days"
                 + (f", ${best['rent_usd']:,.0f} rent" if best.get("rent_usd") is not None else ""))
         return {"budget": want, "within": best.get("key") or best["describe"], "text": text}
     if not priced:
@@ -282,7 +285,8 @@ def verdict(answer: dict, want: dict) -> dict:
     share = want[what] / cost(best)
     tokens = share * best["train_tokens"]
     return {"budget": want, "within": None, "share_of_run": share,
-            "text": f"no configuration finishes within {limit}: the cheapest ({best['describe']}, {best['status']}) "
+            "text": f"no configuration finishes within {limit}: the cheapest ({best['describe']} on {best['gpus']} x "
+                    f"{best['gpu']}, {best['status']}) "
                     f"needs {best['projected_days']:.1f} days" + (f", ${best['rent_usd']:,.0f}" if best.get(
                         "rent_usd") is not None else "") + f"; {limit} buys {tokens / 1e9:,.1f} B of its "
                     f"{best['train_tokens'] / 1e9:,.1f} B tokens ({share:.0%})"}
@@ -322,7 +326,7 @@ def render(answer: dict, provenance: bool = True) -> str:
             if provenance:
                 lines.append(f"     provenance: {_provenance_line(r['provenance'])}")
         if g["more"]:
-            lines.append(f"   ({g['more']} more measured configurations: --json lists the top {TOP})")
+            lines.append(f"   ({g['more']} more measured configurations: --top N shows more)")
         for o in g["oom"]:
             lines.append(f"   out of memory: {o['describe']}")
     labels = {w for g in answer["measured"] for r in g["rows"] for w in r["label_why"]}

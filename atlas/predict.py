@@ -420,8 +420,10 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
                 continue
             fitted = " [to fit: " + " ".join(f"{k}={v}" for k, v in extra.items()) + "]" if extra else ""
             host = memory.host_need(memory.host_peak(spec))
+            offload = f" [needs {host / GiB:.0f} GiB of host memory]" if spec.plan.get("zero", {}).get(
+                "offload_optimizer") or spec.plan.get("zero", {}).get("offload_param") else ""
             out.append({"config": spec.config, "plan": spec.plan, "gpus": gpus,
-                        "describe": describe(spec.config, spec.plan) + fitted, "peak_memory_gib": mem / GiB,
+                        "describe": describe(spec.config, spec.plan) + fitted + offload, "peak_memory_gib": mem / GiB,
                         "host_memory_gib": host / GiB,
                         "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
                         "total_steps": spec.recipe["total_steps"], "from": s.model,

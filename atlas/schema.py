@@ -45,8 +45,9 @@ class SchemaError(ValueError):
 
 
 def content_hash(row: dict) -> str:
-    """The row's content hash: SHA-256 of its canonical JSON (sorted keys, no spaces), content_hash left out."""
-    body = {k: v for k, v in row.items() if k != "content_hash"}
+    """The row's content hash: SHA-256 of its canonical JSON (sorted keys, no spaces), content_hash (and any
+    "_" key a reader keeps beside the row) left out."""
+    body = {k: v for k, v in row.items() if k != "content_hash" and not k.startswith("_")}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 

@@ -595,7 +595,7 @@ def cmd_lookup(a) -> int:
     for name, n, key, why in refused:
         print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
     answers = [lookup(atlas, m, gpu=a.gpu, gpus=a.gpus, global_batch=a.global_batch, budget=a.budget,
-                      gpu_memory_gib=capacity) for m in models]
+                      gpu_memory_gib=capacity, top=a.top) for m in models]
     if a.json:
         print(json.dumps(answers[0] if len(answers) == 1 else answers))
     elif len(answers) == 1 or a.verbose:
@@ -608,6 +608,23 @@ def cmd_lookup(a) -> int:
         if not a.quiet:
             print("(one --model for its configurations, provenance and the predictions' leave-one-out error; -v: "
                   "all of them)")
+    return 1 if refused else 0
+
+
+def cmd_atlas(a) -> int:
+    """`trainscout atlas`: the whole atlas (shipped + the stores and files given) as one self-contained HTML page;
+    exit 1 when a file had refused rows (each printed with its reason)."""
+    from trainscout.atlas import db, page
+    for path in a.sources:
+        input_file("DB", path)
+    out_folder("--out", a.out)
+    atlas = db.load(a.sources)
+    refused = [(layer.name, *r) for layer in atlas.layers for r in layer.refused]
+    for name, n, key, why in refused:
+        print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+    path = page.write(atlas, a.out)
+    print(f"atlas: {path} ({sum(len(x.rows) for x in atlas.layers)} rows, "
+          f"{len(atlas.model.get('predictions', {}))} predicted models; {os.path.getsize(path):,} bytes)")
     return 1 if refused else 0
 
 
@@ -678,7 +695,7 @@ def build_parser() -> Parser:
     m.add_argument("--json", action="store_true", help=JSON_HELP)
     add_recipe_flags(m)
 
-    lk = command(sub, "lookup", "measured best configurations from the atlas, or a prediction (no GPU)",
+    lk = command(sub, "lookup", "the atlas's measured best, or a prediction (no GPU)",
                  "What the atlas knows about training a model on a GPU kind, without a GPU: the best measured "
                  "configurations (tokens/s, MFU, peak memory, days and rent of the recipe, provenance), from the "
                  "H200 measurements that ship with trainscout and any store or file given with --db; for a model "
@@ -700,6 +717,8 @@ def build_parser() -> Parser:
     lk.add_argument("--db", action="append", metavar="STORE|FILE",
                     help="a results store (--out folder, .db, URL) or an export/share file on top of the shipped "
                          "measurements (repeatable; a file's rows are checked as an import checks them)")
+    lk.add_argument("--top", type=positive_int("--top"), default=5,
+                    help="measured configurations shown per GPU kind and count")
     lk.add_argument("--json", action="store_true", help=JSON_HELP)
 
     t = command(sub, "trial", "measure one configuration for real",
@@ -799,6 +818,16 @@ def build_parser() -> Parser:
     rp.add_argument("--prices", default=None, metavar="FILE.json",
                     help="GPU prices over the built-in list-price estimates, format: analysis/prices.json "
                          "(default: the built-in ones)")
+
+    at = command(sub, "atlas", "the atlas as one HTML page: what a GPU trains",
+                 "Write the whole atlas (the H200 measurements that ship with trainscout, its predictions, and any "
+                 "store or file given) as one self-contained HTML page (no network): the best configuration per "
+                 "model, GPU kind and count, tokens/s against model size, and every row with its provenance, "
+                 "filterable by model size, architecture, GPU kind and count, knob, measured or predicted.",
+                 "  trainscout atlas --out atlas\n  trainscout atlas runs/mine contrib.jsonl --out atlas", cmd_atlas)
+    at.add_argument("sources", nargs="*", metavar="DB",
+                    help="results stores (--out folder, .db, URL) or export/share files on top of the shipped rows")
+    at.add_argument("--out", default="atlas", help="folder for atlas.html")
 
     e = command(sub, "export", "write a configuration for HF Trainer, DeepSpeed, accelerate",
                 "Write a measured configuration for your own trainer: HF TrainingArguments JSON, the engine's "
