@@ -3,6 +3,7 @@ the same code give byte-identical files).
 
     python bench/build_atlas.py            # writes atlas/records.jsonl.gz and atlas/model.json, prints what it did
     python bench/build_atlas.py --check    # rebuild in memory and fail if the shipped files differ
+    python bench/build_atlas.py --table    # the leave-one-out table of the shipped files (docs/BENCHMARKS.md)
 
 What is read: every results store (trainscout_measurements of each *.db under bench/data, opened read-only), and
 every JSON line under bench/data that carries a whole trial record ("record": bench/trial_gpu.py's output; the
@@ -212,7 +213,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="rebuild and compare with the shipped files; exit 1 if they differ")
     p.add_argument("--out", default=OUT, help="folder to write records.jsonl.gz and model.json into")
+    p.add_argument("--table", action="store_true", help="print the shipped model.json's leave-one-out table only")
     a = p.parse_args(argv)
+    if a.table:
+        from trainscout.atlas import db, predict
+        print(predict.loo_table(db.shipped_model()))
+        return 0
     from trainscout.atlas import predict
     t0 = time.time()
     log = (lambda s: print(s, file=sys.stderr))
@@ -225,6 +231,7 @@ def main(argv=None) -> int:
         differ = [p for p, b in paths.items() if not os.path.exists(p) or open(p, "rb").read() != b]
         print(f"{'differ: ' + ', '.join(differ) if differ else 'the shipped atlas is up to date'}")
         return 1 if differ else 0
+    os.makedirs(a.out, exist_ok=True)
     for path, data in paths.items():
         with open(path, "wb") as f:
             f.write(data)
