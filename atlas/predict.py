@@ -409,14 +409,16 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
     out = []
     for s in picked:
         base = {k: v for k, v in s.config.items() if k != "micro_batch_size"}
-        why = None
+        why, added = None, False
         for extra in ({}, *savers):
             settings = {**base, **extra}
             if settings.get("zero_stage") and settings.get("compile_scope") == "layers":
                 settings["compile_scope"] = "auto"  # DeepSpeed compiles the whole model (compile_scope's rule)
-            spec, mem, why = _largest_fit(model, settings, gpus, global_batch, hw, installed,
-                                          lambda fam: memory_calibration(fam, n, arch, pool), cap)
+            spec, mem, why, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
+                                                   lambda fam: memory_calibration(fam, n, arch, pool), cap)
             if spec is None:
+                if refused and not extra:
+                    break  # the model or the GPU refuses the configuration itself: no saver changes that
                 continue
             fitted = " [to fit: " + " ".join(f"{k}={v}" for k, v in extra.items()) + "]" if extra else ""
             host = memory.host_need(memory.host_peak(spec))
@@ -429,19 +431,18 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
                         "total_steps": spec.recipe["total_steps"], "from": s.model,
                         "_fam": tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))),
                         "_roofline_s": steptime.step_s(spec)})
+            added = True
             break
-        else:
-            if why:
-                notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} with any "
-                             f"memory saver ({why})")
+        if not added and why:
+            notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
     return out
 
 
 def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw: dict, installed: frozenset,
                  calibration, cap: float):
-    """(spec, predicted peak bytes, None) at the largest micro-batch predicted within cap bytes, or (None, None,
-    why not): a knob the model or GPU refuses, or the smallest micro-batch's prediction. calibration(fam): the
-    memory calibration of a configuration family."""
+    """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes, or (None,
+    None, why not, refused): refused=True where a knob rule refuses the configuration on this model and GPU, False
+    where the smallest micro-batch is predicted over cap. calibration(fam): the memory calibration of a family."""
     from trainscout.spaces import ConfigError
     from trainscout.trial import memory, prepare
     batch = global_batch or model.recipe.global_batch
@@ -455,15 +456,15 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
         except ConfigError as e:
             if e.field == "micro_batch_size":
                 continue
-            return None, None, str(e)
+            return None, None, str(e), True
         got = calibration(tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))))
         mem = memory.predict_terms(*memory.terms(spec), got[0] if got else None)
         if mem <= cap:
-            return spec, mem, None
+            return spec, mem, None, False
         smallest = (mbs, mem)
     if smallest is None:
-        return None, None, "no micro-batch divides the batch"
-    return None, None, f"predicted {smallest[1] / GiB:.1f} GiB at micro-batch {smallest[0]} > {cap / GiB:.1f} GiB"
+        return None, None, "no micro-batch divides the batch", True
+    return None, None, f"predicted {smallest[1] / GiB:.1f} GiB at micro-batch {smallest[0]} > {cap / GiB:.1f} GiB", False
 
 
 # --- what bench/build_atlas.py ships ----------------------------------------------------------------------------
