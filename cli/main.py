@@ -236,7 +236,11 @@ def print_trial(r, verbose: bool = False) -> None:
             print("stderr   the ranks' last lines:\n" + textwrap.indent(r.stderr_tail, "    "))
         return
     rec = r.recipe
-    mfu = f"{m['mfu']:.3f}" if m["mfu"] is not None else "n/a (no GPU peak known)"
+    fpt = f"{m['flops_per_token'] / 1e9:.2f} GFLOPs per token ({m.get('flops_convention', 'dense-6N')}: "\
+          f"{m['active_params'] / 1e6:,.1f} M active matmul parameters)" if m.get("active_params") else ""
+    mfu = (f"{m['mfu']:.3f}, HFU {m['hfu']:.3f}" if m.get("hfu") is not None else f"{m['mfu']:.3f}") \
+        if m["mfu"] is not None else "n/a (no GPU peak known)"
+    mfu = f"{mfu}; {fpt}" if fpt else mfu
     rows = [
         ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "

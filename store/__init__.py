@@ -192,7 +192,7 @@ class Store:
         """The measurement stored under key, or None."""
         with self.engine.connect() as c:
             row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
-        return Record.from_dict(json.loads(row[0])) if row else None
+        return _read(json.loads(row[0])) if row else None
 
     @staticmethod
     def _row(key: str, record: Record | dict, source: str) -> dict:
@@ -228,7 +228,7 @@ class Store:
         """Every stored record, with its key and source."""
         with self.engine.connect() as c:
             rows = c.execute(sa.select(MEASUREMENTS.c.key, MEASUREMENTS.c.source, MEASUREMENTS.c.record)).all()
-        return [Record.from_dict(dict(json.loads(r.record), key=r.key, source=r.source)) for r in rows]
+        return [_read(dict(json.loads(r.record), key=r.key, source=r.source)) for r in rows]
 
     def export_jsonl(self, path: str) -> int:
         """Every measurement as one JSON line (record + key + source), to pool results between labs."""
@@ -321,6 +321,13 @@ class Store:
             rows = c.execute(sa.select(*cols).where(SEARCH_TRIALS.c.search == search)
                              .order_by(SEARCH_TRIALS.c.created_at)).mappings().all()
         return [{"error": None, **r, "config": json.loads(r["config"])} for r in rows]
+
+
+def _read(data: dict) -> Record:
+    """A stored record as read: its FLOP metrics counted under trial.flops.CONVENTION (a record stored under an
+    older count is recounted here, its stored figures kept beside as *_dense_v0; the row is not rewritten)."""
+    from trainscout.trial.flops import recount
+    return recount(Record.from_dict(data))
 
 
 def imported_problem(rec) -> str | None:

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, hardware, metrics, pool, probe
+from . import faults, flops, hardware, metrics, pool, probe
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
@@ -233,8 +233,6 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     non_last = [m for r in ranks for st in r.steps for m in st["micro"][:-1]]
     last = [st["micro"][-1] for r in ranks for st in r.steps]
     tok_s = spec.tokens_per_step / step_s
-    cfg = spec.model_config
-    fpt = metrics.flops_per_token(n_params, sizes(cfg).layers, sizes(cfg).hidden, recipe["seq_len"])
     device_name = ranks[0].device_name
     peak = metrics.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
     out = {
@@ -249,10 +247,11 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "steps_s": projected,
         "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
         "n_params": n_params,
-        "flops_per_token": fpt,
         "gpu": device_name,
         "peak_tflops": peak,
-        "mfu": metrics.mfu(tok_s, fpt, peak, spec.world_size),
+        # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (trial/flops.py)
+        **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
+                        spec.plan.get("checkpoint_every", 0)),
         "projected_days": recipe["total_steps"] * step_s / 86400,
         "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
         "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],
