@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, flops, hardware, metrics, pool, probe
+from . import faults, flops, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
@@ -42,11 +42,12 @@ def detect_device(device: str) -> str:
 def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
             measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
             total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
-            fault: str | None = None, seed: int = 0, hw: dict | None = None) -> TrialSpec:
+            fault: str | None = None, seed: int = 0, hw: dict | None = None, gate: bool = True) -> TrialSpec:
     """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
 
     hw is the hardware fingerprint of the box; a search passes the one its driver took (a trial process of a
-    search holds no GPU itself), a single trial takes it here."""
+    search holds no GPU itself), a single trial takes it here. gate: where knobs change the numerics, the trial
+    also takes the quality gate's step against its reference (trial/quality.py); verify and train leave it out."""
     for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
@@ -86,6 +87,14 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
         hardware=dict(hw, world_size=workers))
     if plan.micro_batch_probe:
         out.probe = probe.candidates(out, plan, measured)
+    changed = quality.changes(cfg, ctx)
+    if changed and gate:
+        ref = quality.reference(cfg, changed)
+        q = {"changes": changed, "reference": quality.differences(cfg, ref)}
+        try:
+            out.quality = dict(q, reference_plan=resolve(ref, ctx)[1].to_dict())
+        except ConfigError as e:  # measured all the same; its record says why it has no verdict
+            out.quality = dict(q, why=f"its reference does not resolve ({e})")
     return out
 
 
@@ -267,6 +276,10 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage
         "micro_batch_size": spec.plan["micro_batch_size"],
     }
+    if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
+        out["quality"] = ranks[0].quality or spec.quality.get("known") or {
+            "changes": spec.quality["changes"], "reference": spec.quality["reference"],
+            "why": spec.quality.get("why") or "the gate's step did not run (the trial ended early)"}
     if spec.device == "cuda":
         out["peak_allocated_mib"] = [round(r.peak_allocated_mib, 1) for r in ranks]
         out["peak_reserved_mib"] = [round(r.peak_reserved_mib, 1) for r in ranks]
