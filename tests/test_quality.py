@@ -78,3 +78,41 @@ def test_statuses():
         (quality.UNVERIFIED, "out of memory")
     verified = {"verdict": quality.VERIFIED, "steps": 500, "why": None}
     assert quality.status({"quality": {"gate": quality.FAILED}}, verified)[0] == quality.VERIFIED
+
+
+def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tmp_path):
+    """CLI end to end: a 2-trial CPU search of tiny with precision=fp32 fixed (a numerics change: every trial takes
+    the gate, the second served from the store's verdict), --quality strict; then verify --quality 24 trains it and
+    its bf16 reference on the shipped corpus; the summary then says verified."""
+    import json
+    import subprocess
+    import sys
+
+    from trainscout.search.service import summarize
+    from trainscout.store import Store, default_url
+    out = tmp_path / "q"
+    cli = [sys.executable, "-m", "trainscout.cli"]
+    res = subprocess.run([*cli, "search", "--model", "tiny", "--device", "cpu", "--gpus-per-trial", "1", "--steps", "2",
+                          "--warmup", "1", "--trials", "2", "--out", str(out), "--set", "compile=false",
+                          "--set", "zero_stage=0", "--set", "fsdp=off", "--set", "loss_kernel=eager",
+                          "--set", "precision=fp32", "--set", "pipeline_stages=1", "--quality", "strict"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "quality: passed: one step against its reference (precision)" in res.stdout, res.stdout
+    assert "--quality 500" in res.stdout  # what to run to train both
+    store = Store(default_url(str(out)))
+    gates = [r.m["quality"] for r in store.measurements() if r.ok]
+    assert gates and all(q["gate"] == quality.PASSED for q in gates)
+    assert len(gates) < 2 or any(q.get("cached") for q in gates)  # one gate step per change in a search
+    res = subprocess.run([*cli, "verify", str(out), "--quality", "24", "--json"], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout)
+    assert r["status"] == "ok" and r["verdict"] == quality.VERIFIED, r
+    assert r["reference"] == {"precision": "bf16-mixed"} and r["epochs"] < 1
+    curve = r["curves"]["reference"]
+    assert len(curve) == 24 and sum(curve[-4:]) < sum(curve[:4]) - 0.2  # it learns the text (lr 1e-4: slowly)
+    assert abs(r["loss"]["rel_diff"]) < 0.01 and r["speed"]["ratio"] > 0
+    assert (out / f"verify-quality-{r['key'][:12]}.json").exists()
+    summary = summarize(store, "q", open("/dev/null", "w"), out=str(out))
+    assert summary["best"][0]["quality"] == quality.VERIFIED

@@ -274,6 +274,8 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
         "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0].steps]),
         "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage
+        # each timed step's loss (verify --quality compares them), from the rank that has them
+        "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
         "micro_batch_size": spec.plan["micro_batch_size"],
     }
     if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
