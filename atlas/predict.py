@@ -365,19 +365,18 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
             break
         notes.append(f"nothing is predicted to fit {want} x {kind} ({FIT_SHARE:.0%} of {capacity_gib:.1f} GiB, the "
                      "share a search's start point uses)")
-    from trainscout.trial import metrics
-    from trainscout.trial.models import sizes
-    z = sizes(spec_model.config)
+    from trainscout.trial import flops, metrics
+    count = flops.count(spec_model.config)
     peak_tflops = metrics.gpu_peak_tflops(hw_name)
     for r in rows:
         same_count = [s for s in on_kind if s.world == r["gpus"]]
         ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind)
         step = r.pop("_roofline_s") * ratio
         tps = r["tokens_per_step"] / step
-        fpt = metrics.flops_per_token(n, z.layers, z.hidden, r["tokens_per_step"] // r["global_batch"])
+        fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (atlas/mfu.py)
         r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),
                  projected_days=r["total_steps"] * step / 86400, mfu=metrics.mfu(tps, fpt, peak_tflops, r["gpus"]),
-                 mfu_convention="dense_v0 (predicted)")
+                 mfu_convention=f"{flops.CONVENTION} (predicted)")
     rows.sort(key=lambda r: -r["tokens_per_s"])
     near = min((_distance(n, arch, s) for s in on_kind), default=None)
     if near is not None and near > REACH:
