@@ -13,6 +13,7 @@ import json
 import os
 
 from . import predict
+from .mfu import CONVENTION
 
 COLUMNS = ("model", "params_m", "arch", "gpu", "gpus", "status", "tokens_per_s", "mfu", "peak_gib", "run_tokens_b", "days",
            "rent_usd", "global_batch", "describe", "tags", "labels", "origin", "date", "command", "source", "key",
@@ -120,7 +121,8 @@ def build_html(atlas, title: str = "trainscout atlas") -> str:
            f"{100 * tps['median_abs']:.1f} % (worst {100 * tps['worst']:+.0f} %), peak memory median "
            f"{100 * mem['median_abs']:.1f} % (worst {100 * mem['worst']:+.0f} %).") if tps.get("n") else ""
     return (TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__LAYERS__", layers)
-            .replace("__ERR__", html.escape(err)).replace("__DATA__", data))
+            .replace("__ERR__", html.escape(err)).replace("__MFU__", html.escape(CONVENTION))
+            .replace("__DATA__", data))
 
 
 def write(atlas, out_dir: str, name: str = "atlas.html") -> str:
@@ -167,8 +169,8 @@ tr.oom td{color:#8a1c1c}
 .legend i{display:inline-block;width:10px;height:10px;border-radius:50%;margin-right:4px;vertical-align:middle}
 </style></head><body>
 <header><h1>__TITLE__: what a GPU trains, how fast, for how much</h1>
-<p>Layers: __LAYERS__. MFU recomputed under the honest count; days and rent for each row's recipe (rent: list-price
-estimates, analysis/prices.json). __ERR__</p></header>
+<p>Layers: __LAYERS__. MFU recounted: __MFU__; days and rent for each row's recipe (rent: list-price estimates,
+analysis/prices.json). __ERR__</p></header>
 <main>
 <aside id="filters">
 <h3>Model size (parameters)</h3>
@@ -301,7 +303,7 @@ function renderPlot() {
   document.getElementById("legend").innerHTML = gpus.map((k, j) => `<span><i style="background:${COLORS[j % COLORS.length]}"></i>${esc(k.replace(" x", " × "))}</span>`).join("")
     + `<span><i style="background:#fff;border:2px solid #555"></i>hollow: predicted</span>`;
   if (!pts.length) return;
-  const L = 56, B = 34, T = 8, R = 10;
+  const L = 56, B = 34, T = 22, R = 10;
   const lx = pts.map(i => Math.log10(C.params_m[i])), ly = pts.map(i => Math.log10(C.tokens_per_s[i]));
   const x0 = Math.floor(Math.min(...lx)), x1 = Math.ceil(Math.max(...lx)) + (Math.min(...lx) === Math.max(...lx) ? 1 : 0);
   const y0 = Math.floor(Math.min(...ly)), y1 = Math.ceil(Math.max(...ly)) + (Math.min(...ly) === Math.max(...ly) ? 1 : 0);
@@ -313,7 +315,7 @@ function renderPlot() {
     g.fillText(t, Math.min(Math.max(X(e) - tw / 2, 0), w - tw - 1), h - B + 14);
   }
   for (let e = y0; e <= y1; e++) { g.beginPath(); g.moveTo(L, Y(e)); g.lineTo(w - R, Y(e)); g.stroke(); g.fillText(Number(Math.pow(10, e)).toLocaleString("en-US"), 2, Y(e) + 4); }
-  g.fillText("parameters", w / 2 - 24, h - 4); g.fillText("tokens/s", L + 4, T + 10);
+  g.fillText("parameters", w / 2 - 24, h - 4); g.fillText("tokens/s", 2, 12);
   const paths = new Map();  // one path per colour and kind: 10,000 points cost a few fills, not 10,000
   pts.forEach((i, j) => {
     const k = (gpus.indexOf(str("gpu", i) + " x" + C.gpus[i]) % COLORS.length) + (str("status", i) === "predicted" ? "p" : "m");

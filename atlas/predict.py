@@ -393,6 +393,7 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
     """predict_model's candidates on `gpus` GPUs, each at its largest fitting micro-batch (unsorted, uncalibrated):
     the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
     the nearest models' rows."""
+    from trainscout.spaces import fmt
     from trainscout.trial import memory, steptime
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
@@ -419,7 +420,7 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
                 if refused and not extra:
                     break  # the model or the GPU refuses the configuration itself: no saver changes that
                 continue
-            fitted = " [to fit: " + " ".join(f"{k}={v}" for k, v in extra.items()) + "]" if extra else ""
+            fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
             host = memory.host_need(memory.host_peak(spec))
             offload = f" [needs {host / GiB:.0f} GiB of host memory]" if spec.plan.get("zero", {}).get(
                 "offload_optimizer") or spec.plan.get("zero", {}).get("offload_param") else ""
