@@ -70,19 +70,26 @@ def scrub(text: str | None) -> str | None:
         return None
     out = _PATH.sub("<path>", str(text))
     host = socket.gethostname()
-    if host and len(host) > 2:
-        out = out.replace(host, "<host>")
+    if host and len(host) > 2 and host != "localhost":
+        out = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "<host>", out)
     return out
 
 
+def _scrubbed(v):
+    if isinstance(v, str):
+        return scrub(v)
+    if isinstance(v, dict):
+        return {k: _scrubbed(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_scrubbed(x) for x in v]
+    return v
+
+
 def shareable_record(record: dict) -> dict:
-    """A record as a row carries it: without LOCAL_FIELDS, the model named without a path, the error scrubbed."""
-    out = {k: v for k, v in record.items() if k not in LOCAL_FIELDS}
+    """A record as a row carries it: without LOCAL_FIELDS, the model named without a path, every text in it without
+    absolute paths and this host's name (an error, a config's _name_or_path)."""
+    out = {k: _scrubbed(v) for k, v in record.items() if k not in LOCAL_FIELDS}
     out["model"] = model_name(record.get("model") or "")
-    if out.get("error"):
-        out["error"] = scrub(out["error"])
-    hw = dict(out.get("hardware") or {})
-    out["hardware"] = hw if hw else out.get("hardware")
     return out
 
 

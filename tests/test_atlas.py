@@ -171,7 +171,7 @@ def test_a_contribution_round_trips_into_a_fresh_store(tmp_path, capsys):
     rows = rows_of(share)
     text = share.read_text()
     assert rows and all(r["content_hash"] == schema.content_hash(r) for r in rows)
-    assert "/tmp" not in text and "/work" not in text and socket.gethostname() not in text
+    assert "/tmp" not in text and "/work" not in text
     assert not any("stderr_tail" in r["record"] or "source" in r["record"] for r in rows)
     assert all(r["provenance"]["command"].startswith("trainscout search --model") for r in rows)
     fresh = tmp_path / "fresh"
@@ -194,6 +194,17 @@ def test_a_contribution_round_trips_into_a_fresh_store(tmp_path, capsys):
     assert main(["results", str(fresh), "--export", str(again), "--share"]) == 0
     assert {r["key"]: r["provenance"]["command"] for r in rows_of(again)} == \
         {r["key"]: r["provenance"]["command"] for r in rows}
+
+
+def test_a_shared_record_names_no_path_and_no_host(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "labhost42")
+    rec = dict(db.shipped_rows()[0]["record"], model="/home/me/models/my-llama.json", stderr_tail="labhost42: boom",
+               error="CUDA out of memory on labhost42.example.org, see /home/me/run/trial-7/rank0.log",
+               model_config=dict(db.shipped_rows()[0]["record"]["model_config"], _name_or_path="/data/ckpt/llama"))
+    out = schema.shareable_record(rec)
+    text = json.dumps(out)
+    assert "labhost42" not in text and "/home" not in text and "/data" not in text and "stderr_tail" not in out
+    assert out["model"] == "my-llama" and out["error"] == "CUDA out of memory on <host>.example.org, see <path>"
 
 
 def _planted(rows: list[dict]) -> tuple[list[dict], dict[int, str]]:
