@@ -43,8 +43,8 @@ def test_a_knob_that_corrupts_the_numerics_fails_the_gate(corrupt):
     assert spec.quality["changes"] == {corrupt: "outputs of every linear rounded to one bit"}
     assert spec.quality["reference"] == {corrupt: False}
     got = quality.one_step(spec, torch.device("cpu"))
-    assert got["gate"] == quality.FAILED and got["grad_sqnr_db"] < quality.THRESHOLD_DB, got
-    assert "dB" in got["why"] or "loss" in got["why"]
+    assert got["gate"] == quality.FAILED and got["op_sqnr_db"] < quality.THRESHOLD_DB, got
+    assert "output SQNR" in got["why"] and got["worst_op"]
     assert quality.status({"quality": got})[0] == quality.FAILED
 
 
@@ -54,8 +54,9 @@ def test_fp32_against_bf16_autocast_passes_the_gate_in_a_real_trial(ray_local):
     r = execute(spec)
     assert r.ok, r.error
     q = r.m["quality"]
-    # measured here: ~45 dB, the loss within 0.01 % (bf16 autocast's rounding against fp32)
-    assert q["gate"] == quality.PASSED and q["grad_sqnr_db"] > 30 and q["loss_rel_diff"] < 1e-3, q
+    # bf16 autocast's rounding against fp32: linear outputs ~50 dB, all gradients ~45 dB, the loss within 0.01 %
+    assert q["gate"] == quality.PASSED and q["op_sqnr_db"] > 35 and q["grad_sqnr_db"] > 30, q
+    assert q["loss_rel_diff"] < 1e-3
     assert q["reference"] == {"precision": "bf16-mixed"} and q["seconds"] > 0
     status, why = quality.status(r.m)
     assert status == quality.PASSED and "dB" in why
