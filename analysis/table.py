@@ -47,7 +47,7 @@ def load(source: str) -> pd.DataFrame:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(row)
     return pd.DataFrame(rows, columns=["search", "trial", "status", "cached", "error", "model", "device", "world_size",
-                                       "gpu", *knobs, *METRICS, "quality", "key", "created_at"])
+                                       "gpu", *knobs, *METRICS, "quality", "key", "created_at", "origin"])
 
 
 def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config,
@@ -58,7 +58,8 @@ def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, cr
     m, hw = (rec.m if rec else {}), ((rec.hardware if rec else None) or {})
     row = {"search": search, "trial": trial, "status": status, "cached": cached, "error": error,
            "model": rec.model if rec else None, "device": rec.device if rec else None,
-           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at}
+           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at,
+           "origin": rec.source if rec else None}  # local, imported:FILE or contributed:FILE (store/contrib.py)
     row.update({k: config.get(k) for k in knobs})
     row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
     row["quality"] = quality_status(m, verified)[0] if status == Status.OK and rec else None

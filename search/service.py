@@ -529,7 +529,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     notes: list[str] = []
     ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
     start = [] if done else first_points(start_points(args, space, hw, calibration, notes), ranker)
-    known = [] if done else store_points(args, space, hw, store.measurements(), start)
+    from trainscout.atlas.db import with_shipped  # the shipped H200 measurements beneath the store's
+    known = [] if done else store_points(args, space, hw, with_shipped(store.measurements()), start)
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker)
