@@ -62,7 +62,7 @@ def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, cr
            "origin": rec.source if rec else None}  # local, imported:FILE or contributed:FILE (store/contrib.py)
     row.update({k: config.get(k) for k in knobs})
     row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
-    row["quality"] = quality_status(m, verified)[0] if status == Status.OK and rec else None
+    row["quality"] = quality_status(m, verified, rec.config, rec.device)[0] if status == Status.OK and rec else None
     return row
 
 

@@ -16,6 +16,7 @@ import os
 import re
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.quality import status as quality_status
 
 from . import predict
 
@@ -170,6 +171,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                    "labels": sorted({lb["name"] for r in oks for lb in r.get("labels") or []}),
                    "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
                    "verified": best.get("verified"), "provenance": best["provenance"],
+                   "quality": quality_status(m, None, rec["config"], rec.get("device")),
                    "origins": sorted({r["provenance"].get("origin") for r in oks})}
             row.update(_money(days, n, row["gpu"], prices))
             ok.append(row)
@@ -319,6 +321,8 @@ def render(answer: dict, provenance: bool = True) -> str:
             lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r['mfu'], '{:.3f}'):>5}  "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r['projected_days'], '{:.1f}'):>6}  "
                          f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']}{reps}{lab}{contributed}")
+            if r["quality"][0] != "same":  # knobs that change the numerics (trial/quality.py)
+                lines.append(f"     quality: {r['quality'][0]}: {r['quality'][1]}")
             if r.get("verified"):
                 v = r["verified"][0]
                 lines.append(f"     verified: {v['steps']} full optimizer steps ({v['runner']}) at "
