@@ -240,6 +240,13 @@ def label(row) -> str:
     return f"#{row['n']} {row.get('trial') or ''}" + (f" [{str(key)[:8]}]" if isinstance(key, str) else "")
 
 
+def contributed(row) -> str:
+    """" (contributed: FILE)" for a row imported from a share file (store/contrib.py), else ""."""
+    origin = row.get("origin")
+    return f" (contributed: {origin.split(':', 1)[1]})" if isinstance(origin, str) and origin.startswith(
+        "contributed:") else ""
+
+
 def gpu_s_text(row) -> str:
     """A row's device-seconds (wall time × ranks) as text, "≈N (est.)" when estimated; "n/a" if missing."""
     v = row.get("gpu_s")
@@ -287,10 +294,10 @@ def summary(a: Analysis, top: int = 5) -> str:
         tied = _tied_keys(a)
         for i, r in a.best.head(top).iterrows():
             lines.append(f"  #{i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
-                         f"MFU {num(r['mfu'], '.3f')}  "
+                         f"MFU {num(r['mfu'], '.3f')}  quality {r['quality']}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
-                         f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]")
+                         f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]{contributed(r)}")
         if tied:
             lines.append(f"  {tie_text(a)}")
     else:
@@ -964,17 +971,22 @@ def render_html(a: Analysis) -> str:
     if len(b):
         tied = _tied_keys(a)
         rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else ""), num(r["tokens_per_s"]), num(r["mfu"], ".3f"),
-                 num(r["peak_memory_gib"], ".2f"),
-                 days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]), _e(f"{r['model']} on {where(r)}"),
+                 _e(r["quality"]), num(r["peak_memory_gib"], ".2f"),
+                 days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),
+                 _e(f"{r['model']} on {where(r)}{contributed(r)}"),
                  f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
                 for i, r in b.head(TOP).iterrows()]
-        out.append(_table(["#", "tokens/s", "MFU", "GiB/rank", "days", "rent", "box", "model / hardware",
-                           "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 3, 4, 5, 6}))
+        out.append(_table(["#", "tokens/s", "MFU", "quality", "GiB/rank", "days", "rent", "box", "model / hardware",
+                           "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 4, 5, 6, 7}))
         if tied:
             out.append(f"<p class=\"note\"><b>{_e(tie_text(a))}</b></p>")
         out.append("<p class=\"note\">days: the recipe's full run projected from the measured optimizer step. rent: "
                    "days × 24 × $/GPU-hour × GPUs. box: buying the GPUs and the machines that hold them. MFU: "
-                   "against the GPU's bf16 dense peak (n/a on a CPU). Export one with "
+                   "matrix-product FLOPs counted from the model's modules (embedding lookups not counted, a mixture "
+                   "of experts' routed experts only) against the GPU's bf16 dense peak (n/a on a CPU). quality: "
+                   "same (no knob changes the numerics), passed / failed (one step against its reference: gradient "
+                   "SQNR >= 20 dB), verified / failed (<code>trainscout verify DIR --quality STEPS</code>: trained "
+                   "against its reference on real text), unverified (no verdict). Export one with "
                    "<code>trainscout export DIR --trial KEY --format all --out DIR</code>.</p>")
     else:
         out.append("<p>No trial ran to the end: nothing to rank (see what failed below).</p>")

@@ -11,7 +11,7 @@ from trainscout.store import Store, default_url
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 
-METRICS = ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
+METRICS = ("tokens_per_s", "step_s", "mfu", "hfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
            "optimizer_s", "step_spread")
 
 
@@ -36,6 +36,7 @@ def load(source: str) -> pd.DataFrame:
     store = store_of(source) if isinstance(source, str) else source
     knobs = [k.name for k in all_knobs()]
     records = {m.key: m for m in store.measurements()}
+    verified = store.verified()
     with store.engine.connect() as c:
         searches = [r[0] for r in c.exec_driver_sql("SELECT name FROM trainscout_searches")]
     rows = []
@@ -47,12 +48,14 @@ def load(source: str) -> pd.DataFrame:
             # has no record)
             row = _row(rec, knobs, search=search, trial=t["trial"], status=t["status"], cached=bool(t["cached"]),
                        error=(rec.error if rec else None) or t.get("error"), key=t["key"],
-                       created_at=t["created_at"], config=t["config"], number=numbers.get(t["trial"]))
+                       created_at=t["created_at"], config=t["config"], number=numbers.get(t["trial"]),
+                       verified=verified.get(t["key"]))
             if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(row)
     return typed(pd.DataFrame(rows, columns=["search", "trial", "number", "status", "cached", "error", "model",
-                                             "device", "world_size", "gpu", *knobs, *METRICS, "key", "created_at"]))
+                                             "device", "world_size", "gpu", *knobs, *METRICS, "quality", "key",
+                                             "created_at", "origin"]))
 
 
 def typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -91,14 +94,18 @@ def trial_numbers(store: Store, search: str) -> dict[str, int]:
 
 
 def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config,
-         number=None) -> dict:
-    """One row of load(): a trial's (or a measurement's) identity and outcome, its knobs, its record's metrics."""
+         verified: dict | None = None, number=None) -> dict:
+    """One row of load(): a trial's (or a measurement's) identity and outcome, its knobs, its record's metrics and,
+    for an ok one, its quality status (trial/quality.py: same, passed, verified, failed or unverified)."""
+    from trainscout.trial.quality import status as quality_status
     m, hw = (rec.m if rec else {}), ((rec.hardware if rec else None) or {})
     row = {"search": search, "trial": trial, "number": number, "status": status, "cached": cached, "error": error,
            "model": rec.model if rec else None, "device": rec.device if rec else None,
-           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at}
+           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at,
+           "origin": rec.source if rec else None}  # local, imported:FILE or contributed:FILE (store/contrib.py)
     row.update({k: config.get(k) for k in knobs})
     row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
+    row["quality"] = quality_status(m, verified, rec.config, rec.device)[0] if status == Status.OK and rec else None
     return row
 
 
@@ -144,11 +151,12 @@ def load_resolved(source) -> pd.DataFrame:
     df = load(store)
     if df.empty and records:
         knobs = [k.name for k in all_knobs()]
+        verified = store.verified()
         rows = []
         for rec in sorted(records.values(), key=lambda r: (r.started_at or "", r.key)):
             rows.append(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
                              cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
-                             config=rec.config))
+                             config=rec.config, verified=verified.get(rec.key)))
         df = typed(pd.DataFrame(rows, columns=df.columns))
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     for r in df.to_dict("records"):

@@ -238,7 +238,11 @@ def print_trial(r, verbose: bool = False) -> None:
             print("stderr   the ranks' last lines:\n" + textwrap.indent(r.stderr_tail, "    "))
         return
     rec = r.recipe
-    mfu = f"{m['mfu']:.3f}" if m["mfu"] is not None else "n/a (no GPU peak known)"
+    fpt = f"{m['flops_per_token'] / 1e9:.2f} GFLOPs per token ({m.get('flops_convention', 'dense-6N')}: "\
+          f"{m['active_params'] / 1e6:,.1f} M active matmul parameters)" if m.get("active_params") else ""
+    mfu = (f"{m['mfu']:.3f}, HFU {m['hfu']:.3f}" if m.get("hfu") is not None else f"{m['mfu']:.3f}") \
+        if m["mfu"] is not None else "n/a (no GPU peak known)"
+    mfu = f"{mfu}; {fpt}" if fpt else mfu
     rows = [
         ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
@@ -264,6 +268,8 @@ def print_trial(r, verbose: bool = False) -> None:
         else:
             below = ""
         rows.insert(2, ("probe", f"micro_batch_size=max tried {tried}{below}"))
+    for note in (r.plan or {}).get("notes", []):
+        rows.append(("note", note))
     for k, v in rows:
         print(f"{k:9}{v}")
 
@@ -305,6 +311,8 @@ def cmd_estimate(a) -> int:
 def cmd_verify(a) -> int:
     """`trainscout verify`: train a stored configuration for N full steps; measured against projected step time."""
     from trainscout.analysis.verify import verify
+    if a.quality is not None:
+        return verify_quality(a)
     r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address,
                runner=a.runner, global_batch=a.global_batch)
     if a.json:
@@ -327,6 +335,42 @@ def cmd_verify(a) -> int:
             print(f"  the seed paper's timer (one unsynchronised micro-batch x accumulation) on the same steps: "
                   f"{r['seed_method_step_s']:.4f} s = {r['seed_method_ratio']:.3f} x measured")
     return 0 if r["status"] == Status.OK else 1
+
+
+def verify_quality(a) -> int:
+    """`trainscout verify --quality STEPS`: the configuration and its reference trained on real text, compared."""
+    from trainscout.analysis.quality import TOLERANCE, verify_quality as run
+    if a.runner != "trainscout":
+        raise ConfigError("--runner", "--quality trains in trainscout's workers: leave --runner out")
+    r = run(a.source, key=a.trial, steps=a.quality, seeds=a.seeds, global_batch=a.global_batch, seq_len=a.seq_len,
+            timeout=a.timeout, address=a.address)
+    if a.json:
+        print(json.dumps(r))
+        return 0 if r.get("status") == "ok" or r["verdict"] == "same" else 1
+    print(f"verify --quality {r['key'][:12]}  {r['model']}: {r['verdict']}")
+    if r.get("status") != "ok":
+        print(f"  {r['why']}")
+        return 0 if r["verdict"] == "same" else 1
+    changed = ", ".join(f"{k} ({why})" for k, why in r["changes"].items())
+    ref = " ".join(f"{k}={v}" for k, v in r["reference"].items())
+    loss = r["loss"]
+    print(f"  changes the numerics: {changed}; reference: {ref}")
+    print(f"  {r['steps']} steps x {r['global_batch']} x {r['seq_len']} tokens of the shipped corpus "
+          f"({r['epochs']:.2f} epochs of {r['corpus_tokens']:,} tokens), {r['seeds']} seed(s), the same weights and "
+          "batches")
+    print(f"  loss over the last {r['window']} steps: {loss['candidate']:.4f} vs the reference's {loss['reference']:.4f}"
+          f" ({loss['rel_diff']:+.2%}, 95 % interval {loss['ci95'][0]:+.2%} .. {loss['ci95'][1]:+.2%}; "
+          f"verified within +{TOLERANCE:.0%})")
+    sp = r["speed"]
+    eff = r["token_efficiency"]
+    print(f"  tokens/s {sp['candidate_tokens_per_s']:,.0f} vs {sp['reference_tokens_per_s']:,.0f} = {sp['ratio']:.3f}x "
+          f"({sp['source']})")
+    if eff is not None:
+        print(f"  tokens to equal loss: {eff:.3f}x (reached at step {r['steps_to_equal_loss']}); speed at equal loss "
+              f"{r['speed_at_equal_loss']:.3f}x")
+    else:
+        print("  the reference never reached the candidate's final loss: no speed at equal loss")
+    return 0
 
 
 def cmd_train(a) -> int:
@@ -425,7 +469,7 @@ def cmd_search(a) -> int:
         given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
                  "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
-                 "storage": storage, "address": a.address}
+                 "storage": storage, "address": a.address, "quality": a.quality}
         args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
@@ -446,7 +490,7 @@ def cmd_search(a) -> int:
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
                           time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
                           address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
-                          max_failures=a.max_failures, recipe=recipe)
+                          max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark")
     # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
     stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
     try:
@@ -499,12 +543,23 @@ def cmd_results(a) -> int:
             else:
                 out_folder("DIR", a.source)
             store = store_of(a.source, create=True)
-            added, present = store.import_jsonl(a.import_file)
+            added, present, refused = store.import_jsonl(a.import_file)
             store.checkpoint()
-            print(f"imported {added} measurements, {present} already present")
+            for n, key, why in refused:  # each one, with its reason (store/contrib.py: the rules)
+                print(f"trainscout: refused: {a.import_file} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+            print(f"imported {added} measurements, {present} already present"
+                  + (f", {len(refused)} refused" if refused else ""))
+            return 1 if refused else 0
+        if a.share:
+            from trainscout.store.contrib import export_share
+            n, left = export_share(store_of(a.source), a.export_file)
+            print(f"exported {n} measurements to {a.export_file} to share (provenance and a content hash per row; no "
+                  "paths, host names or logs)" + "".join(f"; left out {k}: {v}" for k, v in sorted(left.items())))
         else:
             print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
         return 0
+    if a.share:
+        raise ConfigError("--share", "--share goes with --export FILE: write e.g. --export mine.jsonl --share")
     store = store_of(a.source)
     df = load_resolved(store)  # a store of measurements alone too (a grid, an import)
     for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
@@ -524,7 +579,7 @@ def cmd_results(a) -> int:
     elif a.format == "json":
         print(dumps(df))
     else:
-        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "peak_memory_gib", "projected_days",
+        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
                              "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
                              "precision", "key", "error") if c in df.columns]
         width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
@@ -548,12 +603,14 @@ def cmd_export(a) -> int:
     formats = FORMATS if a.format == "all" else (a.format,)
     store = store_of(a.source)
     rec = measurement(store, key=a.trial, best=a.best)
-    for path in export(rec, a.out, formats, measurements=store.measurements()):
+    for path in export(rec, a.out, formats, measurements=store.measurements(),
+                       verified=store.quality(rec.key, "verify")):
         print(path)
     if a.best and (tie := best_choice(store).line()):
         print(f"note: {tie}")
     with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
         exported = json.load(f)
+    print(f"quality: {exported['quality']['status']}: {exported['quality']['why']}")
     for fmt, why in exported["not_exported"].items():
         print(f"not exported: {fmt}: {why}")
     how = exported["launch"]
@@ -575,6 +632,74 @@ def cmd_export(a) -> int:
                 print(f"  without {item} ({cost['without']}, measured in this store): {cost['tokens_per_s']:,.0f} "
                       f"tokens/s = {cost['ratio']:.3f} x")
     return 0
+
+
+def lookup_models(values: list[str]) -> list[str]:
+    """--model, repeatable and comma-separated; a pattern (pythia-*) names the built-in models it matches."""
+    import fnmatch
+
+    from trainscout.trial.models import model_names
+    out = []
+    for value in values:
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            if any(c in item for c in "*?[") and not os.path.exists(item):
+                hits = [m for m in model_names() if m != "tiny" and fnmatch.fnmatch(m, item)]
+                if not hits:
+                    raise ConfigError("--model", f"--model {item} matches no built-in model: use e.g. 'pythia-*' "
+                                                 f"({', '.join(model_names())})")
+                out += hits
+            else:
+                out.append(item)
+    return list(dict.fromkeys(out))
+
+
+def cmd_lookup(a) -> int:
+    """`trainscout lookup`: measured best configurations from the atlas, else a labelled prediction; exit 1 when a
+    --db file had refused rows (each printed with its reason)."""
+    from trainscout.atlas import db
+    from trainscout.atlas.lookup import lookup, render, render_summary
+    for path in a.db or []:
+        input_file("--db", path)
+    models = lookup_models(a.model)
+    capacity = gpu_memory(a.gpu_memory) / 2**30 if a.gpu_memory else None
+    atlas = db.load(a.db)
+    refused = [(layer.name, *r) for layer in atlas.layers for r in layer.refused]
+    for name, n, key, why in refused:
+        print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+    answers = [lookup(atlas, m, gpu=a.gpu, gpus=a.gpus, global_batch=a.global_batch, budget=a.budget,
+                      gpu_memory_gib=capacity, top=a.top) for m in models]
+    if a.json:
+        print(json.dumps(answers[0] if len(answers) == 1 else answers))
+    elif len(answers) == 1 or a.verbose:
+        print("\n\n".join(render(x, provenance=not a.quiet) for x in answers))
+    else:
+        print(render_summary(answers))
+        for x in answers:
+            if x.get("predicted"):
+                print(f"measure {x['model']}: {x['predicted']['search_command']}")
+        if not a.quiet:
+            print("(one --model for its configurations, provenance and the predictions' leave-one-out error; -v: "
+                  "all of them)")
+    return 1 if refused else 0
+
+
+def cmd_atlas(a) -> int:
+    """`trainscout atlas`: the whole atlas (shipped + the stores and files given) as one self-contained HTML page;
+    exit 1 when a file had refused rows (each printed with its reason)."""
+    from trainscout.atlas import db, page
+    for path in a.sources:
+        input_file("DB", path)
+    out_folder("--out", a.out)
+    atlas = db.load(a.sources)
+    refused = [(layer.name, *r) for layer in atlas.layers for r in layer.refused]
+    for name, n, key, why in refused:
+        print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+    path = page.write(atlas, a.out)
+    print(f"atlas: {path} ({sum(len(x.rows) for x in atlas.layers)} rows, "
+          f"{len(atlas.model.get('predictions', {}))} predicted models; {os.path.getsize(path):,} bytes)")
+    return 1 if refused else 0
 
 
 def cmd_report(a) -> int:
@@ -644,6 +769,32 @@ def build_parser() -> Parser:
     m.add_argument("--json", action="store_true", help=JSON_HELP)
     add_recipe_flags(m)
 
+    lk = command(sub, "lookup", "the atlas's measured best, or a prediction (no GPU)",
+                 "What the atlas knows about training a model on a GPU kind, without a GPU: the best measured "
+                 "configurations (tokens/s, MFU, peak memory, days and rent of the recipe, provenance), from the "
+                 "H200 measurements that ship with trainscout and any store or file given with --db; for a model "
+                 "or GPU kind not measured, a prediction labelled as such, with its leave-one-out error over the "
+                 "shipped rows and the search command that would measure it.",
+                 "  trainscout lookup --model pythia-1b --gpu H200\n"
+                 "  trainscout lookup --model 'pythia-*' --gpu H200 --gpus 1      # the seed paper's question\n"
+                 "  trainscout lookup --model my/config.json --budget '$5000' --db runs/mine", cmd_lookup)
+    lk.add_argument("--model", action="append", required=True,
+                    help="a model name, a config.json path, or a pattern (pythia-*); repeatable, comma-separated")
+    lk.add_argument("--gpu", default=None, help="a GPU kind, e.g. H200 (default: every kind measured for it)")
+    lk.add_argument("--gpus", type=positive_int("--gpus"), default=None,
+                    help="GPUs per run (default: every count measured; a prediction: 1)")
+    lk.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
+                    help="sequences per optimizer step (default: the model's recipe, 1,024 for Pythia)")
+    lk.add_argument("--budget", default=None, help="days (30d) or dollars of rent ($5000): what fits in it")
+    lk.add_argument("--gpu-memory", default=None,
+                    help="memory per GPU for a prediction, e.g. 80GiB (default: the GPU kind's datasheet)")
+    lk.add_argument("--db", action="append", metavar="STORE|FILE",
+                    help="a results store (--out folder, .db, URL) or an export/share file on top of the shipped "
+                         "measurements (repeatable; a file's rows are checked as an import checks them)")
+    lk.add_argument("--top", type=positive_int("--top"), default=5,
+                    help="measured configurations shown per GPU kind and count")
+    lk.add_argument("--json", action="store_true", help=JSON_HELP)
+
     t = command(sub, "trial", "measure one configuration for real",
                 "Measure one configuration: build the model in worker processes (GPUs, or CPU processes), run the "
                 "warm-up steps, then time the optimizer steps with synchronisation. Prints tokens/s, the projected "
@@ -699,6 +850,10 @@ def build_parser() -> Parser:
     s.add_argument("--max-failures", type=int, default=None,
                    help="measure a crashed trial again up to this many times; oom, invalid, timeout: never "
                         f"(default: {d['max_failures']})")
+    s.add_argument("--quality", choices=("mark", "strict"), default=None,
+                   help="mark: every best says whether it trains the same model as its reference (knobs that change "
+                        "the numerics: fp8, precision, ...: the quality gate); strict: only configurations shown to "
+                        "do so are called best (default: mark)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON at the end, alone on stdout; the "
                                                        "live table and progress go to stderr (default: text)")
     add_recipe_flags(s)
@@ -722,8 +877,13 @@ def build_parser() -> Parser:
                    help="write every measurement record of the store to FILE as JSON lines (not a trainer's "
                         "configuration: that is the export command)")
     r.add_argument("--import", dest="import_file", metavar="FILE.jsonl",
-                   help="add the measurement records of such a JSON-lines file (marked imported, duplicates merged; "
-                        "a malformed line refuses the whole file)")
+                   help="add the measurement records of such a JSON-lines file (an export, or a --share file): each "
+                        "record is checked (plausible numbers, provenance, versions that run its knobs, a duplicate "
+                        "that agrees); each refused one is printed with its reason, the rest imported, exit 1 if "
+                        "any was refused; a malformed line refuses the whole file (exit 2)")
+    r.add_argument("--share", action="store_true",
+                   help="with --export: a contribution file (ok and out-of-memory measurements only, with provenance "
+                        "and a content hash per row, no paths, host names or logs)")
 
     rp = command(sub, "report", "best configurations, days and dollars, failures; HTML",
                  "Best configurations (tokens/s, MFU, days, rent and purchase cost from list-price estimates), "
@@ -736,6 +896,16 @@ def build_parser() -> Parser:
     rp.add_argument("--prices", default=None, metavar="FILE.json",
                     help="GPU prices over the built-in list-price estimates, format: analysis/prices.json "
                          "(default: the built-in ones)")
+
+    at = command(sub, "atlas", "the atlas as one HTML page: what a GPU trains",
+                 "Write the whole atlas (the H200 measurements that ship with trainscout, its predictions, and any "
+                 "store or file given) as one self-contained HTML page (no network): the best configuration per "
+                 "model, GPU kind and count, tokens/s against model size, and every row with its provenance, "
+                 "filterable by model size, architecture, GPU kind and count, knob, measured or predicted.",
+                 "  trainscout atlas --out atlas\n  trainscout atlas runs/mine contrib.jsonl --out atlas", cmd_atlas)
+    at.add_argument("sources", nargs="*", metavar="DB",
+                    help="results stores (--out folder, .db, URL) or export/share files on top of the shipped rows")
+    at.add_argument("--out", default="atlas", help="folder for atlas.html")
 
     e = command(sub, "export", "write a configuration for HF Trainer, DeepSpeed, accelerate",
                 "Write a measured configuration for your own trainer: HF TrainingArguments JSON, the engine's "
@@ -765,6 +935,14 @@ def build_parser() -> Parser:
                    help="with --runner trainscout: full steps of this many sequences, where the recipe's step is too "
                         "long to verify (default: the recipe's)")
     v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    v.add_argument("--quality", type=positive_int("--quality"), default=None, metavar="STEPS",
+                   help="instead of timing: train the configuration and its reference (the knobs that change the "
+                        "numerics at their reference values) STEPS steps on the shipped real-text corpus from the same "
+                        "seed; compares the loss (with a 95 %% interval) and the speed at equal loss")
+    v.add_argument("--seeds", type=positive_int("--seeds"), default=1,
+                   help="with --quality: pairs of runs from this many seeds (the interval is over seeds from 2)")
+    v.add_argument("--seq-len", type=positive_int("--seq-len"), default=None,
+                   help="with --quality: sequence length of the runs (default: the recipe's)")
     v.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
                    help="hard limit in seconds, > 0 (default: 30 x the projected time of the steps, at least 900)")
     v.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")

@@ -49,6 +49,7 @@ TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it
 _NUMBERS: dict[str, int] = {}
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
 SEED_RANGE = 2**32  # numpy's, which Optuna's samplers seed
+QUALITY_MODES = ("mark", "strict")  # --quality: what the summary calls best (trial/quality.py)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class SearchArgs:
     recipe: dict = field(default_factory=dict)
     name: str | None = None
     max_failures: int = 0  # a crashed trial is measured again up to this many times (oom/invalid/timeout never)
+    quality: str = "mark"  # mark: every best says whether it trains the same model; strict: only those are best
     space_content: dict | None = None  # the space file as read when the search started: a resume uses it
 
     def search_name(self) -> str:
@@ -136,6 +138,13 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
+    gate = None
+    if not cached and spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
+        from trainscout.trial import quality
+        gate = quality.gate_key(spec)
+        known = store.quality(gate, "gate")
+        if known is not None:
+            spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
     if not cached:
         if why := guard.lost(store.path, ident):  # no device time for a store that is gone
             raise StoreLost(f"the results store {why} while the search ran")
@@ -154,6 +163,9 @@ def _measure(config: dict, base: dict) -> None:
             if record.status != Status.CRASH:
                 break
         store.replace(key, record)  # a crash or timeout measured again: the newer record wins
+        verdict = record.m.get("quality") or {}
+        if gate and verdict.get("gate") and not verdict.get("cached"):
+            store.put_quality(gate, "gate", verdict)
     m = record.m
     value = m.get(METRIC, 0.0) if record.ok else 0.0
     store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
@@ -314,6 +326,9 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     if args.time_budget_s is not None and not (0 < args.time_budget_s < math.inf):
         raise ConfigError("--time-budget", f"--time-budget {args.time_budget_s} is not allowed: "
                                            "write e.g. 90s, 30m or 2h")
+    if args.quality not in QUALITY_MODES:
+        raise ConfigError("--quality", f"--quality {args.quality} is not allowed: use mark (every best says whether it "
+                                       "trains the same model) or strict (only those are called best)")
     if not isinstance(args.max_failures, int) or args.max_failures < 0:
         raise ConfigError("--max-failures", f"--max-failures {args.max_failures} is not allowed: give an integer >= 0")
     if not isinstance(args.seed, int) or isinstance(args.seed, bool) or not 0 <= args.seed < SEED_RANGE:
@@ -411,6 +426,7 @@ def resumed(saved: dict, out: str, given: dict, done: int) -> tuple[SearchArgs, 
     if given.get("time_budget_s") is not None:
         args.time_budget_s = given["time_budget_s"]
         notes.append(f"a time budget of {given['time_budget_s']:g} s for this run")
+    args.quality = given.get("quality") or args.quality  # a rule of the summary: it may change on a resume
     args.storage = given.get("storage") or args.storage  # None: OUT/results.db
     args.address = given.get("address") or args.address
     return args, notes
@@ -658,7 +674,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     notes: list[str] = []
     ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
     start = [] if done else first_points(start_points(args, space, hw, calibration, notes), ranker)
-    known = [] if done else store_points(args, space, hw, store.measurements(), start)
+    from trainscout.atlas.db import with_shipped  # the shipped H200 measurements beneath the store's
+    known = [] if done else store_points(args, space, hw, with_shipped(store.measurements()), start)
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker, target=remaining)
@@ -1170,14 +1187,26 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
     return len(study.trials)
 
 
+def _verify_hint(b: dict, out: str) -> str:
+    """What to run where a best's numerics differ and no training run has compared it with its reference."""
+    if b["quality"] in ("same", "verified"):
+        return ""
+    return f"; train both to compare: trainscout verify {out} --trial {b['key'][:12]} --quality 500"
+
+
 def _days(d: float) -> str:
     return f"{d:.1f} days" if d >= 1 else f"{d * 24:.2f} hours"
 
 
 def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
     """Print a search's outcome to stream: trials by status, per-trial overhead, the `top` fastest distinct
-    configurations; returns the same as a dict."""
+    configurations, each with its quality status (trial/quality.py: the same model as its reference, or not, or
+    not known); a search run with --quality strict calls best only those that train the same model (same, passed,
+    verified) and names the faster ones it passed over. Returns the same as a dict."""
+    from trainscout.trial import quality
     store.checkpoint()
+    strict = (store.search_args(name) or {}).get("quality") == "strict"
+    verified = store.verified()
     trials = store.trials(name)
     by_status: dict[str, int] = {}
     for t in trials:
@@ -1191,11 +1220,20 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         rec = store.get(t["key"])
         rec.key = t["key"]
         records.append(rec)
+        status, why = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
-                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
-    # the best: the fastest, or the simplest of those within its measured noise (analysis.ties; rule: README)
+                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
+                     "quality": status, "quality_why": why, "notes": (rec.plan or {}).get("notes", [])})
+    passed_over = []
+    if strict:  # the faster configurations not shown to train the same model are named, not called best
+        good = [b for b in best if b["quality"] in quality.GOOD]
+        line = good[0]["tokens_per_s"] if good else 0.0
+        passed_over = [b for b in best if b["quality"] not in quality.GOOD and b["tokens_per_s"] > line][:top]
+        best = good
+    # the best of those: the fastest, or the simplest within its measured noise (analysis.ties; rule: README)
     from trainscout.analysis.ties import choose
-    choice = choose(records)
+    called = {b["key"] for b in best}
+    choice = choose([r for r in records if r.key in called])
     if choice is not None and choice.is_tie:
         best.sort(key=lambda b: b["key"] != choice.best.key)  # the chosen first, the others fastest first
     tie = None if choice is None or len(choice.tied) < 2 else {
@@ -1207,7 +1245,8 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
                 for r in (store.get(t["key"]) for t in trials
                           if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
-               "overhead_s": overhead, "tie": tie}
+               "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
+               "passed_over": passed_over}
     free = len(trials) - counted(trials)
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
           + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
@@ -1222,10 +1261,18 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
         mark = " (tie)" if b["key"] in tied else ""
         print(f"best #{i}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
-              f"{_days(b['projected_days'])} for the recipe\n         {cfg}", file=stream)
+              f"{_days(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+        for note in b["notes"]:
+            print(f"         note: {note}", file=stream)
     if tie:
         why = tie["why"] or (f"the fastest is also the simplest of the {len(tied)} configurations within the measured "
                              f"noise ({tie['noise']:.1%}) of it, marked (tie): it is the best (rule: README, ties)")
         print(f"  {why}", file=stream)
+    for b in passed_over:  # --quality strict: faster, but not shown to train the same model
+        print(f"not best (--quality strict): {b['tokens_per_s']:,.0f} tokens/s, quality {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+    if strict and not best and trials:
+        print("no configuration shown to train the same model as its reference: none is called best", file=stream)
     print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
     return summary
