@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -540,6 +541,28 @@ def _catch_interrupt():
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
 
 
+@contextlib.contextmanager
+def _one_line_logs(*names: str):
+    """Records of these loggers as one line each, their traceback's last line kept: Tune's saving of its own
+    experiment state (OUT/tune) to a full disk logged a traceback beside the line that says what the store kept."""
+    class OneLine(logging.Filter):
+        def filter(self, record):
+            if record.exc_info:
+                last = next((ln for ln in reversed(logging.Formatter().formatException(record.exc_info).splitlines())
+                             if ln.strip()), "")
+                record.msg, record.args = f"{record.getMessage().strip()} {last.strip()}", ()
+                record.exc_info, record.exc_text = None, None
+            return True
+    loggers, f = [logging.getLogger(n) for n in names], OneLine()
+    for lg in loggers:
+        lg.addFilter(f)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(f)
+
+
 def interrupted() -> bool:
     """Whether Ctrl-C ended the search running (or last run) in this process."""
     return _INTERRUPTED.is_set()
@@ -720,7 +743,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     for p, why in known:
         print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
               file=stream, flush=True)
-    with _catch_interrupt():
+    with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"):
         tuner.fit()
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
         return {}
