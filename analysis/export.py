@@ -2,6 +2,7 @@
 an accelerate config and the launch command; each with a provenance file (model, recipe, hardware, versions)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -45,21 +46,24 @@ def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     return args
 
 
-def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> tuple[dict, list[str]]:
+def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str],
+                    folder: str | None = None) -> tuple[dict, list[str]]:
     """hf_args spelled for the installed transformers and built by its TrainingArguments (a field it refuses fails
-    the export, not the user's run); with what the built arguments would run differently from the measurement."""
+    the export, not the user's run), in `folder` (the export's, which its relative paths name); with what the built
+    arguments would run differently from the measurement."""
     import torch
     import transformers
     from transformers import TrainingArguments
 
     from trainscout.runtime import hf
     args = hf.for_installed(hf_args(rec, output_dir, paths))
-    if rec.device == "cuda" and not torch.cuda.is_available():
-        # a GPU measurement exported on a machine without one: TrainingArguments' device checks (bf16, tf32 need
-        # that GPU) cannot pass here, so the fields and values are checked as for the CPU and the device at launch
-        built = TrainingArguments(**copy.deepcopy({**args, "use_cpu": True, "tf32": None, "fp16": False}))
-    else:
-        built = TrainingArguments(**copy.deepcopy(args))  # it normalises fsdp_config in place
+    with contextlib.chdir(folder or "."):  # the paths in the arguments are relative to the export folder
+        if rec.device == "cuda" and not torch.cuda.is_available():
+            # a GPU measurement exported on a machine without one: TrainingArguments' device checks (bf16, tf32 need
+            # that GPU) cannot pass here, so the fields and values are checked as for the CPU and the device at launch
+            built = TrainingArguments(**copy.deepcopy({**args, "use_cpu": True, "tf32": None, "fp16": False}))
+        else:
+            built = TrainingArguments(**copy.deepcopy(args))  # it normalises fsdp_config in place
     notes = []
     if (args.get("fsdp_config") or {}).get("version") == 2 and \
             (getattr(built, "fsdp_plugin_args", None) or {}).get("fsdp_version") != 2:
@@ -111,9 +115,12 @@ def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
     """The accelerate config (accelerate.yaml) of the measured run: processes, precision, the engine's section."""
     plan = Plan.from_dict(rec.plan)
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
+    # several CPU ranks: accelerate's MULTI_CPU launches one process without mpirun (a 2-rank export ran one), its
+    # MULTI_GPU launcher starts num_processes (torch elastic); the exported TrainingArguments' use_cpu=True makes
+    # them CPU ranks (gloo); a script of your own passes Accelerator(cpu=True)
     cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
-           "num_processes": rec.world_size, "mixed_precision": mp, "use_cpu": rec.device != "cuda",
-           "distributed_type": "NO" if rec.world_size == 1 else ("MULTI_GPU" if rec.device == "cuda" else "MULTI_CPU")}
+           "num_processes": rec.world_size, "mixed_precision": mp, "use_cpu": rec.device != "cuda" and rec.world_size == 1,
+           "distributed_type": "NO" if rec.world_size == 1 else "MULTI_GPU"}
     cfg.update(engines.get(plan.engine).accelerate(rec.to_dict(), paths))
     if "deepspeed_config_file" in (cfg.get("deepspeed_config") or {}):
         del cfg["mixed_precision"]  # accelerate refuses it beside a DeepSpeed file, which sets the precision itself
@@ -123,30 +130,59 @@ def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
 
 
 def check_accelerate(path: str) -> None:
-    """Load an accelerate config as `accelerate launch --config_file` does, and for DeepSpeed run the check the
-    launched Accelerator runs on it (the fields a DeepSpeed file owns): a config accelerate refuses fails the
-    export, not the user's job."""
+    """Load an accelerate config as `accelerate launch --config_file` does (from its folder, which its relative
+    paths name), and for DeepSpeed run the check the launched Accelerator runs on it (the fields a DeepSpeed file
+    owns): a config accelerate refuses fails the export, not the user's job."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    args, defaults, mp_from_config = _validate_launch_command(
-        launch_command_parser().parse_args(["--config_file", path, "train.py"]))
-    ds = (defaults.deepspeed_config or {}) if defaults else {}
-    if args.use_deepspeed and "deepspeed_config_file" in ds:
-        from accelerate.utils import DeepSpeedPlugin
-        fields = list(ds) + (["mixed_precision"] if mp_from_config else [])
-        from unittest import mock  # the launch's environment for the check, this process's restored after
-        with mock.patch.dict(os.environ, {"ACCELERATE_CONFIG_DS_FIELDS": ",".join(fields).lower()}):
-            DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
+    path = os.path.abspath(path)
+    with contextlib.chdir(os.path.dirname(path)):
+        args, defaults, mp_from_config = _validate_launch_command(
+            launch_command_parser().parse_args(["--config_file", path, "train.py"]))
+        ds = (defaults.deepspeed_config or {}) if defaults else {}
+        if args.use_deepspeed and "deepspeed_config_file" in ds:
+            from accelerate.utils import DeepSpeedPlugin
+            fields = list(ds) + (["mixed_precision"] if mp_from_config else [])
+            from unittest import mock  # the launch's environment for the check, this process's restored after
+            with mock.patch.dict(os.environ, {"ACCELERATE_CONFIG_DS_FIELDS": ",".join(fields).lower()}):
+                DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
 
 
-def launch_command(rec: Record, out_dir: str) -> str:
-    """launch.sh's command: `trainscout train` with the export, and how to launch your own script with it."""
+def launch(rec: Record) -> dict:
+    """How to launch the export with a training script of your own (HF Trainer + trainscout.runtime.hf), from the
+    export folder: {"launcher", "command"}. The rule: one rank of an engine a plain process runs (plain PyTorch):
+    `python`; several ranks of it: `torchrun --nproc_per_node N`; an engine that needs accelerate's setup (FSDP2,
+    DeepSpeed: HF Trainer refuses FSDP in one process), or several CPU ranks: `accelerate launch --config_file
+    accelerate.yaml`; an engine no stock trainer has (the pipeline): `trainscout train` alone."""
+    engine = engines.get(Plan.from_dict(rec.plan).engine)
+    n = rec.world_size or 1
+    kind = engine.launcher
+    if kind == "python" and n > 1:
+        kind = "accelerate" if rec.device != "cuda" else "torchrun"
+    command = {"python": "python your_train.py",
+               "torchrun": f"torchrun --nproc_per_node {n} your_train.py",
+               "accelerate": "accelerate launch --config_file accelerate.yaml your_train.py",
+               "trainscout": "trainscout train --config . --steps 1000"}[kind]
+    return {"launcher": kind, "command": command}
+
+
+def launch_script(rec: Record, how: dict) -> str:
+    """launch.sh: `trainscout train` with the export (every path relative to the folder, which may move), and the
+    launch of a script of your own."""
+    import transformers
+
     from trainscout.trial.models import model_names
-    n = rec.world_size
     model = f" --model {shlex.quote(rec.model)}" if rec.model in model_names() else ""  # else: trainscout.json's config
-    return (f"trainscout train --config {shlex.quote(os.path.abspath(out_dir))}{model} --steps 1000  "
-            f"# or your own script: accelerate launch --config_file "
-            f"{shlex.quote(os.path.join(out_dir, 'accelerate.yaml'))} --num_processes {n} your_train.py, with "
-            f"TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        "# This exported configuration, launched (trainscout export). Every path is relative to this folder: move it",
+        "# anywhere. Your own training script (HF Trainer; README: your own trainer) is launched from here with:",
+        f"#   {how['command']}",
+        f"# training_args.json was written for transformers {transformers.__version__}: load it with",
+        "#   trainscout.runtime.hf.training_arguments(FOLDER), which adapts it to the installed version.",
+        "# This script trains with trainscout's own trainer (synthetic tokens; add --data tokens.bin): ./launch.sh",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        f'exec trainscout train --config .{model} --steps "${{STEPS:-1000}}" "$@"', ""])
 
 
 def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record] | None = None,
@@ -167,7 +203,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     os.makedirs(out_dir, exist_ok=True)
     written = []
     files = engine.files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
-    paths = {name: os.path.abspath(os.path.join(out_dir, name)) for name in files}
+    paths = {name: name for name in files}  # relative to the folder: an export folder can move (it held absolute ones)
 
     def write(name, text):
         path = os.path.join(out_dir, name)
@@ -179,17 +215,24 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
         for name, obj in files.items():
             write(name, json.dumps(obj, indent=2))
     if "hf" in formats:
-        hf_json, notes = checked_hf_args(rec, os.path.join(out_dir, "run"), paths)
-        write("training_args.json", json.dumps(hf_json, indent=2))
+        import transformers
+
+        from trainscout.runtime.hf import VERSION_KEY
+        hf_json, notes = checked_hf_args(rec, "run", paths, folder=out_dir)
+        # the transformers it was written for (field names change: 4.50 refused 5.x's activation_checkpointing);
+        # trainscout.runtime.hf.training_arguments(FOLDER) drops it and spells the rest for the installed version
+        write("training_args.json", json.dumps({VERSION_KEY: transformers.__version__, **hf_json}, indent=2))
     if "accelerate" in formats:
         write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
         check_accelerate(written[-1])
+    how = launch(rec)
     if "command" in formats:
-        write("launch.sh", "#!/usr/bin/env bash\n" + launch_command(rec, out_dir) + "\n")
+        write("launch.sh", launch_script(rec, how))
+        os.chmod(written[-1], 0o755)
     hook = hook_only(rec)
     provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
-                  "started_at": rec.started_at, "hook": hook,
+                  "started_at": rec.started_at, "hook": hook, "launch": how,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: engine.not_carried for f in refused},
                   "notes": [*(rec.plan or {}).get("notes", []), *notes],

@@ -64,9 +64,8 @@ def run(export: str, *, steps: int = 20, warmup: int = 3, hook: bool = True, ext
         over = dict(output_dir=out, max_steps=total, logging_steps=10**6, save_strategy="no", **(extra or {}))
         if hook:
             args = hf.training_arguments(export, **over)
-        else:  # every field as written
-            with open(os.path.join(export, "training_args.json"), encoding="utf-8") as f:
-                args = TrainingArguments(**hf.for_installed({**json.load(f), **over}))
+        else:  # every field as written (spelled for the installed version, paths against the folder)
+            args = TrainingArguments(**{**hf.read_arguments(export), **hf.for_installed(over)})
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         data = Tokens(total * per_step, recipe["seq_len"], int(exp["model_config"]["vocab_size"]))
         t0 = time.perf_counter()

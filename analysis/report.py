@@ -24,7 +24,7 @@ import pandas as pd
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
 from trainscout.trial.status import Status
 
-from . import cost, table
+from . import cost, table, ties
 
 if TYPE_CHECKING:
     from trainscout.trial.records import Record
@@ -58,6 +58,7 @@ class Analysis:
     importance: list[dict]           # per search: PED-ANOVA importances of the knobs it searched
     varied: list[str]                # knobs with more than one value in the store
     searched: bool = True            # False: a store of measurements only (one row per measurement, no search)
+    tie: object = None               # analysis.ties.Choice: the best, and what is within its measured noise
     generated: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -72,7 +73,10 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
                                  "`trainscout results DIR --import FILE`) first, then report")
     searched = bool(df["search"].notna().any())
     df = cost.with_costs(df.assign(search=df["search"].fillna(NO_SEARCH)), prices)
-    df.insert(0, "n", range(1, len(df) + 1))  # the trial's number in the report: its row in the trial table
+    # the trial's number in the report: its Optuna trial number (the live table's and optuna-dashboard's; the report
+    # said #4 for Optuna's 3), else its row from 0; rows keep their own anchor ("row")
+    df.insert(0, "row", range(len(df)))
+    df.insert(0, "n", [int(n) if not _na(n) else i for i, n in enumerate(df["number"])])
     records = {m.key: m for m in store.measurements()}
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
@@ -90,7 +94,21 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     return Analysis(source=str(source if isinstance(source, str) else getattr(source, "url", source)), df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
-                    varied=varied, searched=searched)
+                    varied=varied, searched=searched, tie=ties.choose(list(records.values())))
+
+
+def _tied_keys(a: Analysis) -> set:
+    """The keys of the configurations within the measured noise of the fastest (empty: no tie)."""
+    return {r.key for r in a.tie.tied} if a.tie is not None and len(a.tie.tied) > 1 else set()
+
+
+def tie_text(a: Analysis) -> str:
+    """One sentence on the tie at the top (analysis.ties): which is the best, and why."""
+    c = a.tie
+    if c.is_tie:
+        return c.line()[0].upper() + c.line()[1:] + "."
+    return (f"The fastest, {c.fastest.key[:12]}, is also the simplest of the {len(c.tied)} configurations within the "
+            f"measured noise ({c.noise:.1%}) of it, marked (tie): it is the best (rule: README, ties).")
 
 
 def _first_line(text: str, limit: int = 300) -> str:
@@ -273,12 +291,15 @@ def summary(a: Analysis, top: int = 5) -> str:
     if len(a.best):
         lines.append("best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
                      "the GPUs and machines):")
+        tied = _tied_keys(a)
         for i, r in a.best.head(top).iterrows():
-            lines.append(f"  #{i + 1} {num(r['tokens_per_s'])} tokens/s  MFU {num(r['mfu'], '.3f')}  "
-                         f"quality {r['quality']}  "
+            lines.append(f"  #{i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
+                         f"MFU {num(r['mfu'], '.3f')}  quality {r['quality']}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
                          f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]{contributed(r)}")
+        if tied:
+            lines.append(f"  {tie_text(a)}")
     else:
         lines.append("no trial ran to the end: nothing to rank (see what failed below)")
     if len(a.hardware) > 1:
@@ -948,14 +969,17 @@ def render_html(a: Analysis) -> str:
 
     out.append("<h2>Best configurations</h2>")
     if len(b):
-        rows = [[str(i + 1), num(r["tokens_per_s"]), num(r["mfu"], ".3f"), _e(r["quality"]),
-                 num(r["peak_memory_gib"], ".2f"),
+        tied = _tied_keys(a)
+        rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else ""), num(r["tokens_per_s"]), num(r["mfu"], ".3f"),
+                 _e(r["quality"]), num(r["peak_memory_gib"], ".2f"),
                  days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),
                  _e(f"{r['model']} on {where(r)}{contributed(r)}"),
                  f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
                 for i, r in b.head(TOP).iterrows()]
         out.append(_table(["#", "tokens/s", "MFU", "quality", "GiB/rank", "days", "rent", "box", "model / hardware",
                            "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 4, 5, 6, 7}))
+        if tied:
+            out.append(f"<p class=\"note\"><b>{_e(tie_text(a))}</b></p>")
         out.append("<p class=\"note\">days: the recipe's full run projected from the measured optimizer step. rent: "
                    "days × 24 × $/GPU-hour × GPUs. box: buying the GPUs and the machines that hold them. MFU: "
                    "matrix-product FLOPs counted from the model's modules (embedding lookups not counted, a mixture "
@@ -1154,7 +1178,7 @@ def trial_table(a: Analysis) -> str:
                  _e(gpu_s_text(r)), f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>",
                  f"<code>{_e(str(r['key'])[:12]) if isinstance(r['key'], str) else '—'}</code>",
                  f"<code>{_e(cmd)}</code>" if cmd else "—"]
-        body.append(f"<tr id=\"trial-{r['n']}\">" + "".join(
+        body.append(f"<tr id=\"trial-{r['row']}\">" + "".join(
             f"<td class=\"n\">{c}</td>" if h in ("#", "tokens/s", "micro-batch", "accum") or h.endswith("-s")
             else f"<td>{c}</td>" for h, c in zip(head, cells)) + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"

@@ -18,6 +18,11 @@ METRICS = ("tokens_per_s", "step_s", "mfu", "hfu", "peak_memory_gib", "projected
 def store_of(source: str, create: bool = False) -> Store:
     """A search's --out folder (its results.db) or a SQLAlchemy URL; create=True makes a new folder's store."""
     if "://" in source:
+        from trainscout.store.guard import sqlite_path
+        path = sqlite_path(source)
+        if path is not None and not create and not os.path.isfile(path):  # a typo made an empty database there
+            raise ConfigError("DIR", f"{source}: no SQLite file {path}: give a search's --out folder or the URL of an "
+                                     "existing store")
         return Store(source)
     if create:
         os.makedirs(source, exist_ok=True)
@@ -36,27 +41,65 @@ def load(source: str) -> pd.DataFrame:
         searches = [r[0] for r in c.exec_driver_sql("SELECT name FROM trainscout_searches")]
     rows = []
     for search in searches:
+        numbers = trial_numbers(store, search)
         for t in store.trials(search):
             rec = records.get(t["key"])
             # why it failed or did not run: the record's error, else the search's row (an invalid or pruned trial
             # has no record)
             row = _row(rec, knobs, search=search, trial=t["trial"], status=t["status"], cached=bool(t["cached"]),
                        error=(rec.error if rec else None) or t.get("error"), key=t["key"],
-                       created_at=t["created_at"], config=t["config"], verified=verified.get(t["key"]))
+                       created_at=t["created_at"], config=t["config"], number=numbers.get(t["trial"]),
+                       verified=verified.get(t["key"]))
             if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(row)
-    return pd.DataFrame(rows, columns=["search", "trial", "status", "cached", "error", "model", "device", "world_size",
-                                       "gpu", *knobs, *METRICS, "quality", "key", "created_at", "origin"])
+    return typed(pd.DataFrame(rows, columns=["search", "trial", "number", "status", "cached", "error", "model",
+                                             "device", "world_size", "gpu", *knobs, *METRICS, "quality", "key",
+                                             "created_at", "origin"]))
+
+
+def typed(df: pd.DataFrame) -> pd.DataFrame:
+    """The same dtypes in every store: metrics float (mfu was object on a CPU store, where it is None: nlargest
+    raised), each knob's column by its domain (whole numbers: Int64, booleans: boolean, anything mixed such as
+    micro_batch_size's numbers and "max": object; it was int64 in one store and float or text in another)."""
+    from trainscout.spaces import all_knobs
+    for col in METRICS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for k in all_knobs():
+        if k.name not in df.columns:
+            continue
+        kinds = {type(c) for c in k.choices}
+        dtype = "Int64" if kinds == {int} else "boolean" if kinds == {bool} else object
+        try:
+            df[k.name] = df[k.name].astype(dtype)
+        except (TypeError, ValueError):  # a stored value outside the domain's kind (an older store): as stored
+            df[k.name] = df[k.name].astype(object)
+    if "number" in df.columns:
+        df["number"] = df["number"].astype("Int64")
+    return df
+
+
+def trial_numbers(store: Store, search: str) -> dict[str, int]:
+    """Tune trial id -> the number of its trial in the search's Optuna study (the numbering the live table, the
+    report and optuna-dashboard share); {} where the store holds no such study."""
+    import optuna
+    from optuna.storages import RDBStorage
+    try:
+        storage = RDBStorage(store.url, skip_compatibility_check=True, skip_table_creation=True,
+                             engine_kwargs=Store._engine_kwargs(store.url))
+        trials = optuna.load_study(study_name=search, storage=storage).get_trials(deepcopy=False)
+    except Exception:  # noqa: BLE001 - no study (a benchmark grid, an import), or another schema: no numbers
+        return {}
+    return {t.user_attrs["tune_trial_id"]: t.number for t in trials if "tune_trial_id" in t.user_attrs}
 
 
 def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config,
-         verified: dict | None = None) -> dict:
+         verified: dict | None = None, number=None) -> dict:
     """One row of load(): a trial's (or a measurement's) identity and outcome, its knobs, its record's metrics and,
     for an ok one, its quality status (trial/quality.py: same, passed, verified, failed or unverified)."""
     from trainscout.trial.quality import status as quality_status
     m, hw = (rec.m if rec else {}), ((rec.hardware if rec else None) or {})
-    row = {"search": search, "trial": trial, "status": status, "cached": cached, "error": error,
+    row = {"search": search, "trial": trial, "number": number, "status": status, "cached": cached, "error": error,
            "model": rec.model if rec else None, "device": rec.device if rec else None,
            "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at,
            "origin": rec.source if rec else None}  # local, imported:FILE or contributed:FILE (store/contrib.py)
@@ -67,13 +110,14 @@ def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, cr
 
 
 def measurement(source: str, key: str | None = None, best: bool = False) -> Record:
-    """One stored record: by key (a prefix is enough), or the fastest ok one."""
+    """One stored record: by key (a prefix is enough), or the best ok one (the fastest, or the simplest of those
+    within its measured noise: analysis.ties)."""
     store = store_of(source) if isinstance(source, str) else source
-    ok = [m for m in store.measurements() if m.ok]
     if best:
-        if not ok:
+        choice = best_choice(store)
+        if choice is None:
             raise ConfigError("--best", "no successful measurement in this store: run a search first")
-        return max(ok, key=lambda m: m.metrics["tokens_per_s"])
+        return choice.best
     hits = [m for m in store.measurements() if key and m.key.startswith(key)]
     if len(hits) != 1:
         raise ConfigError("--trial", f"--trial {key}: {'no' if not hits else 'more than one'} measurement matches: "
@@ -81,6 +125,13 @@ def measurement(source: str, key: str | None = None, best: bool = False) -> Reco
     if not hits[0].ok:
         raise ConfigError("--trial", f"--trial {key} ended {hits[0].status}: export a measurement that ran")
     return hits[0]
+
+
+def best_choice(source):
+    """analysis.ties.choose over a store's measurements: the best, the fastest, and the tie between them."""
+    from .ties import choose
+    store = store_of(source) if isinstance(source, str) else source
+    return choose(store.measurements())
 
 
 def dumps(df: pd.DataFrame) -> str:
@@ -106,7 +157,7 @@ def load_resolved(source) -> pd.DataFrame:
             rows.append(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
                              cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
                              config=rec.config, verified=verified.get(rec.key)))
-        df = pd.DataFrame(rows, columns=df.columns)
+        df = typed(pd.DataFrame(rows, columns=df.columns))
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     for r in df.to_dict("records"):
         rec = records.get(r["key"]) if isinstance(r["key"], str) else None

@@ -18,6 +18,7 @@ import warnings
 from trainscout.spaces import ConfigError
 from trainscout.trial.status import Status
 
+EXIT_FAILED = 1  # the outcome is a failure: a trial, verify or train that did not end ok; the store failed
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`trainscout knobs --json | head`)
@@ -34,8 +35,9 @@ EPILOG = """a typical session:
   trainscout export runs/1b --best --out runs/1b/best
 
 `trainscout COMMAND --help` shows a command's flags with their defaults and an example. Exit status: 0 done, 1 the
-measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit), 2 bad
-input, 130 interrupted."""
+measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit) or the
+results store failed while in use (deleted, full, read-only: the line says what was kept), 2 bad input, 130
+interrupted."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -379,16 +381,23 @@ def cmd_train(a) -> int:
     out_folder("--out", a.out)
     for flag, path in (("--config", a.config), ("--data", a.data), ("--model", a.model)):
         input_file(flag, path)
-    bar = tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr)
+    if a.data_dtype is not None and a.data is None:  # it was read as nothing at all (synthetic tokens)
+        raise ConfigError("--data-dtype", f"--data-dtype {a.data_dtype} without --data: it says how a --data file is "
+                                          "written; give --data FILE, or leave --data-dtype out for synthetic tokens")
+    bars = []  # made at the first step: a refusal before training (the data file, the config) stays one line
 
     def on_step(m):
+        if not bars:
+            bars.append(tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr))
+        bar = bars[0]
         bar.update(m["step"] - bar.n)
         loss = f"{m['loss']:.3f}" if m.get("loss") is not None else "-"
         bar.set_postfix_str(f"loss {loss}  {m['tokens_per_s']:,.0f} tok/s")
-    r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype, out=a.out,
+    r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype or "uint16", out=a.out,
               workers=a.workers, device=a.device, timeout=a.timeout, address=a.address, on_step=on_step,
               **recipe_kwargs(a))
-    bar.close()
+    for bar in bars:
+        bar.close()
     if a.json:
         print(json.dumps(r))
     elif r["status"] == Status.OK:
@@ -435,7 +444,7 @@ SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", 
 
 def cmd_search(a) -> int:
     """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone)."""
-    from trainscout.search.service import SearchArgs, resumed, run_search, summarize
+    from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
     from trainscout.store import default_url, open_store
     out = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout, the rest on stderr
     input_file("--space", a.space)
@@ -461,7 +470,7 @@ def cmd_search(a) -> int:
                  "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
                  "storage": storage, "address": a.address, "quality": a.quality}
-        args, notes = resumed(saved, a.resume, given, done=len(store.trials(name)))
+        args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
     else:
@@ -497,6 +506,9 @@ def cmd_search(a) -> int:
             print_failures(store, summary["search"], out)
     if a.json:
         print(json.dumps(summary))
+    if summary.get("none_why"):  # exit 0 means it did what was asked: a run that ended no trial did not
+        print(f"trainscout: error: this run of {summary['search']} ended no trial: {summary['none_why']}", file=sys.stderr)
+        return EXIT_FAILED
     if summary.get("interrupted"):
         n = summary["trials"]
         print(f"trainscout: interrupted: {n} trial{'s' if n != 1 else ''} ended and {'are' if n != 1 else 'is'} kept "
@@ -521,7 +533,7 @@ INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a tr
 
 def cmd_results(a) -> int:
     """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
-    from trainscout.analysis.table import METRICS, dumps, load_resolved, store_of
+    from trainscout.analysis.table import METRICS, best_choice, dumps, load_resolved, store_of
     from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
         if a.import_file:
@@ -548,7 +560,8 @@ def cmd_results(a) -> int:
         return 0
     if a.share:
         raise ConfigError("--share", "--share goes with --export FILE: write e.g. --export mine.jsonl --share")
-    df = load_resolved(store_of(a.source))  # a store of measurements alone too (a grid, an import)
+    store = store_of(a.source)
+    df = load_resolved(store)  # a store of measurements alone too (a grid, an import)
     for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
         vals = df[col].dropna()
         if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \
@@ -572,13 +585,18 @@ def cmd_results(a) -> int:
         width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
         df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
         print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
+        choice = best_choice(store)
+        if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
+            print(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
+                  f" (the fastest and the simplest of {len(choice.tied)} within the measured noise "
+                  f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"))
     return 0
 
 
 def cmd_export(a) -> int:
     """`trainscout export`: write a measured configuration's files; prints each path, then what was not exported."""
     from trainscout.analysis.export import FORMATS, export
-    from trainscout.analysis.table import measurement, store_of
+    from trainscout.analysis.table import best_choice, measurement, store_of
     if bool(a.trial) == bool(a.best):
         raise ConfigError("--best", "give --best or --trial KEY (one of them)")
     out_folder("--out", a.out)
@@ -588,11 +606,21 @@ def cmd_export(a) -> int:
     for path in export(rec, a.out, formats, measurements=store.measurements(),
                        verified=store.quality(rec.key, "verify")):
         print(path)
+    if a.best and (tie := best_choice(store).line()):
+        print(f"note: {tie}")
     with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
         exported = json.load(f)
     print(f"quality: {exported['quality']['status']}: {exported['quality']['why']}")
     for fmt, why in exported["not_exported"].items():
         print(f"not exported: {fmt}: {why}")
+    how = exported["launch"]
+    print(f"launch (from {a.out}): {how['command']}" + (f"   or ./launch.sh (trainscout train)" if "command" in formats
+                                                         and how["launcher"] != "trainscout" else ""))
+    if "hf" in formats and "hf" not in exported["not_exported"]:
+        with open(os.path.join(a.out, "training_args.json"), encoding="utf-8") as f:
+            version = json.load(f).get("transformers_version")
+        print(f"training_args.json was written for transformers {version}: load it with "
+              f"trainscout.runtime.hf.training_arguments({a.out!r}), which adapts it to the installed version")
     for note in exported.get("notes", []):
         print(f"note: {note}")
     if exported["hook"] and "hf" in formats:
@@ -929,7 +957,8 @@ def build_parser() -> Parser:
     tr.add_argument("--model", default=None, help="model to train (default: the exported one)")
     tr.add_argument("--steps", type=positive_int("--steps"), default=100, help="optimizer steps")
     tr.add_argument("--data", default=None, help="flat binary file of token ids (default: synthetic tokens)")
-    tr.add_argument("--data-dtype", default="uint16", help="token id type of --data: uint16, uint32, int32, int64")
+    tr.add_argument("--data-dtype", default=None,
+                    help="token id type of --data: uint16, uint32, int32, int64 (default: uint16)")
     tr.add_argument("--out", default="runs/train", help="checkpoint folder (config.json + model.safetensors)")
     tr.add_argument("--workers", type=positive_int("--workers"), default=None, help="ranks (default: as exported)")
     tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -974,6 +1003,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped reading (| head): no traceback, and none at exit's flush either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except Exception as e:  # noqa: BLE001
+        from trainscout.store.guard import StoreError  # here: the store's imports cost every command 0.17 s
+        if not isinstance(e, StoreError):
+            raise
+        print(f"trainscout: error: {e}", file=sys.stderr)  # the store failed while in use: what was kept
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

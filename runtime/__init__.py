@@ -16,11 +16,10 @@ Importing this module imports no torch.
 """
 from __future__ import annotations
 
-from trainscout.spaces import Knob, Plan, all_knobs
+from trainscout.spaces import Knob, Plan, all_knobs, plugins
+from trainscout.spaces.knob import STAGES  # stage -> what runs there, in this order
 from trainscout.spaces.layers import decoder_layers
 
-# stage -> what runs there, in this order
-STAGES = ("process", "modules", "loss", "checkpoint", "compile_layers", "sharded")
 BEFORE_SHARDING = STAGES[:-1]
 
 __all__ = ["BEFORE_SHARDING", "STAGES", "decoder_layers", "plan_of", "prepare_model", "transforms"]
@@ -39,7 +38,7 @@ def prepare_model(model, plan: Plan, *, after_sharding: bool = False):
     """Apply the plan's model transforms: those before sharding (default), or the one after it. Returns the model
     to train (the same object unless a transform wraps it)."""
     for knob in transforms(("sharded",) if after_sharding else BEFORE_SHARDING):
-        model = knob.transform(model, plan)
+        model = plugins.transform(knob, model, plan)  # a plugin's failure names the plugin
     return model
 
 

@@ -23,6 +23,8 @@ from . import plan_of, prepare_model
 # TrainingArguments fields whose name changed between transformers versions: ours -> the older spelling
 RENAMED = {"activation_checkpointing": "gradient_checkpointing",
            "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
+VERSION_KEY = "transformers_version"  # training_args.json: the transformers it was written for (not a field)
+PATH_FIELDS = ("deepspeed",)  # written relative to the export folder, so that the folder can move
 
 
 def load(export: str | dict) -> dict:
@@ -101,10 +103,12 @@ def native_every_n() -> bool:
 
 def for_installed(args: dict) -> dict:
     """Arguments spelled for the installed transformers (activation_checkpointing is gradient_checkpointing before
-    5.2x; checkpointing every n-th layer is left to `prepare` where the version cannot); a field this version does
-    not know raises ValueError naming it."""
+    5.2x, and back; checkpointing every n-th layer is left to `prepare` where the version cannot; the file's
+    transformers_version dropped); a field this version does not know raises ValueError naming it."""
     fields, out = installed_fields(), {}
-    args = dict(args)
+    args = {k: v for k, v in args.items() if k != VERSION_KEY}
+    back = {old: new for new, old in RENAMED.items()}
+    args = {(back[k] if k not in fields and back.get(k) in fields else k): v for k, v in args.items()}
     if (args.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1) > 1 and not native_every_n():
         args.pop("activation_checkpointing_kwargs")
         args["activation_checkpointing"] = False  # all-or-nothing here: the hook checkpoints every n-th layer
@@ -117,12 +121,25 @@ def for_installed(args: dict) -> dict:
     return out
 
 
-def training_arguments(export: str, **overrides):
-    """transformers.TrainingArguments from the export's training_args.json, for the installed version, with the
-    hook's fields off (hook_owned) and your overrides (output_dir, max_steps, ...) on top."""
-    from transformers import TrainingArguments
+def read_arguments(export: str) -> dict:
+    """The export's training_args.json as keyword arguments of the installed transformers' TrainingArguments: spelled
+    for it (for_installed; the file names the version it was written for) and with the paths it holds made absolute
+    against the export folder (written relative, so the folder can move). Every field as written otherwise."""
     with open(os.path.join(export, "training_args.json"), encoding="utf-8") as f:
         args = json.load(f)
-    args.update(hook_owned(export))
-    args.update(overrides)
-    return TrainingArguments(**for_installed(args))
+    for name in PATH_FIELDS:
+        path = args.get(name)
+        if isinstance(path, str) and not os.path.isabs(path) and os.path.exists(os.path.join(export, path)):
+            args[name] = os.path.abspath(os.path.join(export, path))
+    return for_installed(args)
+
+
+def training_arguments(export: str, **overrides):
+    """transformers.TrainingArguments from the export's training_args.json, for the installed version (read_arguments:
+    renamed fields, the file's version key, paths relative to the folder), with the hook's fields off (hook_owned)
+    and your overrides (output_dir, max_steps, ...) on top."""
+    from transformers import TrainingArguments
+    args = read_arguments(export)
+    args.update(for_installed(hook_owned(export)))
+    args.update(for_installed(overrides))
+    return TrainingArguments(**args)

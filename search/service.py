@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -22,7 +24,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, fmt
-from trainscout.store import Store, check_folder, default_url, measurement_key, one_line, open_store, storage_url
+from trainscout.store import Store, StoreError, StoreLost, check_folder, default_url, guard, measurement_key, one_line, \
+    open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.metrics import median
@@ -35,8 +38,16 @@ if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
 
 METRIC = "tokens_per_s"
+# outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
+# not count toward --trials; FREE_RUN of them in a row end the search's drawing (the space is mostly infeasible)
+FREE = (Status.INVALID, Status.PRUNED)
+FREE_RUN = 30
+TRIAL_ACTOR = {"CPU": 1}  # what a search's Tune trial actor holds beside its ranks (Tune needs >= 1 CPU there)
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
+# Tune trial id -> its Optuna trial's number, for the live table: one numbering everywhere (the live table, the
+# report, optuna-dashboard), Optuna's (the report said #4 for Optuna's number 3)
+_NUMBERS: dict[str, int] = {}
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
 SEED_RANGE = 2**32  # numpy's, which Optuna's samplers seed
 QUALITY_MODES = ("mark", "strict")  # --quality: what the summary calls best (trial/quality.py)
@@ -71,9 +82,22 @@ class SearchArgs:
 
 
 def _trainable(config: dict, base: dict) -> None:
-    """One Tune trial: measure (or look up) one configuration and report it."""
+    """One Tune trial: measure (or look up) one configuration and report it. A store that failed (deleted, full,
+    read-only) is reported as `store_failed`, which stops the search (its driver says what was kept)."""
     from ray import tune
-    store = open_store(base["storage"])
+    try:
+        _measure(config, base)
+    except Exception as e:  # noqa: BLE001 - only a storage failure is caught; anything else is Tune's error
+        why = guard.failure_of(e)
+        if why is None:
+            raise
+        tune.report({METRIC: 0.0, "status": str(Status.CRASH), "store_failed": why, "cached": False})
+
+
+def _measure(config: dict, base: dict) -> None:
+    from ray import tune
+    ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None
+    store = open_store(base["storage"], expect=ident)
     trial_id = tune.get_context().get_trial_id()
     settings = {k: v for k, v in config.items() if k in base["knob_names"]}
     fault = None
@@ -123,6 +147,8 @@ def _trainable(config: dict, base: dict) -> None:
         if known is not None:
             spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
     if not cached:
+        if why := guard.lost(store.path, ident):  # no device time for a store that is gone
+            raise StoreLost(f"the results store {why} while the search ran")
         seen = []
 
         def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
@@ -147,6 +173,11 @@ def _trainable(config: dict, base: dict) -> None:
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0)})
+
+
+def counted(rows: list[dict]) -> int:
+    """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE)."""
+    return sum(1 for t in rows if t["status"] not in FREE)
 
 
 def _stopped_before(store, search: str, settings: dict) -> float | None:
@@ -176,10 +207,14 @@ def _progress_callback(url: str, search: str, printer):
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             r = trial.last_result or {}
+            if r.get("store_failed"):  # the trial could not write its outcome: the search stops (run_search says)
+                store_failed(r["store_failed"])
+                return
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
                 _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
-                open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False, r.get(METRIC),
-                                          trial.config)
+                if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
+                                                                r.get(METRIC), trial.config)):
+                    return
                 r = dict(r, status=str(Status.STOPPED))
             printer(trial, r)
 
@@ -190,8 +225,9 @@ def _progress_callback(url: str, search: str, printer):
             except Exception:  # the error file may be gone; the row is what matters
                 lines = []
             why = lines[-1][:2000] if lines else "the trial's actor failed"
-            open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0, trial.config, error=why)
-            printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
+            if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0,
+                                                        trial.config, error=why)):
+                printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
 
     return Progress()
 
@@ -202,6 +238,7 @@ class Printer:
     def __init__(self, space: Space, stream=None, *, total: int | None = None, budget_s: float | None = None,
                  ranks: int = 1, unit: str = "GPU"):
         self.space, self.stream, self.best, self.n = space, stream, None, 0
+        self.counted = 0  # rows that count toward --trials (not refused or pruned before running)
         self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
         self.header = False
         # the progress line: trials to go (None: until the budget), the budget, the ranks each trial holds
@@ -212,14 +249,16 @@ class Printer:
         """One line: trials done of the total, elapsed and ETA, best so far, device-seconds the trials held."""
         elapsed = time.time() - self.t0
         eta = []
-        if self.total:
-            eta.append(elapsed / self.n * max(0, self.total - self.n))
+        if self.total and self.counted:
+            eta.append(elapsed / self.counted * max(0, self.total - self.counted))
         if self.budget_s:
             eta.append(max(0.0, self.budget_s - elapsed))
         left = f"ETA {_clock(min(eta))}" if eta else "ETA -"
-        done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        done = f"{self.counted}/{self.total}" if self.total else f"{self.counted}"
+        done += " trials" + (f" (+{self.n - self.counted} refused or pruned before running, not counted)"
+                             if self.n > self.counted else "")
         best = f"{self.best:,.0f} tok/s" if self.best else "-"
-        return (f"    {done} trials, {_clock(elapsed)} elapsed, {left}, best {best}, "
+        return (f"    {done}, {_clock(elapsed)} elapsed, {left}, best {best}, "
                 f"{self.device_s:,.0f} {self.unit}-s measured")
 
     def __getstate__(self):  # Ray Tune pickles its callbacks; an open stream is not picklable
@@ -232,6 +271,7 @@ class Printer:
                   file=out)
             self.header = True
         self.n += 1
+        self.counted += r.get("status") not in FREE
         v = r.get(METRIC) or 0.0
         if r.get("status") == Status.OK and (self.best is None or v > self.best):
             self.best = v
@@ -242,7 +282,7 @@ class Printer:
         status = r.get("status", "?") + ("*" if r.get("cached") else "")
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks
-        print(f"{self.n:>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
+        print(f"{_NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
               f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
         print(self.progress(), file=out, flush=True)
 
@@ -411,6 +451,24 @@ def hold_folder(out: str) -> int:
     return fd
 
 
+def folder_free(out: str) -> None:
+    """Refuse a folder whose lock a running search holds, without writing anything (hold_folder takes it later)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(out, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return  # no lock file: no search ran there
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        raise ConfigError("--out", f"--out {out} is in use by a running search (pid {pid}): wait for it to end, "
+                                   "or give another --out")
+    finally:
+        os.close(fd)
+
+
 def _refuse_existing(store: Store, name: str, out: str, resume: bool) -> dict | None:
     """The saved settings of the search `name`; a new search (not resume) of a name the store holds is refused."""
     saved = store.search_args(name)
@@ -419,6 +477,35 @@ def _refuse_existing(store: Store, name: str, out: str, resume: bool) -> dict | 
         raise ConfigError("--out", f"--out {out} already holds the search {name} ({n} trial{'s' if n != 1 else ''}): "
                                    f"use --resume {out} to continue it (a larger --trials runs more), or another --out")
     return saved
+
+
+# --- a store that fails while the search runs ----------------------------------------------------------------
+_STORE_FAILED: list[str] = []  # why the store failed in this process's running search (the first reason)
+
+
+def store_failed(why: str) -> None:
+    """Record that the store failed (the search's stopper then ends the run; run_search says what was kept)."""
+    if not _STORE_FAILED:
+        _STORE_FAILED.append(why)
+
+
+def store_failure() -> str | None:
+    """Why the store of the search running in this process failed, or None."""
+    return _STORE_FAILED[0] if _STORE_FAILED else None
+
+
+def _write(fn) -> bool:
+    """Run a store write of the driver inside Tune's loop; a storage failure is recorded, not raised into Tune
+    (which would print its traceback). False when it failed."""
+    try:
+        fn()
+        return True
+    except Exception as e:  # noqa: BLE001 - only a storage failure is caught
+        why = guard.failure_of(e)
+        if why is None:
+            raise
+        store_failed(why)
+        return False
 
 
 # --- Ctrl-C -------------------------------------------------------------------------------------------------
@@ -454,22 +541,48 @@ def _catch_interrupt():
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
 
 
+@contextlib.contextmanager
+def _one_line_logs(*names: str):
+    """Records of these loggers as one line each, their traceback's last line kept: Tune's saving of its own
+    experiment state (OUT/tune) to a full disk logged a traceback beside the line that says what the store kept."""
+    class OneLine(logging.Filter):
+        def filter(self, record):
+            if record.exc_info:
+                last = next((ln for ln in reversed(logging.Formatter().formatException(record.exc_info).splitlines())
+                             if ln.strip()), "")
+                record.msg, record.args = f"{record.getMessage().strip()} {last.strip()}", ()
+                record.exc_info, record.exc_text = None, None
+            return True
+    loggers, f = [logging.getLogger(n) for n in names], OneLine()
+    for lg in loggers:
+        lg.addFilter(f)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(f)
+
+
 def interrupted() -> bool:
     """Whether Ctrl-C ended the search running (or last run) in this process."""
     return _INTERRUPTED.is_set()
 
 
-def _interrupt_stopper():
+def _interrupt_stopper(path: str | None = None, ident=None):
     from ray.tune import Stopper
 
     class StopOnInterrupt(Stopper):
-        """Ends the whole experiment once Ctrl-C was pressed (Tune asks on every step of its loop)."""
+        """Ends the whole experiment once Ctrl-C was pressed, or the store failed or is not the file the search
+        opened (path, ident: a SQLite store's; one stat per step) (Tune asks on every step of its loop)."""
 
         def __call__(self, trial_id, result):
             return False
 
         def stop_all(self):
-            return interrupted()  # a module function: a pickled copy of the stopper reads the same flag
+            if (why := guard.lost(path, ident)) is not None:
+                store_failed(why)
+            # module functions: a pickled copy of the stopper reads the same flags
+            return interrupted() or store_failure() is not None
     return StopOnInterrupt()
 
 
@@ -480,15 +593,28 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
     stream = stream or sys.stdout
     space, _, hw = validate(args)
     name = args.search_name()
-    store = open_store(args.storage) if args.storage else None  # a bad URL is refused before anything is written
-    if store is None and os.path.exists(os.path.join(args.out, "results.db")):
+    path = guard.sqlite_path(args.storage) if args.storage else os.path.join(args.out, "results.db")
+    # an existing store (or a server's) is opened and read first, so that a bad URL or a search already there is
+    # refused before anything is written; a new SQLite file is made only after Ray is reached (a file in a folder
+    # that does not exist cannot be made: opening it refuses the URL and writes nothing)
+    store = None
+    if args.storage and (path is None or os.path.isfile(path) or not os.path.isdir(os.path.dirname(path))):
+        store = open_store(args.storage)
+    elif not args.storage and os.path.isfile(path):
         store = open_store(default_url(args.out))
     if store is not None:  # refused before the folder is touched
         _refuse_existing(store, name, args.out, resume)
+    folder_free(args.out)
+    if not (resume and store is not None and args.trials is not None and counted(store.trials(name)) >= args.trials):
+        # Ray reached (or started) before anything is written: an address where nothing listens is refused here,
+        # not after the store, its log and the folder's lock were made (a rerun in that folder was then refused)
+        from trainscout.trial.runner import check_resources, ensure_ray
+        ensure_ray(args.address)
+        check_resources(args.gpus_per_trial, hw["device"], "--gpus-per-trial", per_trial=TRIAL_ACTOR)
     os.makedirs(args.out, exist_ok=True)
     lock = hold_folder(args.out)
     try:
-        store = store or open_store(default_url(args.out))
+        store = store or open_store(args.storage or default_url(args.out))
         saved = _refuse_existing(store, name, args.out, resume)  # again, now that no other driver can start here
         if saved is None:
             store.add_search(name, asdict(args))
@@ -500,9 +626,50 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
 
 
 def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream) -> dict:
+    _STORE_FAILED.clear()
+    keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
+    try:
+        summary = _run(args, store, name, space, hw, stream, keeper)
+    except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
+        why = guard.failure_of(e)
+        if why is None and keeper.lost() is None:
+            raise
+        store_failed(why or keeper.lost())
+        summary = None
+    try:
+        if keeper.lost() or store_failure():
+            raise StoreError(_store_stop_line(args, store, name, keeper))
+    finally:
+        keeper.close()
+    return summary
+
+
+def _store_stop_line(args: SearchArgs, store: Store, name: str, keeper) -> str:
+    """The one line a search stopped by its store ends with: what failed, and what was kept where."""
+    resume = f"trainscout search --resume {args.out}"
+    if why := keeper.lost():
+        dest = keeper.rescue()
+        got = guard.counts(f"sqlite:///{dest}", name) if dest else None
+        if got is None:
+            return f"the results store {why} while the search ran: the search stopped; nothing could be rescued"
+        where = dest if dest == keeper.path else f"{dest} (the path now holds another file)"
+        return (f"the results store {why} while the search ran: the search stopped; its {_n(got[0], 'trial')} and "
+                f"{_n(got[1], 'measurement')} are rescued into {where}; continue with: {resume}")
+    got = guard.counts(store.url, name, store)
+    kept = (f"the {_n(got[0], 'trial')} and {_n(got[1], 'measurement')} recorded before are kept in {store.url}"
+            if got else f"what was recorded before is in {store.url}")
+    return (f"the results store failed ({store_failure()}): the search stopped; {kept} (the trials running then "
+            f"were not recorded); make room or make it writable, then continue with: {resume}")
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper) -> dict:
     url = store.url
     done = store.trials(name)
-    remaining = None if args.trials is None else args.trials - len(done)
+    remaining = None if args.trials is None else args.trials - counted(done)
     if remaining is not None and remaining <= 0:
         print(f"search {name}: all {args.trials} trials done; give a larger --trials with --resume to run more",
               file=stream)
@@ -519,6 +686,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
+    guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
     drawn = recover_interrupted(ostorage, name, store)
     # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
     sampler = make_sampler((args.seed + drawn) % SEED_RANGE, args.trials)
@@ -533,7 +701,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     known = [] if done else store_points(args, space, hw, with_shipped(store.measurements()), start)
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
-                             ranker=ranker)
+                             ranker=ranker, target=remaining)
     scheduler = make_scheduler(args.steps)
     if hw["device"] == "cuda":
         concurrent = max(1, int(ray.cluster_resources().get("GPU", 0)) // args.gpus_per_trial)
@@ -543,7 +711,10 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
             "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
             "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
             "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(done),
-            "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs())}
+            "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs()),
+            # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
+            # filesystem numbers devices per host) does not compare it
+            "store_identity": store.identity, "driver_host": socket.gethostname()}
     import psutil  # the driver's host: on one box (the common case) the trials' host too
     base["host"] = {"capacity": psutil.virtual_memory().total, "margin": MEMORY_MARGIN}
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
@@ -554,57 +725,77 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
                       unit="GPU" if hw["device"] == "cuda" else "worker")
     printer.to_stderr = stream is sys.stderr
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(_trainable, base=base), {"CPU": 1}),
+        tune.with_resources(tune.with_parameters(_trainable, base=base), TRIAL_ACTOR),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                    num_samples=remaining if remaining is not None else -1,
+                                    num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
                                     max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
                                     trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
-                                  stop=_interrupt_stopper(), failure_config=tune.FailureConfig(max_failures=0)))
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident), failure_config=tune.FailureConfig(max_failures=0)))
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}), "
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
-          f"{len(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
+          f"{counted(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
           f"store {url}", file=stream, flush=True)
     for note in notes:
         print(f"  {note}", file=stream, flush=True)
     for p, why in known:
         print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
               file=stream, flush=True)
-    with _catch_interrupt():
+    with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"):
         tuner.fit()
+    if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
+        return {}
+    recover_interrupted(ostorage, name, store)  # Ctrl-C or the time budget ended a trial Tune did not report
+    if searcher.stopped_why:
+        print(f"  {searcher.stopped_why}", file=stream, flush=True)
     summary = summarize(store, name, stream, out=args.out)
     if interrupted():
         summary["interrupted"] = True
+    summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
+    if summary["ran"] == 0 and not interrupted():
+        summary["none_why"] = (f"the time budget ({_clock(args.time_budget_s)}) ran out before a trial ended (the "
+                               "first trial of a run starts its worker processes): give a longer --time-budget"
+                               if args.time_budget_s else searcher.stopped_why or "the searcher proposed no trial")
     return summary
 
 
 def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None,
                  notes: list[str] | None = None) -> list[dict]:
-    """On a GPU, the first trials are the strong defaults a person would set by hand: every searched knob at its
-    default, with the largest micro-batch that fits (probed: micro_batch_size=max; else the largest the memory
-    model predicts to fit in 85 % of the GPU's memory) - and, where compile is searched, the same with compile on
-    (the yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that
-    again with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B
-    shape on an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the
-    cheapest memory saver of the space that makes them fit is added first (fits), and `notes` says which and why."""
-    if hw["device"] != "cuda" or not hw.get("gpu_memory_gib") or "micro_batch_size" not in space.domains:
+    """The first trials, on every device, are the strong defaults a person would set by hand: every searched knob at
+    its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
+    probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
+    CPU the knob's default (auto) or the largest below it that fits the host's memory (a CPU step of a larger one
+    ran past the trial's time limit). On a GPU, where compile is searched, the same with compile on follows (the
+    yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that again
+    with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B shape on
+    an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults
+    do not fit even at the smallest micro-batch, the cheapest memory saver of the space that makes them fit is added
+    first (fits), and `notes` says which and why. A CPU search of a real model (pythia-14m, 3 trials) drew 1 invalid
+    and 2 pruned configurations and measured nothing; `--trials 1 --set micro_batch_size=...` drew random values for
+    the knobs left (eager attention, full checkpointing, FSDP on one GPU)."""
+    if not space.domains:
         return []
     from trainscout.spaces import get
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
     defaults = fits(args, space, hw, calibration, space_defaults(space), notes)
     if defaults is None:
         return []
-    if "max" in space.domains["micro_batch_size"]:  # probed in the trial, from the memory model's estimate up
+    sizes = space.domains.get("micro_batch_size")
+    if sizes is None:  # fixed: the defaults as they are
+        point = defaults if _spec_at(args, space, hw, defaults) is not None else None
+    elif gpu and "max" in sizes:  # probed in the trial, from the memory model's estimate up
         point = dict(defaults, micro_batch_size="max")
     else:
         point = _largest_fit(args, space, hw, calibration, defaults)
     if point is None:
         return []
+
     def applicable(p):  # a knob whose requirements do not hold keeps its default (compile_scope without compile)
         return {k: v for k, v in p.items() if get(k).applies(p)}
     compiled = []
-    if True in space.domains.get("compile", ()) and not point["compile"]:
+    if gpu and True in space.domains.get("compile", ()) and not point.get("compile"):
         on = dict(point, compile=True)
         if "compiled" in space.domains.get("loss_kernel", ()):  # the loss too, which per-layer compile leaves out
             on["loss_kernel"] = "compiled"
@@ -639,14 +830,18 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     import psutil
 
     from trainscout.trial import memory
-    sizes = [m for m in space.domains["micro_batch_size"] if m != "max"] or [1]
-    cap, host = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB, host or psutil.virtual_memory().total
+    searched = "micro_batch_size" in space.domains
+    sizes = [m for m in space.domains.get("micro_batch_size", ()) if m != "max"] or [1]
+    smallest = {"micro_batch_size": min(sizes)} if searched else {}  # fixed: as fixed
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
+    host = host or psutil.virtual_memory().total
 
     def need(p: dict) -> tuple[float, str | None] | None:
-        spec = _spec_at(args, space, hw, dict(p, micro_batch_size=min(sizes)))
+        spec = _spec_at(args, space, hw, dict(p, **smallest))
         if spec is None:
             return None
-        return memory.predict(spec, calibration), memory.host_refusal(spec, host, MEMORY_MARGIN)
+        return (memory.predict(spec, calibration) if gpu else 0.0), memory.host_refusal(spec, host, MEMORY_MARGIN)
     first = need(point)
     if first is None or (first[0] <= cap and first[1] is None):
         return point
@@ -661,13 +856,14 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
                      + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
         if got[0] <= cap and got[1] is None:
             if notes is not None:
-                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} (predicted "
-                             f"{first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of {hw['gpu_memory_gib']:.0f} GiB"
-                             f"{'; ' + first[1] if first[1] else ''}): the start point adds "
+                over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
+                        f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
+                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}): the start point adds "
                              + " ".join(f"{k}={fmt(v)}" for k, v in saver.items()))
             return dict(point, **saver)
     if notes is not None:
-        notes.append(f"no start point: the defaults need {first[0] / memory.GiB:.1f} GiB at micro-batch {min(sizes)} "
+        need_text = f"{first[0] / memory.GiB:.1f} GiB" if gpu else f"more than the host has ({first[1]})"
+        notes.append(f"no start point: the defaults need {need_text} at micro-batch {min(sizes)} "
                      f"and no memory saver of the space fits ({'; '.join(tried) or 'the space has none'})")
     return None
 
@@ -710,23 +906,36 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     return out
 
 
-def _spec_at(args: SearchArgs, space: Space, hw: dict, point: dict) -> TrialSpec | None:
-    """The trial a start point means, as the sampler would build it (None: this model refuses it)."""
+def _spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -> TrialSpec | None:
+    """The trial a start point means, as the sampler would build it, with `override` set over it (None: this model
+    refuses it)."""
     import optuna
     try:
-        return prepare(args.model, space.sample(optuna.trial.FixedTrial(point)), workers=args.gpus_per_trial,
-                       hw=hw, **args.recipe)
+        settings = dict(space.sample(optuna.trial.FixedTrial(point)), **override)
+        return prepare(args.model, settings, workers=args.gpus_per_trial, hw=hw, **args.recipe)
     except ConfigError:
         return None
 
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
-    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU (None: none)."""
+    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU; on the CPU,
+    at the largest no larger than the knob's default (auto) that fits the host's memory (None: none)."""
+    import psutil
+
     from trainscout.trial import memory
-    for mbs in sorted(space.domains["micro_batch_size"], reverse=True):
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    sizes = sorted((m for m in space.domains["micro_batch_size"] if m != "max"), reverse=True)
+    if not gpu:
+        auto = _spec_at(args, space, hw, dict(defaults, micro_batch_size=min(sizes)), micro_batch_size="auto")
+        sizes = [m for m in sizes if auto is None or m <= auto.plan["micro_batch_size"]]
+    for mbs in sizes:
         point = dict(defaults, micro_batch_size=mbs)
         spec = _spec_at(args, space, hw, point)
-        if spec is not None and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
+        if spec is None:
+            continue
+        if gpu and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
+            return point
+        if not gpu and memory.host_refusal(spec, psutil.virtual_memory().total, MEMORY_MARGIN) is None:
             return point
     return None
 
@@ -818,7 +1027,7 @@ def space_knobs():
 
 
 def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] | None = None, seed: int = 0,
-                  ranker=None):
+                  ranker=None, target: int | None = None):
     """Ray Tune's OptunaSearch on the study `name`, handing Tune only configurations the study has not measured nor
     is measuring. A resumed sampler starts its seed's draws again (a 4-trial search, killed and resumed, ended with
     2 distinct configurations), and TPE proposes its best again and again (skipping such a draw does not move it:
@@ -827,10 +1036,16 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
     attribute "explore"); where none is found (a space measured in full) the repeat runs, and the store answers it.
     Each Optuna trial carries its Tune trial's id (TUNE_ID): a resume matches one left RUNNING to the store's row.
     With a ranker (make_ranker), once the start points are drawn its proposal comes before the sampler's (enqueued,
-    user attribute "ranked" saying why) while it has one."""
+    user attribute "ranked" saying why) while it has one.
+
+    target: the trials this run adds toward --trials (None: until the time budget). Tune asks for trials without a
+    count (num_samples=-1) and the searcher ends the run once `target` trials that count have ended: a draw refused
+    or pruned before it runs (FREE) costs no device time and is replaced; FREE_RUN of them in a row end the drawing
+    (stopped_why says so)."""
     import optuna
+    from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
     size = math.prod(len(v) for v in space.domains.values())  # at least the number of distinct configurations
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))  # in memory: random draws
 
@@ -846,7 +1061,42 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
         return None
 
     class DistinctOptunaSearch(OptunaSearch):
+        counted, free_run, in_flight, stopped_why = 0, 0, set(), None
+        reported: dict  # Tune trial id -> the last step told to Optuna as an intermediate value
+
+        def on_trial_result(self, trial_id, result):
+            if store_failure() is not None:
+                return
+            try:
+                super().on_trial_result(trial_id, result)
+                self.reported = getattr(self, "reported", None) or {}
+                self.reported[trial_id] = result.get("training_iteration")
+            except Exception as e:  # noqa: BLE001
+                if (why := guard.failure_of(e)) is None:
+                    raise
+                store_failed(why)
+
         def suggest(self, trial_id):
+            if store_failure() is not None:
+                return None  # the store failed: nothing more is drawn (the stopper ends the run)
+            if target is not None and (self.counted >= target or self.free_run >= FREE_RUN):
+                return Searcher.FINISHED
+            if target is not None and self.counted + len(self.in_flight) >= target:
+                return None  # the running trials may end the search; ask again when one ends
+            if self.free_run >= FREE_RUN:
+                return Searcher.FINISHED
+            try:
+                config = self._suggest(trial_id)
+                if isinstance(config, dict):
+                    self.in_flight.add(trial_id)
+                return config
+            except Exception as e:  # noqa: BLE001 - a storage failure stops the search, in one line (run_search)
+                if (why := guard.failure_of(e)) is None:
+                    raise
+                store_failed(why)
+                return None
+
+        def _suggest(self, trial_id):
             if ranker is not None:
                 trials = self._ot_study.get_trials(deepcopy=False)
                 if not any(t.state == optuna.trial.TrialState.WAITING for t in trials):  # start points first
@@ -856,37 +1106,79 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
             config = super().suggest(trial_id)
             drawn = self._ot_trials[trial_id]
             drawn.set_user_attr(TUNE_ID, trial_id)
+            _NUMBERS[trial_id] = drawn.number
             others = [t for t in self._ot_study.get_trials(deepcopy=False, states=states) if t.number != drawn.number]
             twin = next((t for t in others if t.params == drawn.params), None)
             measured = {key(t.params) for t in others}
             fresh = unmeasured(measured) if twin is not None and len(measured) < size else None
             if fresh is None:
                 return config
+            # PRUNED, not FAIL: nothing failed (the dashboard showed a failure), and TPE, which ignores a FAIL and so
+            # proposed the same configuration again, counts a pruned trial among the worse ones
             drawn.set_user_attr("skipped", f"a draw of trial {twin.number}'s configuration again")
-            self._ot_study.tell(drawn, state=optuna.trial.TrialState.FAIL)
+            drawn.set_user_attr("status", "skipped")
+            self._ot_study.tell(drawn, state=optuna.trial.TrialState.PRUNED)
             del self._ot_trials[trial_id]
             self._ot_study.enqueue_trial(fresh, user_attrs={"explore": f"instead of trial {drawn.number}'s draw"})
             config = super().suggest(trial_id)
             self._ot_trials[trial_id].set_user_attr(TUNE_ID, trial_id)
+            _NUMBERS[trial_id] = self._ot_trials[trial_id].number
             return config
 
         def on_trial_complete(self, trial_id, result=None, error=False):
+            if (result or {}).get("store_failed") or store_failure() is not None:
+                return  # left RUNNING in the study: a resume settles it from the store's rows
+            if trial_id in self.in_flight:
+                self.in_flight.discard(trial_id)
+                if not error and (result or {}).get("status") in FREE:
+                    self.free_run += 1
+                    if self.free_run == FREE_RUN:
+                        self.stopped_why = (f"stopped drawing: the last {FREE_RUN} draws were refused or pruned before "
+                                            "running (see their reasons in the table): narrow the space with --set "
+                                            "or --space")
+                else:
+                    self.counted, self.free_run = self.counted + 1, 0
+            try:
+                self._complete(trial_id, result, error)
+            except Exception as e:  # noqa: BLE001
+                if (why := guard.failure_of(e)) is None:
+                    raise
+                store_failed(why)
+
+        def _complete(self, trial_id, result=None, error=False):
             drawn = self._ot_trials.get(trial_id)
             if drawn is not None and result and trial_id not in self._completed_trials:
                 attrs = outcome_attrs(result)
                 for k, v in attrs.items():
                     drawn.set_user_attr(k, v)
                 set_constraint(drawn, attrs)
+                if attrs["status"] == Status.STOPPED:  # ASHA stopped it (or stopped it before): PRUNED, with each
+                    # reported step as an intermediate value (OptunaSearch.on_trial_result), the last its value;
+                    # Tune hands the step ASHA stopped it at to on_trial_complete alone
+                    step = result.get("training_iteration")
+                    if step is not None and (getattr(self, "reported", None) or {}).get(trial_id) != step:
+                        drawn.report(result.get(METRIC) or 0.0, step)
+                    self._ot_study.tell(drawn, state=optuna.trial.TrialState.PRUNED)
+                    self._completed_trials.add(trial_id)
+                    return
             super().on_trial_complete(trial_id, result, error)
 
-    return DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
-                                storage=ostorage, points_to_evaluate=start or None)
+    searcher = DistinctOptunaSearch(space=space.sample, metric=METRIC, mode="max", sampler=sampler, study_name=name,
+                                    storage=ostorage, points_to_evaluate=start or None)
+    # the objective's name, for optuna-dashboard ("Objective 0" before) and any tool reading the study
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        searcher._ot_study.set_metric_names([METRIC])
+    return searcher
 
 
 def recover_interrupted(ostorage, name: str, store: Store) -> int:
-    """Optuna trials left RUNNING by a driver that was killed or interrupted: one whose Tune trial the store holds
-    (it finished; only the driver's report to Optuna was lost) is completed with the stored value, so the sampler
-    knows it was measured; any other is marked FAIL (its measurement was lost). Returns the study's trial count."""
+    """Optuna trials left RUNNING (a driver killed, interrupted, or ended by its time budget while a trial ran or
+    was about to): one whose Tune trial the store holds (it finished; only the report to Optuna was lost) is told
+    its stored outcome (COMPLETE with its value; PRUNED where ASHA or the stop ended it), so the sampler knows it
+    was measured; one with reported steps and no row was stopped mid-run: PRUNED at its last step; any other never
+    ran, or its measurement was lost: FAIL, with the user attribute status "not run". Run on every resume and after
+    every run, so no trial stays RUNNING. Returns the study's trial count."""
     import optuna
     try:
         study = optuna.load_study(study_name=name, storage=ostorage)
@@ -900,8 +1192,20 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
             for k, v in attrs.items():
                 ostorage.set_trial_user_attr(t._trial_id, k, v)
             set_constraint(optuna.trial.Trial(study, t._trial_id), attrs)
-            ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
+            if attrs["status"] == Status.STOPPED:
+                if not t.intermediate_values:
+                    ostorage.set_trial_intermediate_value(t._trial_id, 1, row["tokens_per_s"] or 0.0)
+                ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.PRUNED,
+                                                [row["tokens_per_s"] or 0.0])
+            else:
+                ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.COMPLETE,
+                                                [row["tokens_per_s"] or 0.0])
+        elif t.intermediate_values:
+            ostorage.set_trial_user_attr(t._trial_id, "status", str(Status.STOPPED))
+            ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.PRUNED,
+                                            [t.intermediate_values[max(t.intermediate_values)]])
         else:
+            ostorage.set_trial_user_attr(t._trial_id, "status", "not run")
             ostorage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
     return len(study.trials)
 
@@ -931,12 +1235,14 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
     for t in trials:
         by_status[t["status"]] = by_status.get(t["status"], 0) + 1
     best = []
-    seen = set()
+    seen, records = set(), []
     for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
         if t["key"] in seen:
             continue
         seen.add(t["key"])
         rec = store.get(t["key"])
+        rec.key = t["key"]
+        records.append(rec)
         status, why = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
@@ -947,27 +1253,45 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         line = good[0]["tokens_per_s"] if good else 0.0
         passed_over = [b for b in best if b["quality"] not in quality.GOOD and b["tokens_per_s"] > line][:top]
         best = good
+    # the best of those: the fastest, or the simplest within its measured noise (analysis.ties; rule: README)
+    from trainscout.analysis.ties import choose
+    called = {b["key"] for b in best}
+    choice = choose([r for r in records if r.key in called])
+    if choice is not None and choice.is_tie:
+        best.sort(key=lambda b: b["key"] != choice.best.key)  # the chosen first, the others fastest first
+    tie = None if choice is None or len(choice.tied) < 2 else {
+        "best": choice.best.key, "fastest": choice.fastest.key, "tied": [r.key for r in choice.tied],
+        "noise": choice.noise, "why": choice.line()}
     # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
     # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
     overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0)
                 for r in (store.get(t["key"]) for t in trials
                           if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
-               "overhead_s": overhead, "quality": "strict" if strict else "mark",
+               "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
                "passed_over": passed_over}
-    print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)
+    free = len(trials) - counted(trials)
+    print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
+          + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
+          file=stream)
     if overhead:
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
               f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
+    tied = set(tie["tied"]) if tie else set()
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
-        print(f"best #{i}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
+        mark = " (tie)" if b["key"] in tied else ""
+        print(f"best #{i}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
               f"{_days(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
         for note in b["notes"]:
             print(f"         note: {note}", file=stream)
+    if tie:
+        why = tie["why"] or (f"the fastest is also the simplest of the {len(tied)} configurations within the measured "
+                             f"noise ({tie['noise']:.1%}) of it, marked (tie): it is the best (rule: README, ties)")
+        print(f"  {why}", file=stream)
     for b in passed_over:  # --quality strict: faster, but not shown to train the same model
         print(f"not best (--quality strict): {b['tokens_per_s']:,.0f} tokens/s, quality {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)

@@ -10,11 +10,11 @@ import difflib
 import importlib
 import pkgutil
 import threading
-from importlib.metadata import entry_points
 from typing import Any
 
 from .errors import ConfigError
 from .knob import REGISTRY, Knob, fmt, register
+from . import plugins
 from .plan import Context, Plan
 
 __all__ = ["ConfigError", "Context", "Knob", "Plan", "REGISTRY", "all_knobs", "get", "register", "resolve", "fmt"]
@@ -24,8 +24,8 @@ _lock = threading.RLock()
 
 
 def _load() -> None:
-    """Import every built-in knob file, then the knobs of installed plugins (entry-point group trainscout.knobs).
-    Thread-safe: a second thread waits until the registry is complete (trials started from threads share it)."""
+    """Import every built-in knob file, then the knobs of installed plugins (entry-point group trainscout.knobs;
+    spaces.plugins: a plugin that fails is named and left out). Thread-safe: a second thread waits until the registry is complete (trials started from threads share it)."""
     global _loaded
     if _loaded:
         return
@@ -35,8 +35,7 @@ def _load() -> None:
         builtin = importlib.import_module(f"{__name__}.knobs")
         for mod in pkgutil.iter_modules(builtin.__path__):
             importlib.import_module(f"{builtin.__name__}.{mod.name}")
-        for ep in entry_points(group="trainscout.knobs"):
-            ep.load()  # the plugin module registers its knobs on import
+        plugins.load()  # each on its own: a broken one is named and left out, the rest load
         _loaded = True
 
 
@@ -78,15 +77,15 @@ def requirement_error(knob: Knob, value: Any, cfg: dict) -> ConfigError | None:
 def resolve(settings: dict[str, Any], ctx: Context) -> tuple[dict[str, Any], Plan]:
     """Validate knob settings against the context; return (canonical config, plan). Raises ConfigError."""
     order = all_knobs()
-    cfg: dict[str, Any] = {k.name: k.default for k in order}
+    cfg: dict[str, Any] = {k.name: k.default_for(ctx) for k in order}
     for name, raw in settings.items():
-        cfg[name] = get(name).parse(raw)
+        cfg[name] = plugins.call(get(name), "parse", raw)
     for k in order:
         if k.is_set(cfg[k.name]) and (err := requirement_error(k, cfg[k.name], cfg)):
             raise err
     plan = Plan()
-    for k in order:
-        cfg[k.name] = k.concrete(cfg[k.name], cfg, ctx)
-        k.check(cfg[k.name], cfg, ctx)
-        k.apply(plan, cfg[k.name], cfg, ctx)
+    for k in order:  # a plugin knob that fails here is a ConfigError naming the plugin (plugins.call)
+        cfg[k.name] = plugins.call(k, "concrete", cfg[k.name], cfg, ctx)
+        plugins.call(k, "check", cfg[k.name], cfg, ctx)
+        plugins.call(k, "apply", plan, cfg[k.name], cfg, ctx)
     return cfg, plan

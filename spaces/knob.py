@@ -8,6 +8,9 @@ from .errors import ConfigError
 from .plan import Context, Plan
 
 REGISTRY: dict[str, "Knob"] = {}
+# where a knob's model transform runs, in the order trainscout.runtime applies them: process settings, module swaps,
+# the loss, activation checkpointing, per-layer compile, then (after the engine shards the model) whole-model compile
+STAGES = ("process", "modules", "loss", "checkpoint", "compile_layers", "sharded")
 
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
@@ -101,6 +104,11 @@ class Knob:
     def applies(self, cfg: dict) -> bool:
         """True when every knob this one requires has an allowed value in cfg."""
         return all(cfg.get(k, REGISTRY[k].default) in allowed for k, allowed in self.requires.items())
+
+    def default_for(self, ctx: Context) -> Any:
+        """The value this knob takes when nothing sets it, in this context: its default, unless the model cannot run
+        that (a model without the default attention kernel gets one it has); resolve() fills unset knobs with it."""
+        return self.default
 
     def concrete(self, value: Any, cfg: dict, ctx: Context) -> Any:
         """The value the trial runs with (a knob with an "auto" value decides it here from the context)."""

@@ -19,6 +19,9 @@ from trainscout.spaces import ConfigError
 from trainscout.trial.records import Record, TrialSpec
 from trainscout.trial.status import DETERMINISTIC, Status  # DETERMINISTIC: outcomes served from the store
 
+from . import guard
+from .guard import StoreError, StoreLost  # noqa: F401  (the store failed while in use: deleted, full, read-only)
+
 META = sa.MetaData()
 MEASUREMENTS = sa.Table(
     "trainscout_measurements", META,
@@ -98,6 +101,26 @@ def storage_url(url: str, flag: str = "--storage") -> str:
     return u.set(database=db).render_as_string(hide_password=False)
 
 
+# SQLAlchemy driver name -> the package that provides it (pip install ...), where the two differ or are not obvious
+DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "psycopg": "psycopg[binary]", "mysqldb": "mysqlclient",
+                   "pymysql": "pymysql", "mysqlconnector": "mysql-connector-python", "mariadbconnector": "mariadb",
+                   "pyodbc": "pyodbc", "oracledb": "oracledb", "cx_oracle": "cx_Oracle", "pg8000": "pg8000",
+                   "asyncpg": "asyncpg", "aiomysql": "aiomysql"}
+
+
+def driver_missing(url: str, e: ImportError) -> str:
+    """What is missing for a storage URL whose database driver does not import, and how to install it (the URL's
+    own driver: a mysql:// URL named the PostgreSQL one)."""
+    try:
+        u = sa.engine.make_url(url)
+        backend, driver = u.get_backend_name(), u.get_driver_name()
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse: the import error alone
+        return f"its database driver is missing ({e}): install it"
+    package = DRIVER_PACKAGES.get(driver, driver)
+    return (f"the {backend} driver {driver} is missing ({e}): install it (pip install {package}), or name an "
+            f"installed one in the URL ({backend}+DRIVER://...)")
+
+
 def check_folder(path: str | None, flag: str = "--out") -> str:
     """An output folder that can be made and written (nothing is created here): its absolute path, or ConfigError
     with the fix for an empty name, a file on the way or a folder that is not writable."""
@@ -153,14 +176,18 @@ class Store:
                     if "already exists" not in str(e) or attempt == 4:
                         raise
         except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
-            raise ConfigError("--storage", f"cannot open storage {url!r}: its driver is missing ({e}): install it "
-                                           "(e.g. pip install psycopg) or give sqlite:///path/results.db")
+            raise ConfigError("--storage", f"cannot open storage {url!r}: {driver_missing(url, e)}, or give "
+                                           "sqlite:///path/results.db")
         except ConfigError:
             raise
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.DatabaseError, ValueError) as e:
             raise ConfigError("--storage", f"cannot open storage {url!r}: {str(e).splitlines()[0][:200]}; "
                                            "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
         self.url = url
+        # the file opened (device, inode): a new connection to the path once it is another file is refused (guard)
+        self.path = guard.sqlite_path(url)
+        self.identity = guard.identity(self.path)
+        guard.pin(self.engine, self.path, self.identity)
         self._error_column = None  # whether trainscout_search_trials has "error" (a store older than it has not)
 
     def _has_error_column(self) -> bool:
@@ -346,8 +373,16 @@ def _read(data: dict) -> Record:
 _OPEN: dict[str, Store] = {}
 
 
-def open_store(url: str) -> Store:
-    """One Store per URL and process (objects that Ray pickles keep the URL, not the engine)."""
+def open_store(url: str, expect=None) -> Store:
+    """One Store per URL and process (objects that Ray pickles keep the URL, not the engine). expect: the (device,
+    inode) of the SQLite file the caller opened (a search's driver): StoreLost, and nothing created, when the path is
+    not that file any more."""
+    if expect:
+        why = guard.lost(guard.sqlite_path(url), expect)
+        if why is None and url in _OPEN and _OPEN[url].identity and tuple(_OPEN[url].identity) != tuple(expect):
+            why = f"{_OPEN[url].path} is another file than the search opened"
+        if why:
+            raise StoreLost(f"the results store {why} while the search ran")
     if url not in _OPEN:
         _OPEN[url] = Store(url)
     return _OPEN[url]

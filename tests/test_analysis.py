@@ -1,5 +1,6 @@
 """Results table and exports on real measurements (tiny model, 2 gloo workers): the HF export builds
 TrainingArguments and trains 2 Trainer steps; the DeepSpeed export passes DeepSpeed's own config parser."""
+import io
 import json
 import os
 
@@ -61,6 +62,7 @@ def test_hf_export_trains_two_steps(store_dir, tmp_path):
     out = tmp_path / "exp"
     assert main(["export", store_dir, "--trial", "k0", "--format", "all", "--out", str(out)]) == 0
     args = json.loads((out / "training_args.json").read_text())
+    args.pop("transformers_version")  # not a field: the version it was written for (hf.training_arguments drops it)
     provenance = json.loads((out / "trainscout.json").read_text())
     assert provenance["model"] == "tiny" and provenance["versions"]["torch"] and provenance["hardware"]["device"] == "cpu"
     args.update(max_steps=2, output_dir=str(tmp_path / "run"))
@@ -90,7 +92,7 @@ def test_deepspeed_export_passes_deepspeeds_parser_and_accelerates_launch_checks
     assert parsed.train_batch_size == 4 * 4  # one rank here: micro-batch x accumulation
     acc = yaml.safe_load((out / "accelerate.yaml").read_text())
     assert acc["distributed_type"] == "DEEPSPEED" and "mixed_precision" not in acc
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == str(out / "deepspeed.json")
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == "deepspeed.json"  # relative: the folder can move
 
 
 def test_fsdp2_export_is_fsdp2_for_the_installed_consumers(store_dir, tmp_path, capsys):
@@ -103,6 +105,7 @@ def test_fsdp2_export_is_fsdp2_for_the_installed_consumers(store_dir, tmp_path, 
     assert main(["export", store_dir, "--trial", "k2", "--format", "all", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     args = json.loads((out / "training_args.json").read_text())
+    args.pop("transformers_version")
     built = TrainingArguments(**{**args, "output_dir": str(tmp_path / "run")})
     notes = json.loads((out / "trainscout.json").read_text())["notes"]
     if (getattr(built, "fsdp_plugin_args", None) or {}).get("fsdp_version") == 2:
@@ -111,6 +114,52 @@ def test_fsdp2_export_is_fsdp2_for_the_installed_consumers(store_dir, tmp_path, 
         assert "runs FSDP1" in notes[0] and "runs FSDP1" in printed
     acc = yaml.safe_load((out / "accelerate.yaml").read_text())
     assert acc["distributed_type"] == "FSDP" and acc["fsdp_config"]["fsdp_version"] == 2 and acc["num_processes"] == 2
+
+
+RANKS = """
+import os
+from trainscout.runtime import hf
+args = hf.training_arguments(".", output_dir=os.environ["OUT"], report_to="none")
+print("rank", os.environ.get("RANK", "0"), "of", args.world_size, args.device.type, flush=True)
+"""
+
+
+def test_an_export_says_how_to_launch_it_and_its_folder_can_move(store_dir, tmp_path, capsys):
+    """Every export prints and writes how to launch it (the rule: README), launch.sh is executable, no file of the
+    folder holds an absolute path (DeepSpeed's file is named relative to it), so the folder moves; its
+    training_args.json names the transformers it was written for, and stdout points to hf.training_arguments. The
+    2-rank CPU accelerate.yaml launches 2 processes (accelerate's MULTI_CPU started one without mpirun)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import transformers
+
+    from trainscout.runtime import hf
+    for key in ("k0", "k1", "k2"):  # plain DDP, DeepSpeed ZeRO-2 + offload, FSDP2: each on 2 CPU ranks
+        out = tmp_path / key
+        assert main(["export", store_dir, "--trial", key, "--format", "all", "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert f"launch (from {out}): accelerate launch --config_file accelerate.yaml your_train.py" in printed
+        assert f"written for transformers {transformers.__version__}: load it with " \
+               f"trainscout.runtime.hf.training_arguments({str(out)!r})" in printed, printed
+        exported = json.loads((out / "trainscout.json").read_text())
+        assert exported["launch"]["launcher"] == "accelerate"
+        assert os.access(out / "launch.sh", os.X_OK) and "accelerate launch --config_file" in (out / "launch.sh").read_text()
+        for f in out.iterdir():
+            text = f.read_text()
+            assert str(tmp_path) not in text and str(store_dir) not in text, (f.name, text[:500])
+        moved = tmp_path / "moved" / key
+        shutil.move(str(out), str(moved))
+        if key == "k1":
+            assert hf.read_arguments(str(moved))["deepspeed"] == str(moved / "deepspeed.json")
+    folder = tmp_path / "moved" / "k0"
+    (folder / "ranks.py").write_text(RANKS)
+    res = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate.yaml",
+                          "ranks.py"], cwd=folder, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, OUT=str(tmp_path / "run")))
+    ranks = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("rank"))
+    assert res.returncode == 0 and ranks == ["rank 0 of 2 cpu", "rank 1 of 2 cpu"], (ranks, res.stderr[-2000:])
 
 
 def test_export_needs_best_or_trial(store_dir, tmp_path, capsys):
@@ -161,7 +210,8 @@ def test_verify_runs_full_steps_against_the_projection(store_dir, capsys):
                  "--global-batch", str(per_step)]) == 0
     short = json.loads(capsys.readouterr().out)
     assert short["status"] == "ok" and short["global_batch"] == per_step != short["recipe_global_batch"]
-    assert short["projected_step_s"] == pytest.approx(rec.m["step_s"] - (rec.grad_accum - 1) * rec.m["micro_batch_s"])
+    from trainscout.trial import metrics  # derived at A' = 1 as step_s was at A: the last micro-batch + optimizer
+    assert short["projected_step_s"] == pytest.approx(metrics.project_at(rec.m["phases"], 1))
     assert short["recipe_projected_step_s"] == rec.m["step_s"] and short["measured_step_s"] > 0
     assert main(["verify", store_dir, "--trial", "k0", "--global-batch", str(per_step + 1)]) == 2
     assert f"give a multiple of {per_step}" in capsys.readouterr().err
@@ -213,3 +263,111 @@ def test_results_of_a_store_of_measurements_alone(capsys):
     assert main(["results", grid, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 64 and {r["status"] for r in rows} >= {"ok"} and all(r["key"] for r in rows)
+
+
+# --- ties (issue 30): the simplest of the configurations within the measured noise of the fastest ------------------
+def _measured(settings: dict, tokens_per_s: float, spread: float, key: str):
+    """A stored measurement of tiny on one CPU rank, as a trial's record holds it (prepared for real, not run)."""
+    from trainscout.trial import hardware, prepare
+    from trainscout.trial.records import Record
+    hw = hardware.fingerprint("cpu", 1)
+    spec = prepare("tiny", dict(settings, precision="fp32", micro_batch_size=4), workers=1, hw=hw)
+    step = spec.tokens_per_step / tokens_per_s
+    m = {"tokens_per_s": tokens_per_s, "step_s": step, "measured_step_s": step, "micro_batch_s": step / 4,
+         "last_micro_batch_s": step / 4, "optimizer_s": 0.001, "step_spread": spread, "rank_spread": 0.0,
+         "steps_s": [step * (1 - spread / 2), step, step * (1 + spread / 2)], "slowest_rank": 0, "n_params": 1,
+         "flops_per_token": 1.0, "gpu": None, "peak_tflops": None, "mfu": None, "projected_days": 1.0,
+         "gpu_hours": 0.0, "peak_rss_mib": [900.0], "peak_memory_gib": 0.9, "build_s": 1.0, "warmup_s": 1.0,
+         "timed_s": 3 * step, "compared_timed_s": 0.0, "alloc_retries": None, "seed_method_step_s": step, "loss": 6.0,
+         "micro_batch_size": 4}
+    return Record(trial_id=key[:12], model=spec.model, model_config=spec.model_config, device="cpu", world_size=1,
+                  config=spec.config, plan=spec.plan, recipe=spec.recipe, grad_accum=spec.grad_accum,
+                  measured_accum=spec.measured_accum, timed_steps=3, started_at="2026-12-02T00:00:00+00:00",
+                  wall_s=10.0, versions={"torch": "x"}, hardware=spec.hardware, status="ok", metrics=m, key=key)
+
+
+def test_a_tie_within_the_measured_noise_goes_to_the_simplest_and_is_shown(tmp_path, capsys):
+    """FSDP shard_grad_op on one rank measured 0.7 % faster than the same configuration without FSDP, within the
+    2 % the two measurements spread: the best is the one without FSDP (a plain `python` launch, the plain engine),
+    and the search's summary, results, report and `export --best` say so. A configuration 5 % slower is no tie."""
+    from trainscout.analysis import ties
+    from trainscout.search.service import summarize
+    fsdp = _measured({"fsdp": "shard_grad_op"}, 10070.0, 0.02, "f" * 32)
+    plain = _measured({}, 10000.0, 0.02, "p" * 32)
+    slow = _measured({"activation_checkpointing": "full"}, 9500.0, 0.02, "s" * 32)
+    choice = ties.choose([slow, fsdp, plain])
+    assert choice.best.key == plain.key and choice.fastest.key == fsdp.key and choice.is_tie
+    assert [r.key for r in choice.tied] == [fsdp.key, plain.key] and choice.noise == 0.02
+    assert "launched with python, not accelerate" in choice.line() and "0.7% slower" in choice.line()
+    assert ties.choose([fsdp, _measured({}, 9700.0, 0.02, "q" * 32)]).best.key == fsdp.key  # 3.7 % apart: no tie
+    steady = _measured({"fsdp": "shard_grad_op"}, 10070.0, 0.005, "g" * 32)
+    assert ties.choose([steady, _measured({}, 9900.0, 0.005, "r" * 32)]).best.key == steady.key  # 1.7 % > 0.5 %
+
+    out = tmp_path / "tie"
+    out.mkdir()
+    store = Store(default_url(str(out)))
+    store.add_search("tie", {"model": "tiny"})
+    for i, rec in enumerate((slow, fsdp, plain)):
+        store.put(rec.key, rec)
+        store.add_trial("tie", f"t{i}", rec.key, "ok", False, rec.metrics["tokens_per_s"], rec.config)
+    summary = summarize(store, "tie", io.StringIO(), out=str(out))
+    assert summary["best"][0]["key"] == plain.key and summary["tie"]["fastest"] == fsdp.key
+    assert main(["results", str(out)]) == 0
+    assert f"best: {plain.key}; the best is the simplest of 2 configurations" in capsys.readouterr().out
+    assert main(["export", str(out), "--best", "--format", "hf", "--out", str(tmp_path / "exp")]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads((tmp_path / "exp" / "trainscout.json").read_text())["key"] == plain.key
+    assert "note: the best is the simplest of 2" in printed and "launch (from" in printed
+    assert "python your_train.py" in printed
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "#1 (tie)" in text and "#2 (tie)" in text and "The best is the simplest of 2" in text
+    assert "The best is the simplest of 2" in (out / "report.html").read_text()
+
+
+def test_load_gives_each_column_the_same_dtype_in_every_store(store_dir, tmp_path):
+    """mfu was object dtype on a CPU store (None throughout: nlargest raised) and micro_batch_size int64 in one store,
+    float or text in another: metrics are float64 and a knob's column has its domain's dtype in every store."""
+    from trainscout.analysis import table
+    other = Store(default_url(str(tmp_path)))
+    other.add_search("o", {"model": "tiny"})
+    other.add_trial("o", "t1", None, "invalid", False, 0.0, {"precision": "fp16-mixed"}, error="refused")
+    other.add_trial("o", "t2", None, "pruned", False, 0.0, {"micro_batch_size": "max", "zero_stage": 1}, error="big")
+    frames = [table.load(store_dir), table.load(str(tmp_path)), table.load_resolved(store_dir)]
+    for df in frames:
+        assert df["mfu"].dtype == "float64" and df["tokens_per_s"].dtype == "float64"
+        df.nlargest(2, "mfu")  # raised TypeError on object dtype
+        assert df["micro_batch_size"].dtype == object and str(df["zero_stage"].dtype) == "Int64"
+        assert str(df["compile"].dtype) == "boolean"
+    assert frames[0]["micro_batch_size"].dropna().tolist() == [4, 4, 4]  # the values as stored, numbers here
+    assert frames[1]["micro_batch_size"].dropna().tolist() == ["max"]
+
+
+def test_the_projection_at_another_global_batch_is_derived_as_the_step_was():
+    """verify --global-batch compared full steps of A' micro-batches with step_s + (A' - A) x the median
+    micro-batch. step_s is the median over steps of each step's projection, the micro-batch the median over all of
+    them: their difference, times A - A', was 4.5 % of an 8-micro-batch step for a 0.3 % one at A = 128. The
+    projection now derives the step at A' from the record's phases exactly as runner.derive derives step_s at A
+    (checked against derive itself on the same raw phases), and an older record without phases gets
+    (A' - 1) x micro-batch + last + optimizer."""
+    from trainscout.analysis.verify import step_at
+    from trainscout.trial import metrics, prepare
+    from trainscout.trial.records import RankResult
+    from trainscout.trial.runner import derive
+    # each step's first micro-batch faster (after the optimizer step there is no gradient to add to), the others
+    # drifting by 1 % a step: the median of the steps' medians (0.102) is not the median of all of them (0.101)
+    steps = [{"micro": [0.090, 0.100 + 0.001 * k, 0.100 + 0.001 * k, 0.120], "optim": 0.030, "total": 0.0,
+              "host_first_micro": 0.09} for k in range(5)]
+    rank = RankResult(rank=0, steps=steps, micro_batch_size=2, grad_accum=128, measured_accum=4, build_s=1.0,
+                      warmup_s=1.0, timed_s=1.0, peak_rss_mib=1.0)
+    hw = {"device": "cpu", "cpu": "x", "cpu_count": 2}
+    at = {gb: prepare("tiny", {"micro_batch_size": 2}, hw=hw, global_batch=gb, measure_accum=4) for gb in (256, 16)}
+    assert at[256].grad_accum == 128 and at[16].grad_accum == 8
+    m = derive(at[256], 1000, [rank])
+    want = derive(at[16], 1000, [rank])["step_s"]  # what a measurement at 16 sequences projects from these phases
+    assert step_at(m, 8) == pytest.approx(want, rel=1e-12)
+    before = m["step_s"] + (8 - 128) * m["micro_batch_s"]
+    assert before / want - 1 == pytest.approx(120 * 0.001 / want, rel=1e-6) and before / want > 1.13  # +13.9 %
+    old = {k: v for k, v in m.items() if k != "phases"}
+    assert step_at(old, 8) == pytest.approx(7 * m["micro_batch_s"] + m["last_micro_batch_s"] + m["optimizer_s"])
+    assert metrics.project_at(m["phases"], 128) == pytest.approx(m["step_s"])

@@ -121,12 +121,13 @@ def test_quiet_and_verbose_together_are_refused(capsys):
 
 
 def finished_search(tmp_path) -> str:
-    """A saved search whose 4 trials are done (a resume runs nothing, starts no Ray): 3 refused, 1 crashed."""
+    """A saved search whose 4 trials are done (a resume runs nothing, starts no Ray): 3 out of memory, 1 crashed
+    (trials refused or pruned before running would not count toward --trials)."""
     out, _ = saved_search(tmp_path)
     store = Store(default_url(out))
     for i in range(3):
-        store.add_trial("s", f"t{i}", None, "invalid", False, 0.0, {"micro_batch_size": i},
-                        error="refused: " + "because " * 30 + "the end")
+        store.add_trial("s", f"t{i}", None, "oom", False, 0.0, {"micro_batch_size": i},
+                        error="out of memory: " + "because " * 30 + "the end")
     crash = Record(model="tiny", config={"micro_batch_size": 4}, status="crash", device="cpu", world_size=1,
                    error="RuntimeError: boom", stderr_tail="[rank0.err] Traceback ...\nRuntimeError: boom")
     store.put("c" * 32, crash)
@@ -138,7 +139,7 @@ def test_quiet_search_prints_the_summary_alone(tmp_path, capsys):
     out = finished_search(tmp_path)
     assert main(["search", "--resume", out]) == 0
     loud = capsys.readouterr().out
-    assert "all 4 trials done" in loud and "4 trials: 1 crash, 3 invalid" in loud
+    assert "all 4 trials done" in loud and "4 trials: 1 crash, 3 oom" in loud
     assert main(["-q", "search", "--resume", out]) == 0
     cap = capsys.readouterr()
     assert cap.out == loud[loud.index("\n4 trials:"):] and cap.err == ""  # the summary, as a search prints it
@@ -205,6 +206,114 @@ def test_an_in_memory_storage_is_refused(tmp_path, capsys, url):
     assert main(["results", url, "--import", str(tmp_path / "x.jsonl")]) == 2  # the import would vanish with it
     one_line_error(capsys, "DIR")
     assert not (tmp_path / "o").exists()
+
+
+# --- Ray reached before anything is written (issue 30) -----------------------------------------------------------
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:  # bound, then closed: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS", "RAY_TMPDIR"])
+@pytest.mark.parametrize("command", ["search", "trial"])
+def test_an_unreachable_ray_or_an_unwritable_temp_folder_is_one_line_within_seconds(tmp_path, how, command):
+    """An address where nothing listens (the flag, or RAY_ADDRESS as `ray job submit` sets it) and a Ray temp folder
+    that cannot be made: exit 2 with one line naming the setting, within 20 s (Ray itself retried for minutes), and
+    the search wrote nothing (no results.db, no lock: a rerun there is not refused)."""
+    (tmp_path / "afile").write_text("")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    argv = [sys.executable, "-m", "trainscout.cli", command, "--model", "tiny", "--device", "cpu"]
+    argv += ["--trials", "1", "--out", str(tmp_path / "o")] if command == "search" else []
+    address = f"127.0.0.1:{_free_port()}"
+    if how == "--address":
+        argv += ["--address", address]
+    elif how == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = address
+    else:
+        env["RAY_TMPDIR"] = str(tmp_path / "afile" / "ray")  # under a file: nothing can be made there
+    t0 = time.time()
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    took = time.time() - t0
+    err = res.stderr.strip()
+    assert res.returncode == 2 and took < 20, (res.returncode, round(took, 1), err[-2000:])
+    assert len(err.splitlines()) == 1 and err.startswith(f"trainscout: error: {how}") and "Traceback" not in err, err
+    assert ("nothing listens" in err) if how != "RAY_TMPDIR" else ("temp folder" in err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+
+
+# --- the smaller ones of issue 30: refused up front, naming the fix ----------------------------------------------
+def test_more_ranks_than_the_ray_cluster_can_place_are_refused_up_front(tmp_path, capsys, ray_local):
+    """`--gpus-per-trial 8` on a 2-core CPU waited until the trial's timeout: each rank holds half a CPU and the
+    search's trial actor one, which this cluster cannot place; refused before anything is written."""
+    cpus = int(ray_local.cluster_resources()["CPU"])
+    ranks = 2 * cpus + 2  # 0.5 CPU each + the trial actor's 1: more than the cluster has
+    assert main(["search", "--model", "tiny", "--device", "cpu", "--trials", "1", "--gpus-per-trial", str(ranks),
+                 "--global-batch", str(2 * ranks), "--out", str(tmp_path / "o")]) == 2
+    err = one_line_error(capsys, "--gpus-per-trial")
+    assert f"has {cpus}:" in err and "or fewer" in err and not (tmp_path / "o").exists(), err
+    assert main(["trial", "--model", "tiny", "--device", "cpu", "--workers", str(ranks),
+                 "--global-batch", str(2 * ranks)]) == 2
+    one_line_error(capsys, "--workers")
+
+
+def test_a_storage_url_names_its_own_missing_driver(tmp_path, capsys):
+    assert main(SEARCH + ["--out", str(tmp_path / "o"), "--storage", "mysql://u@127.0.0.1/db"]) == 2
+    err = one_line_error(capsys, "--storage")
+    assert "mysql driver mysqldb is missing" in err and "pip install mysqlclient" in err and "psycopg" not in err, err
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{tmp}/typo.db", "sqlite:///typo.db"])
+def test_a_mistyped_sqlite_url_is_refused_and_creates_nothing(tmp_path, capsys, monkeypatch, url):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["results"], ["report"], ["export", "--best", "--out", str(tmp_path / "x")]):
+        assert main([argv[0], url.format(tmp=tmp_path), *argv[1:]]) == 2
+        assert "no SQLite file" in one_line_error(capsys, "DIR")
+    assert os.listdir(tmp_path) == []  # no empty database made where the typo pointed
+
+
+def _export_of_tiny(tmp_path) -> str:
+    """An export folder of the tiny model (trainscout.json as `trainscout export` writes it, for `train`)."""
+    from trainscout.trial.models import resolve_model
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    m = resolve_model("tiny")
+    (folder / "trainscout.json").write_text(json.dumps({
+        "model": "tiny", "model_config": m.config, "config": {"precision": "fp32", "micro_batch_size": 4},
+        "recipe": m.recipe.to_dict(), "hardware": {"device": "cpu", "world_size": 1}}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("case", ["id-beyond-vocab", "negative-id", "size-not-a-multiple", "dtype-without-data"])
+def test_train_refuses_data_it_cannot_train_on_before_any_trial(tmp_path, capsys, case):
+    """Token ids >= the vocabulary crashed inside the trial, a size that is not a multiple of the dtype after 23 s,
+    and --data-dtype without --data was silently ignored: each is one line naming the flag, before Ray starts."""
+    import numpy as np
+    export, data = _export_of_tiny(tmp_path), tmp_path / "tokens.bin"
+    ids = np.arange(400, dtype=np.int64) % 500  # tiny's vocabulary: 512 ids
+    argv = ["train", "--config", export, "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "ckpt")]
+    if case == "id-beyond-vocab":
+        ids[123] = 600
+        ids.astype(np.uint16).tofile(data)
+        argv += ["--data", str(data)]
+        want, field = "token id 600, outside the model's vocabulary of 512", "--data"
+    elif case == "negative-id":
+        ids[7] = -3
+        ids.astype(np.int32).tofile(data)
+        argv += ["--data", str(data), "--data-dtype", "int32"]
+        want, field = "token id -3", "--data"
+    elif case == "size-not-a-multiple":
+        data.write_bytes(ids.astype(np.uint16).tobytes() + b"\0")
+        argv += ["--data", str(data)]
+        want, field = "not a whole number of uint16 token ids", "--data"
+    else:
+        argv += ["--data-dtype", "uint32"]
+        want, field = "without --data", "--data-dtype"
+    assert main(argv) == 2
+    assert want in one_line_error(capsys, field)
+    assert not (tmp_path / "ckpt").exists()
 
 
 # --- output folders --------------------------------------------------------------------------------------------
@@ -313,11 +422,16 @@ def test_resume_of_a_finished_search_runs_nothing_and_json_is_alone_on_stdout(tm
     out, args = saved_search(tmp_path)
     store = Store(default_url(out))
     for i in range(4):
-        store.add_trial("s", f"t{i}", None, "invalid", False, 0.0, {"micro_batch_size": i}, error="refused")
+        store.add_trial("s", f"t{i}", None, "timeout", False, 0.0, {"micro_batch_size": i}, error="too slow")
     assert main(["search", "--resume", out, "--json"]) == 0
     cap = capsys.readouterr()
     assert json.loads(cap.out)["trials"] == 4  # nothing but the JSON on stdout
-    assert "all 4 trials done" in cap.err and "4 trials: 4 invalid" in cap.err
+    assert "all 4 trials done" in cap.err and "4 trials: 4 timeout" in cap.err
+    # refused and pruned trials do not count toward --trials: these 4 leave 3 to go
+    for i, status in enumerate(("invalid", "pruned", "invalid")):
+        store.add_trial("s2", f"u{i}", None, status, False, 0.0, {}, error="refused")
+    store.add_trial("s2", "u3", None, "ok", False, 1.0, {})
+    assert service.counted(store.trials("s2")) == 1
 
 
 # --- one search per folder at a time ---------------------------------------------------------------------------
@@ -506,10 +620,11 @@ def test_the_live_table_shows_why_a_trial_did_not_run(capsys):
     header, invalid, progress1, ok, progress2 = cap.err.splitlines()
     assert "invalid" in invalid and "(offload_params=true needs zero_stage=3 (got 0): set zero_stage=3" in invalid
     assert "second line" not in cap.err and ok.endswith("activation_checkpointing=full")  # no reason for an ok trial
-    # the progress line after each row: done/total, elapsed, ETA from the pace so far, best, device-seconds held
-    assert progress1.split() == ["1/4", "trials,", "1m00s", "elapsed,", "ETA", "3m00s,", "best", "-,", "0", "GPU-s",
-                                 "measured"]
-    assert "2/4 trials" in progress2 and "ETA 1m00s" in progress2 and "best 100 tok/s" in progress2
+    # the progress line after each row: done/total (a trial refused before running does not count toward --trials),
+    # elapsed, ETA from the pace so far, best, device-seconds held
+    assert progress1.split() == ["0/4", "trials", "(+1", "refused", "or", "pruned", "before", "running,", "not",
+                                 "counted),", "1m00s", "elapsed,", "ETA", "-,", "best", "-,", "0", "GPU-s", "measured"]
+    assert "1/4 trials (+1 refused" in progress2 and "ETA 3m00s" in progress2 and "best 100 tok/s" in progress2
     assert "40 GPU-s measured" in progress2  # 20 s x 2 ranks
 
 
@@ -590,7 +705,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
     store.add_trial("s", "a3", None, "ok", False, 30.0, {})
     assert recover_interrupted(ostorage, "s", store) >= 3  # the study's trials, draws skipped already included
     by_tune = {t.user_attrs[service.TUNE_ID]: t for t in optuna.load_study(study_name="s", storage=ostorage).trials}
-    assert by_tune["a2"].state == optuna.trial.TrialState.FAIL
+    assert by_tune["a2"].state == optuna.trial.TrialState.FAIL and by_tune["a2"].user_attrs["status"] == "not run"
     assert by_tune["a3"].state == optuna.trial.TrialState.COMPLETE and by_tune["a3"].value == 30.0
     assert by_tune["a3"].constraints == {"infeasible": 0.0}  # TPE knows it was feasible
 
@@ -603,7 +718,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
     assert len({a1, a3, b1, b2}) == 4  # every configuration of the space, each once
     study = optuna.load_study(study_name="s", storage=ostorage)
     skipped = [t for t in study.trials if "skipped" in t.user_attrs]
-    assert skipped and all(t.state == optuna.trial.TrialState.FAIL for t in skipped)
+    assert skipped and all(t.state == optuna.trial.TrialState.PRUNED for t in skipped)  # nothing failed (was FAIL)
     explored = [t.state for t in study.trials if "explore" in t.user_attrs]
     assert explored == [optuna.trial.TrialState.COMPLETE] * len(skipped)
     n = len(study.trials)
@@ -647,6 +762,8 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
     assert 1 <= n < 3, before
     ended = "1 trial ended and is kept" if n == 1 else f"{n} trials ended and are kept"
     assert f"interrupted: {ended} in the store; continue with: trainscout search --resume {out}" in cap.err, cap.err[-3000:]
+    study = optuna.load_study(study_name="s", storage=default_url(str(out)))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]  # one was left per Ctrl-C
 
     t0 = time.time()
     assert main(["search", "--resume", str(out), "--trials", "4", "--json"]) == 0
@@ -669,6 +786,17 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(rows) == 4 and {r["world_size"] for r in rows} <= {"1", ""} and "error" in rows[0]
     print(f"resume of {4 - n} trials: {time.time() - t0:.0f} s")
+
+    # a time budget for a resume: a run that ends no trial says why and does not exit 0 (it exited 0 with 0 trials
+    # and left a RUNNING one); one long enough runs trials (the space is measured in full: the store answers them)
+    assert main(["search", "--resume", str(out), "--trials", "6", "--time-budget", "0.01"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("trainscout: error: this run of s ended no trial: the time budget") and "longer" in err, err
+    assert main(["search", "--resume", str(out), "--trials", "6", "--time-budget", "20"]) == 0
+    capsys.readouterr()
+    assert len(store.trials("s")) > 4
+    study = optuna.load_study(study_name="s", storage=default_url(str(out)))
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),

@@ -184,3 +184,80 @@ def test_sizes_read_the_stored_spellings():
     assert "num_hidden_layers" not in stored and sizes(stored).layers == 2 and sizes(stored).hidden == 64
     assert sizes(resolve_model("tiny").config) == Sizes(layers=2, hidden=64, heads=4, kv_heads=4, vocab=512,
                                                         intermediate=256, tied=False, max_positions=256)
+
+
+# --- models accepted, then unable to run (issue 30): refused or adapted at prepare time -----------------------------
+SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+         "vocab_size": 256, "max_position_embeddings": 128}
+NO_SDPA = {  # transformers classes without SDPA attention (5.24): Gemma-2 (eager, flash), Mamba (none), BLOOM
+    "gemma2": dict(SMALL, model_type="gemma2", head_dim=16, num_key_value_heads=2),
+    "mamba": {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 256,
+              "num_attention_heads": 4},
+    "bloom": BLOOM,
+}
+
+
+@pytest.mark.parametrize("kind", list(NO_SDPA))
+def test_a_model_without_the_default_attention_defaults_to_one_it_has_and_sdpa_is_refused(tmp_path, capsys, kind):
+    """gemma2, mamba and BLOOM defaulted to attention=sdpa, which their classes lack: `trial` crashed in its worker
+    after ~25 s and a search labelled such trials crash. Now the default is eager for them (said once on stderr),
+    attention=sdpa is refused at prepare time naming the fix (a search's trial of it is invalid, and the search's
+    space leaves sdpa out), and the model trains a step with what it got."""
+    import torch
+
+    from trainscout.search.space import Space
+    from trainscout.trial.runner import context
+    from trainscout.spaces.knobs import attention
+    path = write(tmp_path, NO_SDPA[kind])
+    attention._noted.clear()  # said once per process: an earlier test may have built this class
+    capsys.readouterr()
+    spec = prepare(path, {"micro_batch_size": 2}, device="cpu", global_batch=4, seq_len=16, hw={"device": "cpu"})
+    prepare(path, {"micro_batch_size": 2}, device="cpu", global_batch=4, seq_len=16, hw={"device": "cpu"})
+    err = capsys.readouterr().err
+    assert spec.config["attention"] == "eager" and spec.plan["attn_implementation"] == "eager"
+    assert err.count("has no sdpa attention in this transformers: attention=eager") == 1, err
+    with pytest.raises(ConfigError, match="attention=sdpa: .*ForCausalLM has no sdpa attention in this transformers: "
+                                          "set attention=eager") as e:
+        prepare(path, {"attention": "sdpa"}, device="cpu", global_batch=4, seq_len=16, hw={"device": "cpu"})
+    assert e.value.field == "attention"
+    space = Space.build({}, {}, context(spec.model_config, 4, 1, {"device": "cpu"}))
+    assert "sdpa" not in space.domains.get("attention", (space.fixed.get("attention"),))
+    model = build_model(spec.model_config, spec.plan["attn_implementation"], 16)
+    x = torch.randint(0, sizes(spec.model_config).vocab, (2, 16))
+    model(input_ids=x, labels=x).loss.backward()
+
+
+@pytest.mark.parametrize("cfg, field, fix", [
+    # phi3's default pad_token_id (32000) in a small vocabulary: an AssertionError inside nn.Embedding before
+    (dict(SMALL, model_type="phi3"), "pad_token_id=32000 is outside the vocabulary", "set pad_token_id to null"),
+    # an encoder in its LM-head class trained as if causal
+    (dict(SMALL, model_type="bert"), "BertLMHeadModel is not a causal language model", "is_decoder"),
+    (dict(SMALL, model_type="roberta"), "RobertaForCausalLM is not a causal language model", "is_decoder"),
+    # grouped-query heads that do not divide the query heads: failed only inside the trial
+    (dict(SMALL, model_type="llama", num_key_value_heads=3), "num_key_value_heads=3 does not divide", "divisor of 4"),
+    # RoPE scaling factors transformers' own validation calls wrong (it only warns)
+    (dict(SMALL, model_type="llama", rope_scaling={"rope_type": "linear", "factor": -1}), "factor field must be",
+     "got -1"),
+    (dict(SMALL, model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 0}), "factor field must be",
+     "got 0"),
+    # what the class cannot build at all
+    ({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 5, "vocab_size": 256, "n_positions": 128},
+     "transformers cannot build GPT2LMHeadModel", "must be divisible by num_heads"),
+], ids=["phi3-pad", "bert", "roberta", "kv-heads", "rope-negative", "rope-zero", "no-build"])
+def test_a_config_that_cannot_train_as_a_causal_lm_is_refused_at_prepare(tmp_path, cfg, field, fix):
+    path = write(tmp_path, cfg)
+    with pytest.raises(ConfigError) as e:
+        prepare(path, {}, device="cpu", hw={"device": "cpu"})
+    msg = str(e.value)
+    assert e.value.field == "--model" and "\n" not in msg and field in msg and fix in msg, msg
+
+
+def test_what_such_a_config_needs_is_accepted(tmp_path):
+    """The fixes the refusals name are accepted: a decoder BERT, pad_token_id within the vocabulary, a dividing
+    number of key/value heads, a RoPE factor >= 1."""
+    for cfg in (dict(SMALL, model_type="bert", is_decoder=True), dict(SMALL, model_type="phi3", pad_token_id=None),
+                dict(SMALL, model_type="phi3", pad_token_id=0, eos_token_id=1, bos_token_id=1),
+                dict(SMALL, model_type="llama", num_key_value_heads=2),
+                dict(SMALL, model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0})):
+        prepare(write(tmp_path, cfg), {"micro_batch_size": 1}, device="cpu", global_batch=2, seq_len=16,
+                hw={"device": "cpu"})

@@ -1,10 +1,15 @@
 """Knobs from another installed package (examples/knob-plugin): listed by `trainscout knobs`, sampled by the
 search's define-by-run space, applied to the plan the workers get, and (mlp_checkpointing) transforming the model
-through trainscout.runtime.prepare_model, as the trial engines run it."""
+through trainscout.runtime.prepare_model, as the trial engines run it. A broken plugin is named and left out.
+
+The plugins are installed into a temporary folder put on PYTHONPATH of the commands these tests run (pip install
+--target, or a dist-info written by hand): the environment the suite runs in is never changed (a pip install into the
+running venv made a `trainscout trial` beside the suite fail with No module named 'trainscout_example_knob')."""
 import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -37,23 +42,34 @@ print(json.dumps({"seen": sorted(seen), "mlp": sorted(mlp), "env": plan.env, "wr
 """
 
 
+def with_path(folder) -> dict:
+    """This process's environment with folder first on PYTHONPATH (what the commands under test get)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
 @pytest.fixture(scope="module")
-def plugin_installed():
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", PLUGIN]
-    if subprocess.run(pip[:-2] + ["--no-build-isolation"] + pip[-2:], capture_output=True, timeout=300).returncode:
+def plugin_env(tmp_path_factory):
+    """The example plugin pip-installed into a temporary target (not the running venv)."""
+    target = tmp_path_factory.mktemp("plugin-target")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), PLUGIN]
+    if subprocess.run(pip[:-1] + ["--no-build-isolation", PLUGIN], capture_output=True, timeout=300).returncode:
         subprocess.run(pip, check=True, capture_output=True, timeout=300)  # an older setuptools in the venv
-    yield
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "trainscout-example-knob"],
-                   capture_output=True, timeout=300)
+    return with_path(target)
 
 
-def test_plugin_knob_is_listed_sampled_and_applied(plugin_installed):
+def test_the_plugin_is_not_installed_in_the_running_environment(plugin_env):
+    from importlib.metadata import entry_points
+    assert not [ep for ep in entry_points(group="trainscout.knobs")]  # the suite's own venv is untouched
+    assert "trainscout_example_knob" not in sys.modules
+
+
+def test_plugin_knob_is_listed_sampled_and_applied(plugin_env):
     out = subprocess.run([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], capture_output=True,
-                         text=True, check=True, timeout=120).stdout
+                         text=True, check=True, timeout=120, env=plugin_env).stdout
     row = {r["name"]: r for r in json.loads(out)}["cuda_alloc_conf"]
     assert row["module"] == "trainscout_example_knob" and row["domain"] == "default|expandable_segments"
     res = json.loads(subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, check=True,
-                                    timeout=300).stdout.strip().splitlines()[-1])
+                                    timeout=300, env=plugin_env).stdout.strip().splitlines()[-1])
     assert res["seen"] == ["default", "expandable_segments"]  # the search samples it
     assert res["mlp"] == [False, True]
     assert res["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -64,17 +80,19 @@ def test_plugin_knob_is_listed_sampled_and_applied(plugin_installed):
     assert order.index("mlp_checkpointing") > order.index("loss_kernel") and order.index("mlp_checkpointing") < order.index("compile_scope")
 
 
-def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
+def test_a_real_search_samples_the_plugin_knob(plugin_env, tmp_path):
     """`trainscout search` (Ray Tune + Optuna, tiny model on 2 gloo workers) with everything fixed but the plugins'
     knobs: every trial's configuration carries them, every trial ran (the model transform included), and the stored
-    plans set the worker environment and the plugin setting they ask for."""
+    plans set the worker environment and the plugin setting they ask for. Ray's workers find the plugin through the
+    driver's PYTHONPATH, as they would through a venv it was installed into."""
     out = tmp_path / "plug"
     fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
              "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1}
     sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
     res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
                           "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "2", "--seed", "0",
-                          "--global-batch", "16", "--out", str(out), *sets], capture_output=True, text=True, timeout=600)
+                          "--global-batch", "16", "--out", str(out), *sets], capture_output=True, text=True, timeout=600,
+                         env=plugin_env)
     assert res.returncode == 0, res.stderr[-3000:]
     from trainscout.analysis.table import store_of
     store = store_of(str(out))
@@ -85,3 +103,93 @@ def test_a_real_search_samples_the_plugin_knob(plugin_installed, tmp_path):
         want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec["config"]["cuda_alloc_conf"] != "default" else {}
         assert rec["plan"]["env"] == want
         assert rec["plan"]["extra"] == ({"mlp_checkpointing": True} if rec["config"]["mlp_checkpointing"] else {})
+
+
+# --- broken plugins (issue 30) -----------------------------------------------------------------------------------
+KNOB = """
+from trainscout.spaces import Knob, register
+
+@register
+class {cls}(Knob):
+    '''A plugin knob for the tests.'''
+    name = {name!r}
+    default = "off"
+    choices = ("off", "on")
+{body}
+"""
+APPLY = "    def apply(self, plan, value, cfg, ctx):\n        plan.extra[self.name] = value\n"
+BROKEN = {  # distribution -> (entry point, module source, what its warning says)
+    "ts-bad-import": ("bad_import", "import trainscout_no_such_module_x\n", "ModuleNotFoundError"),
+    "ts-bad-choices": ("bad_choices", KNOB.format(cls="Ch", name="bad_choices", body=APPLY + textwrap.indent(
+        "@property\ndef choices(self):\n    raise RuntimeError('no domain today')\n", "    ")), "no domain today"),
+    "ts-bad-apply": ("bad_apply", KNOB.format(cls="Ap", name="bad_apply", body=(
+        "    def apply(self, plan, value, cfg, ctx):\n        plan.extra[self.name] = cfg['no_such_knob']\n")),
+        "KeyError"),
+    "ts-no-apply": ("no_apply", KNOB.format(cls="Na", name="no_apply", body="    pass\n"), "has no apply"),
+    "ts-collides": ("collides", KNOB.format(cls="Zs", name="zero_stage", body=APPLY), "registered twice"),
+}
+WORKS_UNTIL_USED = ("ts-bad-transform", "bad_transform", KNOB.format(cls="Tr", name="bad_transform", body=APPLY + (
+    "    stage = 'modules'\n"
+    "    def transform(self, model, plan):\n"
+    "        if plan.extra.get(self.name) == 'on':\n            raise ValueError('cannot swap these modules')\n"
+    "        return model\n"
+    "    def memory(self, terms, plan, spec):\n        raise ZeroDivisionError('no estimate')\n")))
+
+
+def fake_dist(folder, dist: str, module: str, source: str) -> None:
+    """An installed distribution as importlib.metadata finds it on sys.path: its module and a dist-info folder."""
+    (folder / f"{module}.py").write_text(source)
+    info = folder / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[trainscout.knobs]\n{module} = {module}\n")
+
+
+@pytest.fixture
+def broken_env(tmp_path):
+    for dist, (module, source, _) in BROKEN.items():
+        fake_dist(tmp_path, dist, module, source)
+    fake_dist(tmp_path, WORKS_UNTIL_USED[0], WORKS_UNTIL_USED[1], WORKS_UNTIL_USED[2])
+    return with_path(tmp_path)
+
+
+def test_a_broken_plugin_is_named_and_left_out_and_the_rest_works(broken_env):
+    """Plugins that fail to import, raise in choices or in apply, have no apply, or take a built-in's name: each is
+    left out with one warning naming its package, its entry point and the error; `trainscout knobs` lists every
+    other knob (the built-ins and the plugin that loads) and exits 0; a configuration can be estimated."""
+    res = subprocess.run([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], capture_output=True, text=True,
+                         timeout=120, env=broken_env)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    names = {r["name"]: r["module"] for r in json.loads(res.stdout)}
+    assert names["zero_stage"] == "trainscout.spaces.knobs.zero_stage" and "bad_transform" in names
+    assert not {"bad_choices", "bad_apply", "no_apply"} & set(names)
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("trainscout: warning: the knob plugin")]
+    assert len(warnings) == len(BROKEN), res.stderr
+    for dist, (module, _, why) in BROKEN.items():
+        [line] = [w for w in warnings if f" {dist} (entry point {module} = {module})" in w]
+        assert why in line and "left out" in line and f"uninstall {dist}" in line, line
+    est = subprocess.run([sys.executable, "-m", "trainscout.cli", "estimate", "--model", "tiny", "--set",
+                          "bad_transform=on"], capture_output=True, text=True, timeout=120, env=broken_env)
+    assert est.returncode == 0 and "predicted" in est.stdout, est.stderr[-3000:]
+    assert "ts-bad-transform (entry point bad_transform = bad_transform)'s memory hook of bad_transform is left out: " \
+           "ZeroDivisionError: no estimate" in est.stderr, est.stderr
+
+
+def test_a_plugin_transform_that_raises_fails_naming_the_plugin(broken_env):
+    code = textwrap.dedent("""
+        from trainscout.runtime import prepare_model
+        from trainscout.spaces import Context, resolve
+        from trainscout.trial.models import build_model, resolve_model
+        ctx = Context(world_size=1, device="cpu", num_layers=2, global_batch=16)
+        model = build_model(resolve_model("tiny").config, "sdpa", 64)
+        prepare_model(model, resolve({"precision": "fp32"}, ctx)[1])  # at its default: nothing to swap, it runs
+        try:
+            prepare_model(model, resolve({"precision": "fp32", "bad_transform": "on"}, ctx)[1])
+        except RuntimeError as e:
+            print(e)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=broken_env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == ("the knob plugin ts-bad-transform (entry point bad_transform = bad_transform) failed "
+                                  "in the transform of bad_transform (ValueError: cannot swap these modules): fix it, "
+                                  "uninstall it, or set bad_transform=off"), res.stdout

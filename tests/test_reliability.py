@@ -898,3 +898,81 @@ def test_r7_real_command_exits_2_without_traceback(tmp_path, name):
     err = res.stderr.strip()
     assert res.returncode == 2 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err, err
     assert res.stdout == "" and not os.path.exists(MARKER)
+
+
+# --- R9: the store fails while a search runs (issue 30) -------------------------------------------------------------
+def _mount_tmpfs(path, size: str) -> bool:
+    """A real small filesystem for a real full disk (tmpfs; needs the right to mount, else the case is skipped)."""
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def _fill(folder) -> None:
+    """Write zeros into folder until the filesystem is full."""
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("fault", ["deleted", "disk-full", "read-only"])
+def test_r9_a_store_that_fails_mid_search_stops_it_in_one_line_keeping_what_was_measured(tmp_path, fault):
+    """results.db (with its -wal and -shm) deleted, its disk filled, or the files made immutable after the search's
+    first trial: the search stops (it does not run its other trials into nowhere), prints no summary and no
+    traceback, ends with one line saying what failed and what was kept, and exits 1. A deleted store is re-created
+    from what the driver's connection still reads: every trial recorded before the deletion is in the new file."""
+    root = tmp_path
+    if fault == "disk-full":
+        root = tmp_path / "disk"
+        if not _mount_tmpfs(root, "24m"):
+            pytest.skip("no right to mount a tmpfs here: the full-disk case needs a real small filesystem")
+    try:
+        _r9_search(tmp_path, root, fault)
+    finally:
+        if fault == "disk-full":
+            subprocess.run(["umount", str(root)], capture_output=True)
+
+
+def _r9_search(tmp_path, root, fault):
+    out = root / "s9"
+    w = Watch(search_cli(out, "--trials", "8", "--seed", "1"), log=str(tmp_path / "log"))
+    try:
+        while w.run_for(0.5) and not (stored_trials(out, "s9") or 0) >= 1:
+            pass
+        before = stored_trials(out, "s9")
+        assert before and w.proc.poll() is None, open(tmp_path / "log").read()[-3000:]
+        db = out / "results.db"
+        files = [db, out / "results.db-wal", out / "results.db-shm"]
+        if fault == "deleted":
+            for f in files:
+                f.unlink(missing_ok=True)
+        elif fault == "disk-full":
+            _fill(root)
+        elif subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True).returncode:
+            pytest.skip("chattr +i is not permitted here: the read-only case needs it")
+        rc = w.wait(timeout=600)
+    finally:
+        if fault == "read-only":
+            subprocess.run(["chattr", "-i", *map(str, [out / "results.db", out / "results.db-wal",
+                                                        out / "results.db-shm"])], capture_output=True)
+        w.cleanup()
+        if fault == "disk-full":
+            (root / "filler").unlink(missing_ok=True)
+    log = open(tmp_path / "log").read()
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    assert rc == 1, log[-3000:]
+    assert "Traceback" not in log and "best #1" not in log, log[-3000:]
+    assert lines[-1].startswith("trainscout: error: the results store"), lines[-3:]
+    after = stored_trials(out, "s9")
+    assert after is not None and before <= after < 8, (before, after)  # stopped, not run to the end
+    if fault == "deleted":
+        assert "rescued into" in lines[-1] and str(db) in lines[-1], lines[-1]
+        assert f"its {after} trial" in lines[-1], lines[-1]
+        study = optuna.load_study(study_name="s9", storage=default_url(str(out)))  # the study came back too
+        assert len(study.trials) >= after
+    else:
+        assert f"the {after} trial" in lines[-1] and "kept in" in lines[-1], lines[-1]

@@ -187,8 +187,9 @@ def test_report_views_and_a_stopped_trial_uses_gpu_time(store_dir, tmp_path, cap
     assert "Should I keep going?" in page and "All trials" in page
     assert f"{int((df['status'].isin(['ok', 'stopped'])).sum())} trial(s) measured tokens/s" in page
     rows = _trial_rows(page)
-    assert sorted(map(int, rows)) == list(range(1, len(df) + 1))
-    for n, r in zip(range(1, len(df) + 1), df.to_dict("records")):  # the table's rows are load()'s, in order
+    # numbered from 0 as Optuna numbers a study's trials (a store without a study: by row; with one: Optuna's number)
+    assert sorted(map(int, rows)) == list(range(len(df)))
+    for n, r in zip(range(len(df)), df.to_dict("records")):  # the table's rows are load()'s, in order
         row = rows[str(n)]
         assert f">{r['status']}<" in row and f"<code>{r['trial']}</code>" in row
         if r["status"] == "ok":
@@ -199,13 +200,13 @@ def test_report_views_and_a_stopped_trial_uses_gpu_time(store_dir, tmp_path, cap
     assert re.search(r"crash</span></td><td>[^<]*(closed|crash|exit|Error)", page, re.I)  # the reason, per row
     # every plotted trial carries its row's label as a hover title; the stopped one is drawn as having run
     titles = re.findall(r"<title>([^<]*)</title>", page)
-    for n, r in zip(range(1, len(df) + 1), df.to_dict("records")):
+    for n, r in zip(range(len(df)), df.to_dict("records")):
         assert any(t.startswith(f"#{n} {r['trial']}") for t in titles), n
-    assert any(t.startswith(f"#{len(df)} t8 stopped") and "estimated" in t for t in titles)
-    assert f"#{len(df)} est." in page  # its hatched bar in the timeline
+    assert any(t.startswith(f"#{len(df) - 1} t8 stopped") and "estimated" in t for t in titles)
+    assert f"#{len(df) - 1} est." in page  # its hatched bar in the timeline
     # the export command of the best row works as written
     best = df[df["status"] == "ok"].sort_values("tokens_per_s").iloc[-1]
-    cmd = shlex.split(re.search(r"<code>(trainscout export [^<]*)</code>", rows[str(best.name + 1)])[1])
+    cmd = shlex.split(re.search(r"<code>(trainscout export [^<]*)</code>", rows[str(best.name)])[1])
     cmd[cmd.index("--out") + 1] = str(tmp_path / cmd[cmd.index("--out") + 1])
     assert main(cmd[1:]) == 0
     assert (tmp_path / f"export-{best['key'][:12]}" / "trainscout.json").is_file()

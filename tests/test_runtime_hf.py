@@ -57,7 +57,10 @@ def test_without_the_hook_the_installed_trainer_checkpoints_every_2nd_layer_itse
     export says the hook carries it. Checkpoints are saved (hourly by the measured step time), not switched off."""
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
     args = json.loads(open(f"{export_dir}/training_args.json").read())
+    import transformers
+    assert args.pop("transformers_version") == transformers.__version__  # the version it was written for
     exported = json.loads(open(f"{export_dir}/trainscout.json").read())
+    assert exported["launch"] == {"launcher": "python", "command": "python your_train.py"}  # plain, one rank
     assert args["save_strategy"] == "steps" and args["save_steps"] >= 1
     if not hf.native_every_n():
         assert "activation_checkpointing=2" in exported["hook"]
@@ -89,6 +92,10 @@ def test_arguments_are_spelled_for_the_installed_transformers():
     out = hf.for_installed({"activation_checkpointing": True, "bf16": True})
     name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     assert out == {name: True, "bf16": True}
+    # a file written by another version: its spelling of the renamed field and its version key are adapted
+    for written in ("activation_checkpointing", "gradient_checkpointing"):
+        [(got, value)] = hf.for_installed({written: True, "transformers_version": "4.50.0"}).items()
+        assert got in fields and value is True and got in (written, name)
     with pytest.raises(ValueError, match="no field 'surely_not_a_field'"):
         hf.for_installed({"surely_not_a_field": 1})
 

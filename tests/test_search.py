@@ -1,6 +1,7 @@
 """The search service with the real Ray Tune, Optuna and ASHA on the CPU (tiny model, 2 gloo workers)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,25 +36,44 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path):
     res = subprocess.run(search_cli(out, "--trials", "6", "--seed", "3"), capture_output=True, text=True, timeout=800)
     assert res.returncode == 0, res.stderr[-3000:]
     trials = store_of(out).trials("s1")
-    assert len(trials) == 6 and len({t["trial"] for t in trials}) == 6
+    from trainscout.search.service import counted
+    assert counted(trials) == 6 and len({t["trial"] for t in trials}) == len(trials)  # refused draws do not count
     statuses = [t["status"] for t in trials]
     assert statuses.count("ok") >= 1, statuses  # trials run one at a time here: a later one must beat the rung
     assert "stopped" in statuses, statuses  # ASHA ended at least one clearly slower trial after a step or two
     # a stopped trial's worker group is killed by the driver: that is no crash of its configuration (trial.pool)
     assert not [r for r in store_of(out).measurements() if r.status != "ok"], [r.error for r in store_of(out).measurements()]
-    assert "best #1:" in res.stdout and "tokens/s" in res.stdout
-    # every trial taught the sampler a value (no FAIL, which TPE would ignore)
+    assert re.search(r"^best #1( \(tie\))?:", res.stdout, re.M) and "tokens/s" in res.stdout
+    # every trial taught the sampler a value (no FAIL, which TPE would ignore): COMPLETE, or PRUNED where ASHA
+    # stopped it, with its reported steps as intermediate values (Optuna's convention; they were COMPLETE); a draw
+    # skipped as a repeat is PRUNED too (not FAIL), and nothing is left RUNNING
     study = optuna.load_study(study_name="s1", storage=default_url(str(out)))
-    assert [t.state for t in study.trials].count(optuna.trial.TrialState.COMPLETE) == 6
+    assert study.metric_names == ["tokens_per_s"]  # optuna-dashboard showed "Objective 0"
+    P, C = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.COMPLETE
+    ran = {t.user_attrs["tune_trial_id"]: t for t in study.trials if "skipped" not in t.user_attrs}
+    assert len(ran) == len(trials) and all(t.state in (P, C) for t in study.trials), [t.state for t in study.trials]
+    assert all(t.state == P for t in study.trials if "skipped" in t.user_attrs)
+    for row in trials:
+        t = ran[row["trial"]]
+        assert t.state == (P if row["status"] == "stopped" else C), (row["status"], t.state)
+        if row["status"] == "stopped":
+            assert t.intermediate_values and t.value == row["tokens_per_s"] == list(t.intermediate_values.values())[-1]
     # and tells what happened, for the dashboard and any tool reading it: the store's status, value and key
     by_status = {t["status"]: t for t in trials}
-    for t in (t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE):
+    for t in ran.values():
         a = t.user_attrs
         assert a["status"] in by_status and a["tokens_per_s"] == t.value, a
         assert a["constraint"] == [0.0 if a["status"] in ("ok", "stopped") else 1.0]
         assert t.constraints == {"infeasible": a["constraint"][0]}  # what TPE reads (Trial.set_constraint)
         if a["status"] == "ok":
             assert a["key"] in {r["key"] for r in trials} and a["wall_s"] > 0
+    # one numbering: the live table's "#", the report's and Optuna's trial number are the same
+    shown = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*(\d+) ([0-9a-f]{5,10}) +([a-z]+\*?) ",
+                                                              res.stdout, re.M)}
+    assert len(shown) == len(trials) and all(ran[tid].number == shown[tid[-10:]] for tid in ran), (shown, res.stdout[-2000:])
+    from trainscout.analysis.report import analyse
+    df = analyse(str(out)).df
+    assert {r["trial"]: r["n"] for r in df.to_dict("records")} == {tid: t.number for tid, t in ran.items()}
 
     # a repeat of the best configuration is answered from the store, not measured again
     best = max((t for t in trials if t["status"] == "ok"), key=lambda t: t["tokens_per_s"])
@@ -182,7 +202,13 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
             for m in (4, 8, 16, 32, 64)}
     assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
-    assert start_points(args, space, dict(hw, device="cpu"), None) == []  # the CPU: TPE alone
+    cpu = dict(hw, device="cpu")  # the CPU: the defaults first too, at the knob's own micro-batch (auto: <= 8)
+    [on_cpu] = start_points(args, Space(space.fixed, dict(space.domains, micro_batch_size=(1, 2, 4, 8, 16, 32))), cpu,
+                            None)
+    import psutil
+    host_fits = [m for m in (1, 2, 4, 8) if memory.host_refusal(prepare("pythia-410m", dict(point, micro_batch_size=m),
+                                                                        hw=cpu), psutil.virtual_memory().total) is None]
+    assert on_cpu == dict(point, micro_batch_size=max(host_fits), compile=False)  # the largest <= 8 the host holds
     # a GPU with FP8 tensor cores (compute capability 9.0) and torchao installed: FP8 matmuls on the compiled point
     pytest.importorskip("torchao")
     from trainscout.trial.runner import context
@@ -240,3 +266,57 @@ def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_g
     assert all(first[k] == best.config[k] for k in first if k in best.config and k != "micro_batch_size")  # its knobs
     assert store_points(args, space, dict(hw, gpu="NVIDIA A100"), grid, have) == []  # another GPU kind: none
     assert store_points(SearchArgs(model="pythia-160m", out=str(tmp_path)), space, hw, grid, have) == []  # own model
+
+
+# --- what counts toward --trials; the start point on every device (issue 30) --------------------------------------
+def test_draws_refused_or_pruned_before_running_do_not_use_up_the_trials(tmp_path, ray_local):
+    """The real Ray Tune + Optuna around a trainable that refuses half the space (invalid) and prunes a quarter: a
+    search of --trials 2 ends after exactly 2 trials that ran, however many free draws came between (a CPU search
+    of pythia-14m, 3 trials, ran 1 invalid and 2 pruned draws and measured nothing). Where every draw is refused,
+    the search stops after FREE_RUN of them in a row and says so."""
+    from ray import tune
+
+    from trainscout.search import service
+    ctx = Context(world_size=1, device="cpu", num_layers=2, global_batch=16)
+    space = Space.build({"precision": ["fp32", "bf16-mixed"], "attention": ["eager", "sdpa"],
+                         "activation_checkpointing": ["none", "full"]}, {}, ctx)
+    space = Space(space.fixed, {k: v for k, v in space.domains.items()
+                                if k in ("precision", "attention", "activation_checkpointing")})
+
+    def outcome(config, refuse_all=False):
+        if refuse_all or config["attention"] == "eager":
+            return "invalid"
+        return "pruned" if config["activation_checkpointing"] == "full" and config["precision"] == "fp32" else "ok"
+
+    def trainable(config, refuse_all=False):
+        status = outcome(config, refuse_all)
+        tune.report({"tokens_per_s": 100.0 if status == "ok" else 0.0, "status": status})
+
+    for refuse_all, want in ((False, 2), (True, 0)):
+        storage = f"sqlite:///{tmp_path}/s{int(refuse_all)}.db"
+        searcher = service.make_searcher(space, f"s{int(refuse_all)}", optuna.storages.RDBStorage(storage),
+                                         make_sampler(0, 2), seed=0, target=2)
+        tuner = tune.Tuner(tune.with_parameters(trainable, refuse_all=refuse_all), tune_config=tune.TuneConfig(
+            search_alg=searcher, num_samples=-1, max_concurrent_trials=1),
+            run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0))
+        results = tuner.fit()
+        statuses = [r.metrics["status"] for r in results]
+        assert statuses.count("ok") == want and len(statuses) > want, statuses
+        if refuse_all:
+            assert len(statuses) == service.FREE_RUN and "last 30 draws were refused or pruned" in searcher.stopped_why
+        else:
+            assert searcher.stopped_why is None and statuses[-1] == "ok"  # it ended at the second that ran
+
+
+def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_path):
+    """`search --trials 1 --set ...` on the CPU runs the start point: the knobs given as given, every other searched
+    knob at its default (it drew random values for them: eager attention, full checkpointing, FSDP on one GPU)."""
+    out = tmp_path / "start"
+    res = subprocess.run(search_cli(out, "--trials", "1", "--seed", "7", "--set", "precision=fp32",
+                                    "--set", "micro_batch_size=4"), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [t] = store_of(out).trials("start")
+    defaults = {k.name: k.default for k in all_knobs()}
+    given = {"precision": "fp32", "micro_batch_size": 4, "compile": False, "loss_kernel": "eager", "zero_stage": 0,
+             "tf32": True, "attention": "sdpa"}
+    assert t["status"] in ("ok", "stopped") and t["config"] == dict(defaults, **given), t["config"]

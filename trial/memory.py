@@ -88,7 +88,7 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
     """Bytes per rank by component for a prepared trial spec or a stored record (the rank that holds the most):
     the engine's model states, then one micro-batch's activations and logits (which knobs adjust) scaled to what
     is in flight. The knobs' memory hooks read the spec by key: they get its to_dict()."""
-    from trainscout.spaces import all_knobs
+    from trainscout.spaces import all_knobs, plugins
 
     from . import engines
     spec = _with_config(spec)
@@ -107,7 +107,7 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
              "logits": 12 * b * s * V}
     view = spec.to_dict()
     for knob in all_knobs():
-        knob.memory(terms, plan, view)
+        plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
     out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
     if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
         out["activations"] += max(0.0, layer - out["logits"])

@@ -56,3 +56,19 @@ def project_step(micro_non_last: list[float], micro_last: list[float], optim: li
         raise ValueError("a step with accumulation needs at least one measured non-last micro-batch")
     rest = (grad_accum - 1) * median(micro_non_last) if grad_accum > 1 else 0.0
     return rest + median(micro_last) + median(optim)
+
+
+def phases(ranks_steps: list[list[dict]]) -> list[list[list[float]]]:
+    """Each rank's timed steps as [median accumulating micro-batch, last micro-batch, optimizer] (a record keeps
+    them: project_at re-derives the step at another accumulation exactly as the record's step was derived)."""
+    return [[[median(st["micro"][:-1]) if len(st["micro"]) > 1 else 0.0, st["micro"][-1], st["optim"]]
+             for st in steps] for steps in ranks_steps]
+
+
+def project_at(phase: list[list[list[float]]], grad_accum: int) -> float:
+    """The projected full step at `grad_accum` micro-batches from a record's phases: per step the slowest rank's
+    (A-1) x its median accumulating micro-batch + its last + its optimizer step, then the median over the steps
+    (runner.derive's step_s, at another A)."""
+    per_rank = [[(grad_accum - 1) * nl + last + opt if grad_accum > 1 else last + opt for nl, last, opt in steps]
+                for steps in phase]
+    return median([max(col) for col in zip(*per_rank)])

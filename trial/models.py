@@ -1,9 +1,11 @@
 """Models and recipes, without the hub: the Pythia family as configs in code, or any causal-LM config.json."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, replace
 
@@ -200,12 +202,22 @@ def _read_config_json(path: str):
                     not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError("--model", f"{path}: {k}={json.dumps(v)} is not allowed: give a positive integer")
     try:
-        hf, default = cls(**cfg), cls()
+        with _warnings() as said:  # what transformers' config class says is wrong, it says as a warning
+            hf = cls(**cfg)
+        default = cls()
     except Exception as e:  # strict dataclass validation, a class's own checks (a ZeroDivisionError included)
         why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise ConfigError("--model", f"{path}: transformers refuses this {kind} config ({why}): fix that field")
     if type(hf) not in AutoModelForCausalLM._model_mapping:
         raise ConfigError("--model", f"{path}: {kind} is not a causal language model")
+    refused = [m for who, m in said if who in _VALIDATORS and _REFUSED.search(m)]  # a RoPE factor < 1, ...
+    if refused:
+        raise ConfigError("--model", f"{path}: transformers' {cls.__name__} says: {refused[0].rstrip('. ')}: fix that "
+                                     "field in the config.json")
+    pad, vocab = getattr(hf, "pad_token_id", None), getattr(hf, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:  # nn.Embedding's padding_idx
+        raise ConfigError("--model", f"{path}: pad_token_id={pad} is outside the vocabulary (vocab_size={vocab}): set "
+                                     f"pad_token_id to null or an id below {vocab}")
     given = {name: any(k in cfg for k in keys) or getattr(hf, name, None) != getattr(default, name, None)
              for name, keys in spelled.items()}
     missing = [n for n in ESSENTIAL if hasattr(default, n) and not given[n]]
@@ -218,8 +230,88 @@ def _read_config_json(path: str):
         _warned.add(path)
         print(f"trainscout: warning: config.json {kind}: {', '.join(filled)} not given: transformers' defaults used "
               f"({', '.join(str(getattr(hf, n)) for n in filled)})", file=sys.stderr)
-    _sizes_of(hf)
+    z = _sizes_of(hf)
+    if z.heads and z.kv_heads and z.heads % z.kv_heads:  # transformers builds it; the first forward fails
+        raise ConfigError("--model", f"{path}: num_key_value_heads={z.kv_heads} does not divide num_attention_heads="
+                                     f"{z.heads}: give a divisor of {z.heads} (grouped-query attention shares each "
+                                     "key/value head among the same number of query heads)")
+    _check_builds(path, hf)
     return hf
+
+
+# transformers' config validation that only warns (its RoPE checks: "`rope_parameters`'s factor field must be a float
+# or int >= 1, got -1"): what it says must be is refused. Its special-token check warns once per process and Hub
+# configs carry pad_token_id=-1 (a valid index from the end), so the padding index is checked as nn.Embedding does.
+_VALIDATORS = ("transformers.modeling_rope_utils",)
+_REFUSED = re.compile(r"\bmust be\b", re.I)
+
+
+@contextlib.contextmanager
+def _warnings():
+    """(logger, message) of what transformers logs at warning level or above while the block runs."""
+    import logging
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append((record.name, record.getMessage()))
+    handler, logger = Keep(logging.WARNING), logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+
+
+_BUILT: dict[str, None] = {}  # config.json contents checked by _check_builds (prepare resolves a model many times)
+
+
+def _check_builds(path: str, hf) -> None:
+    """Build the model on the meta device (no memory, no weights; 0.03-0.1 s) as transformers' class builds it, and
+    refuse what cannot be trained as a causal LM: a class that fails to build (a padding index outside the
+    vocabulary, a head count that does not divide the hidden size, ...) or whose attention sees later tokens (an
+    encoder such as BERT in its LM-head class: transformers says "add is_decoder=True")."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    key = json.dumps(hf.to_dict(), sort_keys=True, default=repr)
+    if key in _BUILT:
+        return
+    cls = AutoModelForCausalLM._model_mapping[type(hf)]
+    try:
+        with torch.device("meta"), _warnings() as said:
+            model = AutoModelForCausalLM.from_config(hf, attn_implementation="eager")
+    except Exception as e:  # noqa: BLE001 - whatever the class raises: refused, naming it
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300] or type(e).__name__
+        raise ConfigError("--model", f"{path}: transformers cannot build {cls.__name__} from it ({type(e).__name__}: "
+                                     f"{why}): fix that field in the config.json")
+    bidirectional = [n for n, m in model.named_modules() if getattr(m, "is_causal", None) is False
+                     and not any(w in n.lower() for w in ("cross", "encoder_attn"))]  # cross-attention sees its input
+    if bidirectional or any("is_decoder=True" in m for _, m in said):
+        raise ConfigError("--model", f"{path}: {cls.__name__} is not a causal language model as configured: its "
+                                     "attention sees later tokens (an encoder, is_decoder false): give a decoder's "
+                                     "config.json, or set \"is_decoder\": true to train it as one")
+    _BUILT[key] = None
+    _ATTENTIONS[key] = frozenset({"eager"} | {knob for knob, flag in (("sdpa", "_supports_sdpa"),
+                                                                      ("flash", "_supports_flash_attn"))
+                                              if getattr(cls, flag, True) is not False})
+
+
+def model_attentions(config: dict) -> frozenset[str] | None:
+    """The attention knob's values the model's transformers class implements, as _check_builds read them from the
+    class of a config.json it checked in this process (eager always; sdpa and flash where the class says so:
+    _supports_sdpa, _supports_flash_attn; BLOOM, Gemma-2, Mamba: eager alone, Gemma-2 and flash, in transformers
+    5.24). None for a config not checked here (a built-in GPT-NeoX, which has them all, or a stored record's,
+    checked when it was measured): importing a modeling class costs 2-4 s and torchao's import warnings on stderr."""
+    return _ATTENTIONS.get(json.dumps(config, sort_keys=True, default=repr))
+
+
+_ATTENTIONS: dict[str, frozenset] = {}
+
+
+def model_class_name(config: dict) -> str:
+    """The name of the transformers causal-LM class a model config builds."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM._model_mapping[type(hf_config(config))].__name__
 
 
 def _from_config(name: str, config: dict) -> ModelSpec:

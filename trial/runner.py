@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, flops, hardware, metrics, pool, probe, quality
+from . import faults, flops, hardware, metrics, pool, probe, quality, reach
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
@@ -112,13 +112,46 @@ def context(model_config: dict, global_batch: int, workers: int, hw: dict,
 
 
 def ensure_ray(address: str | None = None) -> None:
-    """Start (or attach to) Ray. A local Ray binds to 127.0.0.1 and starts no dashboard."""
+    """Start (or attach to) Ray. A local Ray binds to 127.0.0.1 and starts no dashboard. An address where nothing
+    listens, no cluster for auto, or a temp folder Ray cannot write: ConfigError in a few seconds (trial.reach)."""
     import ray
     if ray.is_initialized():
         return
+    flag = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")  # set by `ray job submit`
+    try:
+        _init(ray, address, flag)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - only the failures reach names are turned into one line
+        err = reach.start_error(e, address, flag)
+        if err is None:
+            raise
+        raise err from None
+
+
+def check_resources(world: int, device: str, flag: str, per_trial: dict | None = None) -> None:
+    """Refuse (ConfigError on flag) ranks the Ray cluster can never place: each rank's bundle (pool._bundle: a GPU
+    and a CPU, or half a CPU on a CPU run) times the ranks, plus what else a trial holds (per_trial: a search's Tune
+    actor), against the cluster's total. `--gpus-per-trial 8` on a 2-core CPU waited until the trial's timeout."""
+    import ray
+    need = {k: v * world for k, v in pool._bundle(device == "cuda").items()}
+    for k, v in (per_trial or {}).items():
+        need[k] = need.get(k, 0) + v
+    have = ray.cluster_resources()
+    for res, n in need.items():
+        if have.get(res, 0) + 1e-9 < n:
+            each = pool._bundle(device == "cuda")[res]
+            fit = int((have.get(res, 0) - (per_trial or {}).get(res, 0)) // each)
+            extra = f" + {per_trial[res]:g} for the trial's Tune actor" if (per_trial or {}).get(res) else ""
+            raise ConfigError(flag, f"{flag} {world} needs {n:g} {res} ({each:g} per rank{extra}) but this Ray cluster "
+                                    f"has {have.get(res, 0):g}: give {flag} {max(1, fit)} or fewer, or a larger cluster")
+
+
+def _init(ray, address: str | None, flag: str) -> None:
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     if address:
+        reach.check_address(address, flag)
         ray.init(address=address, **kw)
     else:
         # Ray turns 127.0.0.1 into the machine's address and binds its gRPC servers to every interface unless it
@@ -189,6 +222,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     pool.cancel (a search's Tune trial)."""
     import ray
     ensure_ray(address)
+    check_resources(spec.world_size, spec.device, "--workers")  # a group Ray cannot place waited for the timeout
     timeout = timeout or DEFAULT_TIMEOUT[spec.device]
     reuse = not pool.fresh_requested() if reuse is None else reuse
     trial_id = uuid.uuid4().hex[:12]
@@ -255,11 +289,16 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
         "measured_step_s": metrics.median(measured),  # the timed steps as run (measured_accum micro-batches)
         "micro_batch_s": metrics.median(non_last or last),
+        # their mean: a full step sums its micro-batches, so stalls a median leaves out count there (bench/verify_batch)
+        "micro_batch_mean_s": sum(non_last or last) / len(non_last or last),
         "last_micro_batch_s": metrics.median(last),
         "optimizer_s": metrics.median([st["optim"] for r in ranks for st in r.steps]),
         "step_spread": (max(projected) - min(projected)) / step_s,
         "rank_spread": (max(rank_steps) - min(rank_steps)) / step_s,
         "steps_s": projected,
+        # per rank and timed step: [median accumulating micro-batch, last, optimizer]; verify --global-batch projects
+        # from them (metrics.project_at) the way step_s is projected here
+        "phases": metrics.phases([r.steps for r in ranks]),
         "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
         "n_params": n_params,
         "gpu": device_name,

@@ -26,9 +26,14 @@ def load_exported(path: str) -> dict:
     return exp
 
 
-def check_data(path: str | None, dtype: str, seq_len: int) -> None:
+CHUNK = 1 << 26  # token ids read at a time when checking a file (256 MiB of uint32): a scan costs ~1 s per GB
+
+
+def check_data(path: str | None, dtype: str, seq_len: int, vocab: int | None = None) -> None:
     """Check a --data token file before training (None: synthetic tokens, nothing to check): a known dtype, an
-    existing file, at least seq_len tokens; ConfigError otherwise."""
+    existing file whose size is a whole number of token ids, at least seq_len tokens, and every id within the model's
+    vocabulary (an id >= vocab_size crashed inside the trial; a size not a multiple of the dtype after 23 s);
+    ConfigError otherwise."""
     if path is None:
         return
     if dtype not in DTYPES:
@@ -36,10 +41,28 @@ def check_data(path: str | None, dtype: str, seq_len: int) -> None:
     if not os.path.isfile(path):
         raise ConfigError("--data", f"--data {path}: no such file: give a flat binary file of token ids")
     import numpy as np
-    n = os.path.getsize(path) // np.dtype(dtype).itemsize
+    size, width = os.path.getsize(path), np.dtype(dtype).itemsize
+    if size % width:
+        fits = [d for d in DTYPES if size % np.dtype(d).itemsize == 0]
+        raise ConfigError("--data", f"--data {path} is {size:,} bytes, not a whole number of {dtype} token ids "
+                                    f"({width} bytes each): give the --data-dtype it was written with"
+                                    + (f" ({'|'.join(fits)} fit its size)" if fits else "") + ", or a complete file")
+    n = size // width
     if n < seq_len:
         raise ConfigError("--data", f"--data {path} holds {n} tokens, fewer than one sequence of {seq_len}: "
                                     "give more data or a smaller --seq-len")
+    if vocab is None:
+        return
+    ids = np.memmap(path, dtype=dtype, mode="r")
+    lo, hi = 0, 0
+    for i in range(0, n, CHUNK):
+        part = ids[i:i + CHUNK]
+        lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+    if hi >= vocab or lo < 0:
+        bad = hi if hi >= vocab else lo
+        raise ConfigError("--data", f"--data {path} holds token id {bad}, outside the model's vocabulary of {vocab} "
+                                    f"(ids 0..{vocab - 1}): give data tokenized for this model, the right --data-dtype, "
+                                    "or a model whose vocab_size covers it")
 
 
 def train(config: str, *, model: str | None = None, steps: int = 100, data: str | None = None, data_dtype: str = "uint16",
@@ -56,7 +79,10 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     from trainscout.trial.models import stored_model
     spec = prepare(model or stored_model(exp["model"], exp.get("model_config")), exp["config"], device=device, workers=workers, steps=steps, warmup=0,
                    measure_accum=0, **kw)
-    check_data(data, data_dtype, spec.recipe["seq_len"])
+    from trainscout.trial.models import sizes
+    check_data(data, data_dtype, spec.recipe["seq_len"], sizes(spec.model_config).vocab)
+    from trainscout.trial.runner import ensure_ray
+    ensure_ray(address)  # reached before the checkpoint folder is made: an unreachable address writes nothing
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
     spec = spec.replace(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out)

@@ -1,5 +1,17 @@
+import sys
+
 from ..errors import ConfigError
 from ..knob import Knob, register
+
+_noted: set[str] = set()
+
+
+def _attentions(ctx) -> frozenset | None:
+    """The attention values the context's model implements (None: not known here, trial.models.model_attentions)."""
+    if not ctx.model_config or "model_type" not in ctx.model_config:
+        return None
+    from trainscout.trial.models import model_attentions
+    return model_attentions(ctx.model_config)
 
 
 @register
@@ -11,7 +23,26 @@ class Attention(Knob):
     choices = ("eager", "sdpa", "flash")
     packages = ("flash_attn",)
 
+    def default_for(self, ctx):
+        # a model whose transformers class has no SDPA attention (BLOOM, Gemma-2, Mamba) trains with eager by default,
+        # and is told so once; attention=sdpa set on it is refused (check)
+        has = _attentions(ctx)
+        if has is None or self.default in has:
+            return self.default
+        from trainscout.trial.models import model_class_name
+        name = model_class_name(ctx.model_config)
+        if name not in _noted:
+            _noted.add(name)
+            print(f"trainscout: note: {name} has no {self.default} attention in this transformers: attention=eager "
+                  f"(the model has {'|'.join(sorted(has))})", file=sys.stderr, flush=True)
+        return "eager"
+
     def check(self, value, cfg, ctx):
+        has = _attentions(ctx)
+        if has is not None and value not in has:
+            from trainscout.trial.models import model_class_name
+            raise ConfigError(self.name, f"attention={value}: {model_class_name(ctx.model_config)} has no {value} "
+                                         f"attention in this transformers: set attention={'|'.join(sorted(has))}")
         if value == "flash" and (ctx.device != "cuda" or "flash_attn" not in ctx.installed):
             raise ConfigError(self.name, "attention=flash needs a CUDA GPU and the flash-attn package "
                                          "(pip install flash-attn): set attention=sdpa")

@@ -30,12 +30,13 @@ class Experts(Knob):
     def check(self, value, cfg, ctx):
         if value == "auto" or not ctx.model_config:
             return
-        from transformers import PreTrainedModel
-
         from trainscout.trial.models import sizes
         if not sizes(ctx.model_config).experts:
             raise ConfigError(self.name, f"experts={value}: the model has no mixture-of-experts layers: leave "
                                          "experts=auto")
+        # imported only here: transformers' modeling_utils imports torchao (2-4 s and its warnings on stderr), and a
+        # search's space tries every value of this knob for a dense model too
+        from transformers import PreTrainedModel
         if not hasattr(PreTrainedModel, "set_experts_implementation"):
             import transformers
             raise ConfigError(self.name, f"experts={value}: transformers {transformers.__version__} cannot set the "

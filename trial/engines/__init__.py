@@ -4,9 +4,9 @@ class-level terms)."""
 from __future__ import annotations
 
 from . import deepspeed, fsdp, pipeline, plain  # noqa: F401  (each registers its engine)
-from .base import REGISTRY, Engine, adamw, get, register_engine
+from .base import LAUNCHERS, REGISTRY, Engine, adamw, get, register_engine
 
-__all__ = ["REGISTRY", "Engine", "adamw", "build", "get", "register_engine", "save"]
+__all__ = ["LAUNCHERS", "REGISTRY", "Engine", "adamw", "build", "get", "register_engine", "save"]
 
 
 def build(plan, model, recipe: dict, device, world: int, measured_accum: int) -> Engine:

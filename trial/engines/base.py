@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 REGISTRY: dict[str, type["Engine"]] = {}
+LAUNCHERS = ("python", "torchrun", "accelerate", "trainscout")  # simplest first
 
 
 def register_engine(cls: type["Engine"]) -> type["Engine"]:
@@ -94,6 +95,13 @@ class Engine:
     # --- exports ------------------------------------------------------------------------------------------
     # the export formats that can carry this engine (trainscout export --format); the others are refused with why
     formats: ClassVar[tuple[str, ...]] = ("hf", "accelerate", "command")
+    # what launches a stock HF Trainer with this engine's export on one rank (several ranks: at least torchrun):
+    # "python" (a plain process), "accelerate" (accelerate launch with accelerate.yaml: HF Trainer refuses FSDP in one
+    # process, DeepSpeed needs its distributed setup), "trainscout" (only `trainscout train` runs it). Portability,
+    # for the choice among tied configurations (analysis/ties.py): in LAUNCHERS' order, the first the simplest.
+    launcher: ClassVar[str] = "python"
+    # how much the engine adds to a plain PyTorch run (0 none; sharding, a library, a pipeline: more), for the same
+    portability: ClassVar[int] = 0
     not_carried: ClassVar[str] = ("a DeepSpeed config carries a ZeRO measurement only (zero_stage >= 1), and this one "
                                   "ran without DeepSpeed: use --format hf, accelerate or command")
 

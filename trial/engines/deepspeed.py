@@ -35,6 +35,8 @@ class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO: the model's transforms first, then deepspeed.initialize, then (compile) engine.compile()."""
 
     name = "deepspeed"
+    launcher = "accelerate"
+    portability = 2
     compute = "16-bit"  # DeepSpeed's bf16 / fp16 model: 16-bit weights, no autocast
     formats = ("hf", "deepspeed", "accelerate", "command")
 

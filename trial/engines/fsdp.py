@@ -12,6 +12,8 @@ class FsdpEngine(TorchEngine):
     """PyTorch FSDP2 (fully_shard) per decoder layer and at the root."""
 
     name = "fsdp"
+    launcher = "accelerate"
+    portability = 1
     compute = "16-bit"  # MixedPrecisionPolicy(param_dtype): the layers run on 16-bit copies of the weights
 
     def shard(self, model, plan, device, world):

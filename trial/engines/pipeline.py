@@ -22,6 +22,8 @@ class PipelineEngine(Engine):
     """torch.distributed.pipelining stages, DDP over the data-parallel ranks."""
 
     name = "pipeline"
+    launcher = "trainscout"
+    portability = 3
     formats = ("command",)
     not_carried = ("HF Trainer and accelerate have no pipeline engine (they would run plain DDP with a stage's share "
                    "of the batch): use --format command, which runs it with `trainscout train`")

@@ -1,0 +1,136 @@
+"""Knobs from other installed packages (the entry-point group `trainscout.knobs`), each loaded on its own.
+
+A plugin that fails to import, whose knob collides with a registered name, has no `apply`, or raises when its
+domain, default, description, requirements or `apply` at its default are read, is left out with one warning naming
+its package, its entry point and the error; every other knob works (`trainscout knobs` included: an unguarded
+`ep.load()` made every command end in the plugin's traceback). A plugin knob that raises later, for a value or a
+model it is given, is named the same way where that happens: `parse`, `concrete`, `check`, `apply` as bad input
+for that knob (`call`), `transform` as the trial's crash, `memory` left out of the memory model with a warning.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .errors import ConfigError
+from .knob import REGISTRY, STAGES, Knob, fmt
+from .plan import Context, Plan
+
+GROUP = "trainscout.knobs"
+ORIGIN: dict[str, str] = {}  # knob name -> "package (entry point NAME = VALUE)" for every plugin knob loaded
+PROBLEMS: list[str] = []     # one line per plugin left out, as warned
+_warned: set[str] = set()
+
+
+def load() -> None:
+    """Load every plugin of GROUP; the knobs of one that fails are removed from REGISTRY again (a name already
+    registered, a built-in's included, makes `register` raise)."""
+    from importlib.metadata import entry_points
+    for ep in entry_points(group=GROUP):
+        before = set(REGISTRY)
+        where = _where(ep)
+        try:
+            ep.load()  # the plugin module registers its knobs on import
+            new = [REGISTRY[n] for n in sorted(set(REGISTRY) - before)]
+            for knob in new:
+                problem = contract_problem(knob)
+                if problem:
+                    raise ValueError(f"knob {knob.name!r} {problem}")
+        except Exception as e:  # noqa: BLE001 - any failure of a plugin leaves that plugin out, named
+            for name in set(REGISTRY) - before:
+                del REGISTRY[name]
+            _left_out(where, e)
+            continue
+        for name in set(REGISTRY) - before:
+            ORIGIN[name] = where
+    for name in [n for n in ORIGIN if n in REGISTRY]:  # requirements name registered knobs (a plugin's may not)
+        missing = [r for r in REGISTRY[name].requires if r not in REGISTRY]
+        if missing:
+            where = ORIGIN.pop(name)
+            del REGISTRY[name]
+            _left_out(where, ValueError(f"knob {name!r} requires {', '.join(missing)}, which no knob registers"))
+
+
+def _where(ep) -> str:
+    dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown package"
+    return f"{dist} (entry point {ep.name} = {ep.value})"
+
+
+def _left_out(where: str, e: BaseException) -> None:
+    line = f"the knob plugin {where} is left out: {_error(e)}: fix it or uninstall {where.split(' (')[0]}"
+    PROBLEMS.append(line)
+    if line not in _warned:
+        _warned.add(line)
+        print(f"trainscout: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _error(e: BaseException) -> str:
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def contract_problem(knob: Knob) -> str | None:
+    """What makes a plugin knob unusable, read without a model or a GPU (None: nothing): its name, domain, default,
+    description, stage, requirements, and its `apply` at its default value."""
+    name = getattr(knob, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        return f"has no valid name ({name!r})"
+    if type(knob).apply is Knob.apply:
+        return "has no apply (how its value changes the plan)"
+    choices = tuple(knob.choices)
+    if not choices:
+        return "has no choices"
+    for c in choices:
+        if knob.parse(fmt(c)) != c:
+            return f"does not read back its choice {fmt(c)!r}"
+    knob.parse(fmt(knob.default))
+    str(knob.description), knob.domain_text()
+    if knob.stage is not None and knob.stage not in STAGES:
+        return f"declares stage {knob.stage!r}: use one of {', '.join(STAGES)}"
+    requires = dict(knob.requires)
+    for other, allowed in requires.items():
+        tuple(allowed)
+    knob.apply(Plan(), knob.default, {k.name: k.default for k in REGISTRY.values()}, Context())
+    return None
+
+
+def call(knob: Knob, method: str, *args) -> Any:
+    """knob.method(*args); for a plugin's knob a failure other than a ConfigError is a ConfigError naming the
+    plugin (parse, concrete, check, apply: bad input for that knob, exit 2)."""
+    fn = getattr(knob, method)
+    if knob.name not in ORIGIN:
+        return fn(*args)
+    try:
+        return fn(*args)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(knob.name, f"{knob.name}: the knob plugin {ORIGIN[knob.name]} failed in {method} "
+                                     f"({_error(e)}): fix it, uninstall it, or leave {knob.name} at "
+                                     f"{fmt(knob.default)}") from None
+
+
+def transform(knob: Knob, model, plan) -> Any:
+    """A plugin knob's transform; one that raises fails the trial with an error naming the plugin (leaving it out
+    would make the record claim a configuration that did not run)."""
+    if knob.name not in ORIGIN:
+        return knob.transform(model, plan)
+    try:
+        return knob.transform(model, plan)
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"the knob plugin {ORIGIN[knob.name]} failed in the transform of {knob.name} "
+                           f"({_error(e)}): fix it, uninstall it, or set {knob.name}={fmt(knob.default)}") from None
+
+
+def memory(knob: Knob, terms: dict, plan: dict, view: dict) -> None:
+    """A plugin knob's memory hook; one that raises is left out of the memory model, with a warning."""
+    if knob.name not in ORIGIN:
+        knob.memory(terms, plan, view)
+        return
+    saved = dict(terms)
+    try:
+        knob.memory(terms, plan, view)
+    except Exception as e:  # noqa: BLE001
+        terms.clear()
+        terms.update(saved)
+        _left_out(f"{ORIGIN[knob.name]}'s memory hook of {knob.name}", e)
