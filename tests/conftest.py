@@ -35,3 +35,21 @@ def ray_local():
 @pytest.fixture
 def worker_pids():
     return ray_worker_pids
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 for the session (tests/pg.py), stopped by its own pg_ctl. Missing
+    PostgreSQL or psycopg fails the tests that need it, with how to install it; TRAINSCOUT_PG_OPTIONAL=1 makes that
+    a skip with the reason (locally only: .ci/run installs both and never sets it)."""
+    import pg
+    why = pg.missing()
+    if why:
+        if os.environ.get(pg.OPTIONAL_ENV) == "1":
+            pytest.skip(f"{why} ({pg.OPTIONAL_ENV}=1)")
+        pytest.fail(f"{why} (or {pg.OPTIONAL_ENV}=1 to skip the PostgreSQL tests on a box without it)", pytrace=False)
+    server = pg.Server()
+    try:
+        yield server.start()
+    finally:
+        server.stop()

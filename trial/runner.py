@@ -166,12 +166,15 @@ def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
 
 
 def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | None = None,
-            address: str | None = None, on_step=None, reuse: bool | None = None, owner: str | None = None) -> Record:
+            address: str | None = None, on_step=None, reuse: bool | None = None, owner: str | None = None,
+            one_node: bool = True) -> Record:
     """Run a prepared trial in a worker group (trial.pool); always returns a record (failures are outcomes).
 
     on_step(dict), if given, receives rank 0's projected step time and tokens/s after every timed step. reuse=False
     (or TRAINSCOUT_FRESH_WORKERS=1) runs it in fresh processes, killed after it. owner names the caller for
-    pool.cancel (a search's Tune trial)."""
+    pool.cancel (a search's Tune trial). one_node: its ranks on one node (False: wherever the cluster has room;
+    the record's placement says where they ran). A trial the cluster gave no room within the time limit is
+    `unscheduled` (nothing ran)."""
     import ray
     ensure_ray(address)
     timeout = timeout or DEFAULT_TIMEOUT[spec.device]
@@ -184,7 +187,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     spec = spec.replace(log_dir=log_dir, progress=pool.Progress(workers, trial_id) if on_step else None)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner)
+    ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner, one_node)
     try:
         raw = _wait(workers, ref, trial_id, spec, on_step)
     except ray.exceptions.RayError as e:
@@ -201,7 +204,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
                     world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
                     grad_accum=spec.grad_accum, measured_accum=spec.measured_accum, timed_steps=spec.timed_steps,
                     started_at=started, wall_s=round(wall, 2), reused=raw.get("reused"), versions=hardware.versions(),
-                    hardware=spec.hardware, status=Status.CRASH)
+                    hardware=spec.hardware, status=Status.CRASH, placement=raw.get("placement"))
     if "ok" in raw:
         ranks = [RankResult.from_dict(r) for r in raw["ok"]["ranks"]]
         spec, m, compared = probe.settle(spec, raw["ok"]["n_params"], ranks, derive)
@@ -209,6 +212,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
             record = record.replace(plan=spec.plan, grad_accum=spec.grad_accum, measured_accum=spec.measured_accum,
                                     probe=ranks[0].probe, probe_compared=compared)
         record = record.replace(status=Status.OK, error=None, metrics=m)
+    elif "unscheduled" in raw:
+        record = record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
     elif "timeout" in raw:
         record = record.replace(status=Status.TIMEOUT, metrics=None,
                                 error=f"no result within the {timeout:g} s limit; workers killed")
