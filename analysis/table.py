@@ -11,7 +11,7 @@ from trainscout.store import Store, default_url
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 
-METRICS = ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
+METRICS = ("tokens_per_s", "step_s", "mfu", "hfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
            "optimizer_s", "step_spread")
 
 

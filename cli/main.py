@@ -236,7 +236,11 @@ def print_trial(r, verbose: bool = False) -> None:
             print("stderr   the ranks' last lines:\n" + textwrap.indent(r.stderr_tail, "    "))
         return
     rec = r.recipe
-    mfu = f"{m['mfu']:.3f}" if m["mfu"] is not None else "n/a (no GPU peak known)"
+    fpt = f"{m['flops_per_token'] / 1e9:.2f} GFLOPs per token ({m.get('flops_convention', 'dense-6N')}: "\
+          f"{m['active_params'] / 1e6:,.1f} M active matmul parameters)" if m.get("active_params") else ""
+    mfu = (f"{m['mfu']:.3f}, HFU {m['hfu']:.3f}" if m.get("hfu") is not None else f"{m['mfu']:.3f}") \
+        if m["mfu"] is not None else "n/a (no GPU peak known)"
+    mfu = f"{mfu}; {fpt}" if fpt else mfu
     rows = [
         ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
@@ -303,6 +307,8 @@ def cmd_estimate(a) -> int:
 def cmd_verify(a) -> int:
     """`trainscout verify`: train a stored configuration for N full steps; measured against projected step time."""
     from trainscout.analysis.verify import verify
+    if a.quality is not None:
+        return verify_quality(a)
     r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address,
                runner=a.runner, global_batch=a.global_batch)
     if a.json:
@@ -325,6 +331,42 @@ def cmd_verify(a) -> int:
             print(f"  the seed paper's timer (one unsynchronised micro-batch x accumulation) on the same steps: "
                   f"{r['seed_method_step_s']:.4f} s = {r['seed_method_ratio']:.3f} x measured")
     return 0 if r["status"] == Status.OK else 1
+
+
+def verify_quality(a) -> int:
+    """`trainscout verify --quality STEPS`: the configuration and its reference trained on real text, compared."""
+    from trainscout.analysis.quality import TOLERANCE, verify_quality as run
+    if a.runner != "trainscout":
+        raise ConfigError("--runner", "--quality trains in trainscout's workers: leave --runner out")
+    r = run(a.source, key=a.trial, steps=a.quality, seeds=a.seeds, global_batch=a.global_batch, seq_len=a.seq_len,
+            timeout=a.timeout, address=a.address)
+    if a.json:
+        print(json.dumps(r))
+        return 0 if r.get("status") == "ok" or r["verdict"] == "same" else 1
+    print(f"verify --quality {r['key'][:12]}  {r['model']}: {r['verdict']}")
+    if r.get("status") != "ok":
+        print(f"  {r['why']}")
+        return 0 if r["verdict"] == "same" else 1
+    changed = ", ".join(f"{k} ({why})" for k, why in r["changes"].items())
+    ref = " ".join(f"{k}={v}" for k, v in r["reference"].items())
+    loss = r["loss"]
+    print(f"  changes the numerics: {changed}; reference: {ref}")
+    print(f"  {r['steps']} steps x {r['global_batch']} x {r['seq_len']} tokens of the shipped corpus "
+          f"({r['epochs']:.2f} epochs of {r['corpus_tokens']:,} tokens), {r['seeds']} seed(s), the same weights and "
+          "batches")
+    print(f"  loss over the last {r['window']} steps: {loss['candidate']:.4f} vs the reference's {loss['reference']:.4f}"
+          f" ({loss['rel_diff']:+.2%}, 95 % interval {loss['ci95'][0]:+.2%} .. {loss['ci95'][1]:+.2%}; "
+          f"verified within +{TOLERANCE:.0%})")
+    sp = r["speed"]
+    eff = r["token_efficiency"]
+    print(f"  tokens/s {sp['candidate_tokens_per_s']:,.0f} vs {sp['reference_tokens_per_s']:,.0f} = {sp['ratio']:.3f}x "
+          f"({sp['source']})")
+    if eff is not None:
+        print(f"  tokens to equal loss: {eff:.3f}x (reached at step {r['steps_to_equal_loss']}); speed at equal loss "
+              f"{r['speed_at_equal_loss']:.3f}x")
+    else:
+        print("  the reference never reached the candidate's final loss: no speed at equal loss")
+    return 0
 
 
 def cmd_train(a) -> int:
@@ -416,7 +458,7 @@ def cmd_search(a) -> int:
         given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
                  "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
-                 "storage": storage, "address": a.address}
+                 "storage": storage, "address": a.address, "quality": a.quality}
         args, notes = resumed(saved, a.resume, given, done=len(store.trials(name)))
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
@@ -437,7 +479,7 @@ def cmd_search(a) -> int:
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
                           time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
                           address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
-                          max_failures=a.max_failures, recipe=recipe)
+                          max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark")
     # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
     stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
     try:
@@ -671,6 +713,10 @@ def build_parser() -> Parser:
     s.add_argument("--max-failures", type=int, default=None,
                    help="measure a crashed trial again up to this many times; oom, invalid, timeout: never "
                         f"(default: {d['max_failures']})")
+    s.add_argument("--quality", choices=("mark", "strict"), default=None,
+                   help="mark: every best says whether it trains the same model as its reference (knobs that change "
+                        "the numerics: fp8, precision, ...: the quality gate); strict: only configurations shown to "
+                        "do so are called best (default: mark)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON at the end, alone on stdout; the "
                                                        "live table and progress go to stderr (default: text)")
     add_recipe_flags(s)
@@ -737,6 +783,14 @@ def build_parser() -> Parser:
                    help="with --runner trainscout: full steps of this many sequences, where the recipe's step is too "
                         "long to verify (default: the recipe's)")
     v.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    v.add_argument("--quality", type=positive_int("--quality"), default=None, metavar="STEPS",
+                   help="instead of timing: train the configuration and its reference (the knobs that change the "
+                        "numerics at their reference values) STEPS steps on the shipped real-text corpus from the same "
+                        "seed; compares the loss (with a 95 %% interval) and the speed at equal loss")
+    v.add_argument("--seeds", type=positive_int("--seeds"), default=1,
+                   help="with --quality: pairs of runs from this many seeds (the interval is over seeds from 2)")
+    v.add_argument("--seq-len", type=positive_int("--seq-len"), default=None,
+                   help="with --quality: sequence length of the runs (default: the recipe's)")
     v.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
                    help="hard limit in seconds, > 0 (default: 30 x the projected time of the steps, at least 900)")
     v.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")

@@ -39,6 +39,7 @@ LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
 SEED_RANGE = 2**32  # numpy's, which Optuna's samplers seed
+QUALITY_MODES = ("mark", "strict")  # --quality: what the summary calls best (trial/quality.py)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class SearchArgs:
     recipe: dict = field(default_factory=dict)
     name: str | None = None
     max_failures: int = 0  # a crashed trial is measured again up to this many times (oom/invalid/timeout never)
+    quality: str = "mark"  # mark: every best says whether it trains the same model; strict: only those are best
     space_content: dict | None = None  # the space file as read when the search started: a resume uses it
 
     def search_name(self) -> str:
@@ -113,6 +115,13 @@ def _trainable(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
+    gate = None
+    if not cached and spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
+        from trainscout.trial import quality
+        gate = quality.gate_key(spec)
+        known = store.quality(gate, "gate")
+        if known is not None:
+            spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
     if not cached:
         seen = []
 
@@ -129,6 +138,9 @@ def _trainable(config: dict, base: dict) -> None:
             if record.status != Status.CRASH:
                 break
         store.replace(key, record)  # a crash or timeout measured again: the newer record wins
+        verdict = record.m.get("quality") or {}
+        if gate and verdict.get("gate") and not verdict.get("cached"):
+            store.put_quality(gate, "gate", verdict)
     m = record.m
     value = m.get(METRIC, 0.0) if record.ok else 0.0
     store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
@@ -275,6 +287,9 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     if args.time_budget_s is not None and not (0 < args.time_budget_s < math.inf):
         raise ConfigError("--time-budget", f"--time-budget {args.time_budget_s} is not allowed: "
                                            "write e.g. 90s, 30m or 2h")
+    if args.quality not in QUALITY_MODES:
+        raise ConfigError("--quality", f"--quality {args.quality} is not allowed: use mark (every best says whether it "
+                                       "trains the same model) or strict (only those are called best)")
     if not isinstance(args.max_failures, int) or args.max_failures < 0:
         raise ConfigError("--max-failures", f"--max-failures {args.max_failures} is not allowed: give an integer >= 0")
     if not isinstance(args.seed, int) or isinstance(args.seed, bool) or not 0 <= args.seed < SEED_RANGE:
@@ -372,6 +387,7 @@ def resumed(saved: dict, out: str, given: dict, done: int) -> tuple[SearchArgs, 
     if given.get("time_budget_s") is not None:
         args.time_budget_s = given["time_budget_s"]
         notes.append(f"a time budget of {given['time_budget_s']:g} s for this run")
+    args.quality = given.get("quality") or args.quality  # a rule of the summary: it may change on a resume
     args.storage = given.get("storage") or args.storage  # None: OUT/results.db
     args.address = given.get("address") or args.address
     return args, notes
@@ -889,14 +905,26 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
     return len(study.trials)
 
 
+def _verify_hint(b: dict, out: str) -> str:
+    """What to run where a best's numerics differ and no training run has compared it with its reference."""
+    if b["quality"] in ("same", "verified"):
+        return ""
+    return f"; train both to compare: trainscout verify {out} --trial {b['key'][:12]} --quality 500"
+
+
 def _days(d: float) -> str:
     return f"{d:.1f} days" if d >= 1 else f"{d * 24:.2f} hours"
 
 
 def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
     """Print a search's outcome to stream: trials by status, per-trial overhead, the `top` fastest distinct
-    configurations; returns the same as a dict."""
+    configurations, each with its quality status (trial/quality.py: the same model as its reference, or not, or
+    not known); a search run with --quality strict calls best only those that train the same model (same, passed,
+    verified) and names the faster ones it passed over. Returns the same as a dict."""
+    from trainscout.trial import quality
     store.checkpoint()
+    strict = (store.search_args(name) or {}).get("quality") == "strict"
+    verified = store.verified()
     trials = store.trials(name)
     by_status: dict[str, int] = {}
     for t in trials:
@@ -908,15 +936,24 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
             continue
         seen.add(t["key"])
         rec = store.get(t["key"])
+        status, why = quality.status(rec.metrics, verified.get(t["key"]))
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
-                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")}})
+                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
+                     "quality": status, "quality_why": why})
+    passed_over = []
+    if strict:  # the faster configurations not shown to train the same model are named, not called best
+        good = [b for b in best if b["quality"] in quality.GOOD]
+        line = good[0]["tokens_per_s"] if good else 0.0
+        passed_over = [b for b in best if b["quality"] not in quality.GOOD and b["tokens_per_s"] > line][:top]
+        best = good
     # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
     # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
     overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0)
                 for r in (store.get(t["key"]) for t in trials
                           if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
-               "overhead_s": overhead}
+               "overhead_s": overhead, "quality": "strict" if strict else "mark",
+               "passed_over": passed_over}
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())), file=stream)
     if overhead:
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
@@ -926,6 +963,12 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
         print(f"best #{i}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
-              f"{_days(b['projected_days'])} for the recipe\n         {cfg}", file=stream)
+              f"{_days(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+    for b in passed_over:  # --quality strict: faster, but not shown to train the same model
+        print(f"not best (--quality strict): {b['tokens_per_s']:,.0f} tokens/s, quality {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+    if strict and not best and trials:
+        print("no configuration shown to train the same model as its reference: none is called best", file=stream)
     print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
     return summary

@@ -35,6 +35,10 @@ class Knob:
     name to the values it must have whenever this knob is set away from its default; a knob whose requirements
     do not hold is not sampled. `check` adds rules that need the context (world size, device, model, recipe).
 
+    Numerics: `numerics` says why a value trains other numbers than the knob's `reference` value (FP8 products, a
+    precision, an approximate kernel); a configuration with such a value is compared with its reference by the
+    quality gate (trial/quality.py) before it is called the same model.
+
     The runtime half: a knob that changes how the model trains names its `stage` (one of
     trainscout.runtime.STAGES, the order transforms are applied in) and implements `transform`, which reads what
     `apply` wrote into the plan; `memory` adjusts the memory model's terms. `packages` lists the optional
@@ -47,6 +51,7 @@ class Knob:
     requires: ClassVar[dict[str, tuple]] = {}
     stage: ClassVar[str | None] = None
     packages: ClassVar[tuple[str, ...]] = ()
+    reference: ClassVar[Any] = None  # the value the quality gate's reference runs (None: the default)
 
     @property
     def description(self) -> str:
@@ -103,6 +108,14 @@ class Knob:
 
     def check(self, value: Any, cfg: dict, ctx: Context) -> None:
         """Rules that need the context; raise ConfigError naming the fix."""
+
+    def numerics(self, value: Any, cfg: dict, ctx: Context) -> str | None:
+        """Why training with this value computes other numbers than with the reference value (None: the same)."""
+        return None
+
+    def reference_value(self) -> Any:
+        """The value the quality gate's reference configuration runs."""
+        return self.default if self.reference is None else self.reference
 
     # --- search and plan ----------------------------------------------------------------------------------
     def suggest(self, trial, cfg: dict, ctx: Context) -> Any:

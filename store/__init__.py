@@ -74,6 +74,13 @@ SEARCH_TRIALS = sa.Table(
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("error", sa.Text),  # why it did not run or failed (invalid: the refusal); added to older stores on write
 )
+QUALITY = sa.Table(  # the quality gate's verdicts (trial/quality.py) and `verify --quality` results
+    "trainscout_quality", META,
+    sa.Column("key", sa.String(64), primary_key=True),    # kind gate: trial.quality.gate_key; verify: a measurement key
+    sa.Column("kind", sa.String(16), primary_key=True),   # gate | verify
+    sa.Column("result", sa.Text, nullable=False),         # JSON
+    sa.Column("created_at", sa.String(32), nullable=False),
+)
 SEARCHES = sa.Table(
     "trainscout_searches", META,
     sa.Column("name", sa.String(200), primary_key=True),
@@ -235,7 +242,7 @@ class Store:
         """The measurement stored under key, or None."""
         with self.engine.connect() as c:
             row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
-        return Record.from_dict(json.loads(row[0])) if row else None
+        return _read(json.loads(row[0])) if row else None
 
     @staticmethod
     def _row(key: str, record: Record | dict, source: str) -> dict:
@@ -290,7 +297,7 @@ class Store:
         """Every stored record, with its key and source."""
         with self.engine.connect() as c:
             rows = c.execute(sa.select(MEASUREMENTS.c.key, MEASUREMENTS.c.source, MEASUREMENTS.c.record)).all()
-        return [Record.from_dict(dict(json.loads(r.record), key=r.key, source=r.source)) for r in rows]
+        return [_read(dict(json.loads(r.record), key=r.key, source=r.source)) for r in rows]
 
     def export_jsonl(self, path: str) -> int:
         """Every measurement as one JSON line (record + key + source), to pool results between labs."""
@@ -336,6 +343,26 @@ class Store:
             if new:
                 c.execute(MEASUREMENTS.insert(), new)
         return len(new), len(lines) - len(new)
+
+    # --- quality verdicts ------------------------------------------------------------------------------------
+    def put_quality(self, key: str, kind: str, result: dict) -> None:
+        """A quality verdict: kind "gate" (one step, keyed by trial.quality.gate_key) or "verify" (`verify
+        --quality`, keyed by the measurement's key); a newer one of the same key and kind replaces it."""
+        with self.engine.begin() as c:
+            c.execute(QUALITY.delete().where((QUALITY.c.key == key) & (QUALITY.c.kind == kind)))
+            c.execute(QUALITY.insert().values(key=key, kind=kind, result=json.dumps(result), created_at=now()))
+
+    def quality(self, key: str, kind: str) -> dict | None:
+        """The quality verdict stored under key and kind, or None."""
+        with self.engine.connect() as c:
+            row = c.execute(sa.select(QUALITY.c.result).where((QUALITY.c.key == key) & (QUALITY.c.kind == kind))).first()
+        return json.loads(row[0]) if row else None
+
+    def verified(self) -> dict[str, dict]:
+        """Every `verify --quality` result, by measurement key."""
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(QUALITY.c.key, QUALITY.c.result).where(QUALITY.c.kind == "verify")).all()
+        return {r.key: json.loads(r.result) for r in rows}
 
     # --- searches -------------------------------------------------------------------------------------------
     def add_search(self, name: str, args: dict) -> None:
@@ -383,6 +410,13 @@ class Store:
             rows = c.execute(sa.select(*cols).where(SEARCH_TRIALS.c.search == search)
                              .order_by(SEARCH_TRIALS.c.created_at)).mappings().all()
         return [{"error": None, **r, "config": json.loads(r["config"])} for r in rows]
+
+
+def _read(data: dict) -> Record:
+    """A stored record as read: its FLOP metrics counted under trial.flops.CONVENTION (a record stored under an
+    older count is recounted here, its stored figures kept beside as *_dense_v0; the row is not rewritten)."""
+    from trainscout.trial.flops import recount
+    return recount(Record.from_dict(data))
 
 
 def imported_problem(rec) -> str | None:
@@ -436,8 +470,10 @@ def open_store(url: str) -> Store:
     return _OPEN[url]
 
 
-JSON_COLUMNS = {MEASUREMENTS.name: ("config", "record"), SEARCH_TRIALS.name: ("config",), SEARCHES.name: ("args",)}
-KEY_COLUMNS = {MEASUREMENTS.name: ("key",), SEARCH_TRIALS.name: ("search", "trial"), SEARCHES.name: ("name",)}
+JSON_COLUMNS = {MEASUREMENTS.name: ("config", "record"), SEARCH_TRIALS.name: ("config",), SEARCHES.name: ("args",),
+                QUALITY.name: ("result",)}
+KEY_COLUMNS = {MEASUREMENTS.name: ("key",), SEARCH_TRIALS.name: ("search", "trial"), SEARCHES.name: ("name",),
+               QUALITY.name: ("key", "kind")}
 
 
 def repair_sqlite(path: str | None) -> str | None:

@@ -79,8 +79,8 @@ def test_recipe_overrides():
 
 
 def test_flops_and_mfu_formula():
-    # pythia-1b on the yardstick: 6N + 12 L d s
-    fpt = metrics.flops_per_token(1_011_781_632, 16, 2048, 2048)
+    # pythia-1b on the yardstick: 6N + 12 L d s (the dense count it and the seed paper use)
+    fpt = metrics.dense_flops_per_token(1_011_781_632, 16, 2048, 2048)
     assert fpt == 6 * 1_011_781_632 + 12 * 16 * 2048 * 2048
     assert metrics.gpu_peak_tflops("NVIDIA H200") == 989.0
     assert metrics.gpu_peak_tflops("NVIDIA H100 PCIe") == 756.0

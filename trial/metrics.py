@@ -1,9 +1,9 @@
-"""FLOPs, MFU, peak rates of common GPUs, and the projection of a full training run.
+"""MFU, peak rates of common GPUs, and the projection of a full training run.
 
-FLOPs per token (PaLM appendix B, the same as ../shared/bench/gpu_baseline.py): 6·N + 12·L·d·s, with N all
-parameters (embeddings included), L layers, d hidden size and s the sequence length. 6·N covers the forward
-and backward matrix products; 12·L·d·s the attention scores and values. Recomputation by activation
-checkpointing is not counted, so this is model FLOPs utilisation (MFU), not hardware FLOPs utilisation.
+FLOPs per token are counted from the model's modules (trial/flops.py, convention flops.CONVENTION). The dense
+count of the first records, 6·N over every parameter (embeddings included) + 12·L·d·s (PaLM appendix B, the
+yardstick's ../shared/bench/gpu_baseline.py and the seed paper's), stays here as dense_flops_per_token, to compare
+with them and to label the figures stored under it.
 """
 from __future__ import annotations
 
@@ -27,14 +27,16 @@ def gpu_peak_tflops(device_name: str | None) -> float | None:
     return None
 
 
-def flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
-    """Model FLOPs per trained token, forward and backward: 6·N + 12·L·d·s (no recomputation counted)."""
+def dense_flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
+    """The dense count (flops.OLD): 6·N over every parameter + 12·L·d·s, forward and backward. Not MFU's count any
+    more (it counts embedding lookups as products and every expert of a mixture): for the yardstick's and the seed
+    paper's figures, which use it."""
     return 6.0 * n_params + 12.0 * num_layers * hidden * seq_len
 
 
 def mfu(tokens_per_s: float, fpt: float, peak_tflops: float | None, n_gpus: int) -> float | None:
-    """Model FLOPs utilisation as a fraction: tokens/s × FLOPs per token over the n_gpus' combined peak; None when
-    the peak is unknown or tokens/s is 0."""
+    """FLOPs utilisation as a fraction: tokens/s × FLOPs per token over the n_gpus' combined peak; None when the
+    peak is unknown or tokens/s is 0 (MFU with flops.Count.per_token, HFU with its hardware_per_token)."""
     if not peak_tflops or not tokens_per_s:
         return None
     return tokens_per_s * fpt / (peak_tflops * 1e12 * n_gpus)

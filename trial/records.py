@@ -86,6 +86,7 @@ class TrialSpec(_Fields):
     threads_per_worker: int = 1
     hardware: dict = field(default_factory=dict)
     probe: list[dict] | None = None  # micro_batch_size=max: the candidates, largest first (trial.probe)
+    quality: dict | None = None     # knobs that change the numerics: their changes, the reference (trial.quality)
     log_dir: str | None = None      # set by execute: where the ranks' stderr goes
     progress: Any = None            # set by execute: a Ray queue for per-step throughput
     data: str | None = None         # `trainscout train`: a flat token file, its dtype, the checkpoint folder
@@ -106,7 +107,7 @@ class RankResult(_Fields):
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"loss", "below"})
 
     rank: int
-    steps: list[dict]               # per timed step: micro (seconds per micro-batch), optim, total, host_first_micro
+    steps: list[dict]               # per timed step: micro (seconds per micro-batch), optim, total, host_first_micro, loss
     micro_batch_size: int
     grad_accum: int
     measured_accum: int
@@ -118,6 +119,7 @@ class RankResult(_Fields):
     probe: list = field(default_factory=list)  # micro_batch_size=max: [[mbs, "ok" | "oom"], ...]
     below: dict | None = None       # micro_batch_size=max: the candidate below, measured too
     alloc_retries: int | None = None  # CUDA: the caching allocator's retries during the timed steps
+    quality: dict | None = None     # rank 0: the quality gate's one step (trial.quality.one_step)
     peak_allocated_mib: float | None = None
     peak_reserved_mib: float | None = None
     device_name: str | None = None

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, hardware, metrics, pool, probe
+from . import faults, flops, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify
@@ -42,11 +42,12 @@ def detect_device(device: str) -> str:
 def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
             measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
             total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
-            fault: str | None = None, seed: int = 0, hw: dict | None = None) -> TrialSpec:
+            fault: str | None = None, seed: int = 0, hw: dict | None = None, gate: bool = True) -> TrialSpec:
     """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
 
     hw is the hardware fingerprint of the box; a search passes the one its driver took (a trial process of a
-    search holds no GPU itself), a single trial takes it here."""
+    search holds no GPU itself), a single trial takes it here. gate: where knobs change the numerics, the trial
+    also takes the quality gate's step against its reference (trial/quality.py); verify and train leave it out."""
     for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
@@ -86,6 +87,14 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
         hardware=dict(hw, world_size=workers))
     if plan.micro_batch_probe:
         out.probe = probe.candidates(out, plan, measured)
+    changed = quality.changes(cfg, ctx)
+    if changed and gate:
+        ref = quality.reference(cfg, changed)
+        q = {"changes": changed, "reference": quality.differences(cfg, ref)}
+        try:
+            out.quality = dict(q, reference_plan=resolve(ref, ctx)[1].to_dict())
+        except ConfigError as e:  # measured all the same; its record says why it has no verdict
+            out.quality = dict(q, why=f"its reference does not resolve ({e})")
     return out
 
 
@@ -238,8 +247,6 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     non_last = [m for r in ranks for st in r.steps for m in st["micro"][:-1]]
     last = [st["micro"][-1] for r in ranks for st in r.steps]
     tok_s = spec.tokens_per_step / step_s
-    cfg = spec.model_config
-    fpt = metrics.flops_per_token(n_params, sizes(cfg).layers, sizes(cfg).hidden, recipe["seq_len"])
     device_name = ranks[0].device_name
     peak = metrics.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
     out = {
@@ -254,10 +261,11 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "steps_s": projected,
         "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
         "n_params": n_params,
-        "flops_per_token": fpt,
         "gpu": device_name,
         "peak_tflops": peak,
-        "mfu": metrics.mfu(tok_s, fpt, peak, spec.world_size),
+        # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (trial/flops.py)
+        **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
+                        spec.plan.get("checkpoint_every", 0)),
         "projected_days": recipe["total_steps"] * step_s / 86400,
         "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
         "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],
@@ -271,8 +279,14 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
         "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0].steps]),
         "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage
+        # each timed step's loss (verify --quality compares them), from the rank that has them
+        "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
         "micro_batch_size": spec.plan["micro_batch_size"],
     }
+    if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
+        out["quality"] = ranks[0].quality or spec.quality.get("known") or {
+            "changes": spec.quality["changes"], "reference": spec.quality["reference"],
+            "why": spec.quality.get("why") or "the gate's step did not run (the trial ended early)"}
     if spec.device == "cuda":
         out["peak_allocated_mib"] = [round(r.peak_allocated_mib, 1) for r in ranks]
         out["peak_reserved_mib"] = [round(r.peak_reserved_mib, 1) for r in ranks]

@@ -2,9 +2,9 @@
 that a search uses to rank candidates against each other (search/ranked.py), never to report a speed.
 
 Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's grad_accum):
-- compute: the model FLOPs of its tokens (metrics.flops_per_token), plus one forward again for each checkpointed
-  layer, at the GPU's dense bf16 peak (metrics.GPU_BF16_TFLOPS); fp32 at half of it with tf32 and 1/16 without
-  (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
+- compute: the FLOPs of its tokens with one forward again for each checkpointed layer (flops.Count's
+  hardware_per_token: MFU's count, a mixture of experts' active parameters), at the GPU's dense bf16 peak
+  (metrics.GPU_BF16_TFLOPS); fp32 at half of it with tf32 and 1/16 without (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
 - memory traffic: the bytes the memory model holds for it (memory.components: activations and logits, which the
   knobs adjust, e.g. loss_kernel=compiled keeps no fp32 logits), written once and read once, and read and written
   once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import memory, metrics
+from . import flops, memory, metrics
 
 if TYPE_CHECKING:
     from .records import TrialSpec
@@ -52,12 +52,10 @@ def step_s(spec: TrialSpec) -> float:
     if plan["precision"] == "fp32":
         tflops *= FP32_RATE[bool(plan.get("tf32"))]
     tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)
-    n_params = memory._counts(spec.model_config)["N"]
-    every = plan.get("checkpoint_every", 0)
-    recomputed = (-(-z.layers // every) / z.layers) if every else 0.0  # checkpointed layers run forward twice
     tokens = plan["micro_batch_size"] * recipe["seq_len"]
-    fpt = metrics.flops_per_token(n_params, z.layers, z.hidden, recipe["seq_len"])
-    compute = tokens * fpt * (1 + recomputed / 3) / (tflops * 1e12)  # the forward is a third of forward + backward
+    # the hardware FLOPs: checkpointed layers run their forward twice
+    fpt = flops.count(spec.model_config).hardware_per_token(recipe["seq_len"], plan.get("checkpoint_every", 0))
+    compute = tokens * fpt / (tflops * 1e12)
     held = memory.components(spec)
     passes = PASSES_COMPILED if plan.get("compile") else PASSES_EAGER
     traffic = (held["activations"] * passes + held["logits"] * PASSES_EAGER) / (tbps * 1e12)

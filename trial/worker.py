@@ -132,6 +132,27 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _quality_gate(spec: TrialSpec, device) -> dict:
+    """trial.quality.one_step in this process, on what the trial freed; a failure to run it is its outcome (the
+    measurement stands, without a verdict: why)."""
+    import torch
+
+    from . import quality
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        return quality.one_step(spec, device)
+    except Exception as e:  # out of memory for two more models, a transform that needs the engine
+        traceback.print_exc()
+        return {"changes": spec.quality["changes"], "reference": spec.quality["reference"],
+                "why": f"the gate's step failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def _stop_requested(progress, rank: int, world: int, device) -> bool:
     """Whether the search stopped this trial (trial.pool.Pool.stop): rank 0 asks the pool after a timed step, and
     every rank learns its answer, so all leave at the same step boundary."""
@@ -233,10 +254,11 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         if s == 0:
             faults.fire(spec.fault, rank, device)
         step, loss = timed_step(accum)
+        step["loss"] = None if loss is None else float(loss.item())  # after the step's synchronisation: no stall
         steps.append(step)
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
             progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"], "grad_accum": plan.grad_accum,
-                          "loss": None if loss is None else float(loss.item())})
+                          "loss": step["loss"]})
         if progress is not None and _stop_requested(progress, rank, world, device):
             break  # early stopping ended the trial: leave as after the last step, so the process can be reused
     t_timed = time.perf_counter()
@@ -250,8 +272,15 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     if spec.save_dir:
         engines.save(engine, model, names, spec.save_dir, rank)
     engine.close()
+    last_loss = None if loss is None else float(loss.item())
+    gate = None
+    # knobs that change the numerics: the quality gate's step against the reference, with the trial's model freed
+    if (rank == 0 and spec.quality and "reference_plan" in spec.quality and "known" not in spec.quality
+            and len(steps) == spec.timed_steps):
+        del engine, model
+        gate = _quality_gate(spec, device)
 
-    mine = RankResult(rank=rank, steps=steps, loss=None if loss is None else float(loss.item()),
+    mine = RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
                       probe=probe, below=below, build_s=t_built - t0, warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,

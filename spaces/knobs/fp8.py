@@ -30,6 +30,9 @@ class Fp8(Knob):
             raise ConfigError(self.name, f"fp8={value} runs beside bf16 or fp32 activations, not fp16's loss scaling: "
                                          "set precision=bf16-mixed or fp8=off")
 
+    def numerics(self, value, cfg, ctx):
+        return None if value == "off" else f"FP8 ({value} scaling) matrix products in the decoder's linears"
+
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
             plan.extra[self.name] = value

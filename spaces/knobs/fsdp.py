@@ -16,6 +16,11 @@ class Fsdp(Knob):
             raise ConfigError(self.name, f"fsdp={value} with precision=fp16-mixed is not supported "
                                          "(FSDP2 has no sharded loss scaler here): set precision=bf16-mixed or fsdp=off")
 
+    def numerics(self, value, cfg, ctx):
+        if value != "off" and cfg.get("precision") != "fp32":  # MixedPrecisionPolicy(param_dtype): no autocast
+            return "FSDP2 computes on 16-bit copies of the weights without autocast (norms and softmax in 16 bits)"
+        return None
+
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
             plan.engine = "fsdp"

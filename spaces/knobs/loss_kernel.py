@@ -40,6 +40,10 @@ class LossKernel(Knob):
             raise ConfigError(self.name, f"loss_kernel=fused_linear computes plain head logits, but the model scales "
                                          f"them ({', '.join(extras)}): set loss_kernel=compiled")
 
+    def numerics(self, value, cfg, ctx):
+        # compiled: the same ops in fused kernels; fused_linear: the head and the loss in chunks, another summation
+        return "liger's chunked fused linear cross-entropy" if value == "fused_linear" else None
+
     def apply(self, plan, value, cfg, ctx):
         plan.loss_kernel = value
 

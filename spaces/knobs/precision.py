@@ -15,5 +15,10 @@ class Precision(Knob):
             raise ConfigError(self.name, "precision=fp16-mixed needs a CUDA GPU (no fp16 loss scaling on the CPU): "
                                          "set precision=bf16-mixed or fp32")
 
+    def numerics(self, value, cfg, ctx):
+        if value != self.default:  # the reference: bf16 autocast over fp32 weights, what most recipes train in
+            return {"fp32": "fp32 products and activations", "fp16-mixed": "fp16 autocast with loss scaling"}[value]
+        return None
+
     def apply(self, plan, value, cfg, ctx):
         plan.precision = value

@@ -10,6 +10,11 @@ class Tf32(Knob):
     choices = (False, True)
     stage = "process"
 
+    def numerics(self, value, cfg, ctx):
+        # under 16-bit autocast the products run in 16 bits whatever this says; with precision=fp32 on a GPU in TF32
+        on = value and cfg.get("precision") == "fp32" and ctx.device == "cuda"
+        return "TF32 (10-bit mantissa) products in fp32" if on else None
+
     def apply(self, plan, value, cfg, ctx):
         plan.tf32 = value
 

@@ -9,6 +9,11 @@ class ZeroStage(Knob):
     default = 0
     choices = (0, 1, 2, 3)
 
+    def numerics(self, value, cfg, ctx):
+        if value and cfg.get("precision") != "fp32":  # DeepSpeed's bf16/fp16 mode: a 16-bit model, fp32 masters
+            return "DeepSpeed computes on its 16-bit model without autocast (norms and softmax in 16 bits)"
+        return None
+
     def apply(self, plan, value, cfg, ctx):
         if value:
             plan.engine = "deepspeed"

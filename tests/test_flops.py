@@ -1,0 +1,96 @@
+"""FLOPs per token from the model's modules (trial/flops.py) against torch's own FlopCounterMode, and the recount of
+records stored under the dense count."""
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainscout.store import Store
+from trainscout.trial import flops, metrics
+from trainscout.trial.records import Record
+
+S = 64
+BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=512, max_position_embeddings=256)
+MODELS = {  # tiny real models of each kind the count must get right
+    "untied": dict(BASE, model_type="gpt_neox", intermediate_size=256, rotary_pct=0.25, tie_word_embeddings=False),
+    "tied_gqa": dict(BASE, model_type="llama", num_key_value_heads=2, intermediate_size=172, tie_word_embeddings=True),
+    "moe": dict(BASE, model_type="qwen3_moe", num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2, tie_word_embeddings=False),
+    "moe_shared": dict(BASE, model_type="qwen2_moe", num_key_value_heads=2, intermediate_size=96,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+                       num_experts_per_tok=2),
+    "sliding_window": dict(BASE, model_type="mistral", num_key_value_heads=2, intermediate_size=172, sliding_window=16,
+                           tie_word_embeddings=False),
+}
+
+
+def counted_by_torch(config: dict) -> float:
+    """FLOPs per token FlopCounterMode counts over a real forward + backward (CPU). Eager attention and experts:
+    it has no formula for the CPU SDPA kernel nor for transformers' grouped-experts fallback (it would miss them)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    kw = {"experts_implementation": "eager"} if "num_experts" in config else {}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), attn_implementation="eager", **kw)
+    model.config.use_cache = False
+    ids = torch.randint(0, config["vocab_size"], (2, S))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return counter.get_total_flops() / ids.numel()
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_flops_per_token_agree_with_flop_counter_mode(kind):
+    config = MODELS[kind]
+    ours, theirs = flops.count(config).per_token(S), counted_by_torch(config)
+    assert ours == pytest.approx(theirs, rel=0.05), (kind, ours, theirs)
+    dense = metrics.dense_flops_per_token(flops.count(config).total_params, 2, 64, S)
+    if kind in ("untied", "moe"):  # what the dense count got wrong: the embedding lookup, every expert
+        assert dense > 1.15 * theirs
+
+
+def test_moe_counts_its_routed_experts_and_the_head_once():
+    moe, c = MODELS["moe"], flops.count(MODELS["moe"])
+    experts = 8 * (2 * 48 * 64 + 64 * 48)  # per layer, all of them: gate_up and down
+    assert c.total_params - c.active_params > 2 * experts * (1 - 2 / 8) * 0.99  # 6 of 8 experts idle per token
+    tied = flops.count(MODELS["tied_gqa"])
+    assert tied.outside == 512 * 64  # the head, once; its tied embedding is a lookup
+    assert moe["num_experts_per_tok"] / moe["num_experts"] == 0.25
+
+
+def test_hfu_adds_the_recomputed_forward_of_checkpointed_layers():
+    c = flops.count(MODELS["untied"])
+    full, every2 = c.hardware_per_token(S, 1), c.hardware_per_token(S, 2)
+    assert full == pytest.approx(c.per_token(S) + c.layer_forward(0, S) + c.layer_forward(1, S))
+    assert every2 == pytest.approx(c.per_token(S) + c.layer_forward(0, S))
+    m = flops.metrics(MODELS["untied"], S, 1e5, 989.0, 1, checkpoint_every=1)
+    assert m["hfu"] > m["mfu"] > 0 and m["flops_convention"] == flops.CONVENTION
+
+
+def test_a_record_stored_under_the_dense_count_is_recounted_on_read(tmp_path):
+    config = MODELS["moe"]
+    dense = metrics.dense_flops_per_token(flops.count(config).total_params, 2, 64, S)
+    old = Record(model="tiny-moe", model_config=config, config={}, status="ok", device="cuda", world_size=1,
+                 plan={"checkpoint_every": 0}, recipe={"seq_len": S, "global_batch": 8, "total_steps": 10},
+                 metrics={"tokens_per_s": 1e6, "step_s": 1.0, "flops_per_token": dense, "peak_tflops": 989.0,
+                          "mfu": 1e6 * dense / 989e12}).to_dict()
+    url = f"sqlite:///{tmp_path}/results.db"
+    store = Store(url)
+    store.put("k1", old)
+    got = store.get("k1")
+    assert got.m["flops_convention"] == flops.CONVENTION
+    assert got.m["flops_per_token"] == pytest.approx(counted_by_torch(config), rel=0.05)
+    assert got.m["flops_per_token_dense_v0"] == dense and got.m["mfu_dense_v0"] == old["metrics"]["mfu"]
+    assert got.m["mfu"] < 0.6 * got.m["mfu_dense_v0"]
+    assert [r.m["mfu"] for r in store.measurements()] == [got.m["mfu"]]
+    with store.engine.connect() as c:  # the stored row is as it was written
+        row = c.exec_driver_sql("SELECT record FROM trainscout_measurements").scalar()
+    assert json.loads(row) == old
+
+
+def test_a_record_whose_model_cannot_be_built_keeps_its_figures_and_says_why():
+    rec = Record(model="gone", model_config={"model_type": "no-such-model"}, config={}, status="ok", world_size=1,
+                 recipe={"seq_len": S}, metrics={"tokens_per_s": 10.0, "step_s": 1.0, "mfu": 0.5})
+    got = flops.recount(rec)
+    assert got.m["mfu"] == 0.5 and got.m["flops_convention"] == flops.OLD
+    assert got.m["flops_note"].startswith("not recounted")

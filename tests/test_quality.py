@@ -1,0 +1,118 @@
+"""The quality gate (trial/quality.py): a configuration whose knobs change the numerics against its reference, one
+step from the same weights and batch; and what counts as the reference."""
+import pytest
+import torch
+
+from trainscout.spaces import REGISTRY, Knob
+from trainscout.trial import execute, prepare, quality
+
+
+class Corrupt(Knob):
+    """A test plugin knob that breaks the numerics: every linear's output rounded to a power of two (one bit)."""
+
+    name = "test_corrupt"
+    default = False
+    choices = (False, True)
+    stage = "modules"
+
+    def numerics(self, value, cfg, ctx):
+        return "outputs of every linear rounded to one bit" if value else None
+
+    def apply(self, plan, value, cfg, ctx):
+        if value:
+            plan.extra[self.name] = True
+
+    def transform(self, model, plan):
+        if plan.extra.get(self.name):
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.register_forward_hook(lambda mod, args, out: torch.sign(out) * 2 ** torch.round(
+                        torch.log2(out.abs().clamp_min(1e-30))))
+        return model
+
+
+@pytest.fixture
+def corrupt():
+    REGISTRY[Corrupt.name] = Corrupt()
+    yield Corrupt.name
+    del REGISTRY[Corrupt.name]
+
+
+def test_a_knob_that_corrupts_the_numerics_fails_the_gate(corrupt):
+    spec = prepare("tiny", {corrupt: True}, device="cpu", steps=1, warmup=0)
+    assert spec.quality["changes"] == {corrupt: "outputs of every linear rounded to one bit"}
+    assert spec.quality["reference"] == {corrupt: False}
+    got = quality.one_step(spec, torch.device("cpu"))
+    assert got["gate"] == quality.FAILED and got["grad_sqnr_db"] < quality.THRESHOLD_DB, got
+    assert "dB" in got["why"] or "loss" in got["why"]
+    assert quality.status({"quality": got})[0] == quality.FAILED
+
+
+def test_fp32_against_bf16_autocast_passes_the_gate_in_a_real_trial(ray_local):
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 4}, device="cpu", steps=2, warmup=1)
+    assert set(spec.quality["changes"]) == {"precision"}  # tf32 changes nothing on the CPU
+    r = execute(spec)
+    assert r.ok, r.error
+    q = r.m["quality"]
+    # measured here: ~45 dB, the loss within 0.01 % (bf16 autocast's rounding against fp32)
+    assert q["gate"] == quality.PASSED and q["grad_sqnr_db"] > 30 and q["loss_rel_diff"] < 1e-3, q
+    assert q["reference"] == {"precision": "bf16-mixed"} and q["seconds"] > 0
+    status, why = quality.status(r.m)
+    assert status == quality.PASSED and "dB" in why
+
+
+def test_the_reference_drops_what_only_the_changed_knobs_allowed():
+    from trainscout.trial.runner import context
+    cfg = {"zero_stage": 2, "offload_optimizer": True, "precision": "bf16-mixed", "fp8": "off"}
+    ctx = context(prepare("tiny", {}, device="cpu").model_config, 16, 1, {"device": "cuda", "capability": "9.0"})
+    changed = quality.changes(cfg, ctx)
+    assert set(changed) == {"zero_stage"}
+    ref = quality.reference(cfg, changed)
+    assert ref["zero_stage"] == 0 and ref["offload_optimizer"] is False
+    assert quality.differences(cfg, ref) == {"zero_stage": 0, "offload_optimizer": False}
+
+
+def test_statuses():
+    assert quality.status({"tokens_per_s": 1.0})[0] == quality.SAME
+    assert quality.status({"quality": {"changes": {"fp8": "x"}, "why": "out of memory"}}) == \
+        (quality.UNVERIFIED, "out of memory")
+    verified = {"verdict": quality.VERIFIED, "steps": 500, "why": None}
+    assert quality.status({"quality": {"gate": quality.FAILED}}, verified)[0] == quality.VERIFIED
+
+
+def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tmp_path):
+    """CLI end to end: a 2-trial CPU search of tiny with precision=fp32 fixed (a numerics change: every trial takes
+    the gate, the second served from the store's verdict), --quality strict; then verify --quality 24 trains it and
+    its bf16 reference on the shipped corpus; the summary then says verified."""
+    import json
+    import subprocess
+    import sys
+
+    from trainscout.search.service import summarize
+    from trainscout.store import Store, default_url
+    out = tmp_path / "q"
+    cli = [sys.executable, "-m", "trainscout.cli"]
+    res = subprocess.run([*cli, "search", "--model", "tiny", "--device", "cpu", "--gpus-per-trial", "1", "--steps", "2",
+                          "--warmup", "1", "--trials", "2", "--out", str(out), "--set", "compile=false",
+                          "--set", "zero_stage=0", "--set", "fsdp=off", "--set", "loss_kernel=eager",
+                          "--set", "precision=fp32", "--set", "pipeline_stages=1", "--quality", "strict"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "quality: passed: one step against its reference (precision)" in res.stdout, res.stdout
+    assert "--quality 500" in res.stdout  # what to run to train both
+    store = Store(default_url(str(out)))
+    gates = [r.m["quality"] for r in store.measurements() if r.ok]
+    assert gates and all(q["gate"] == quality.PASSED for q in gates)
+    assert len(gates) < 2 or any(q.get("cached") for q in gates)  # one gate step per change in a search
+    res = subprocess.run([*cli, "verify", str(out), "--quality", "24", "--json"], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout)
+    assert r["status"] == "ok" and r["verdict"] == quality.VERIFIED, r
+    assert r["reference"] == {"precision": "bf16-mixed"} and r["epochs"] < 1
+    curve = r["curves"]["reference"]
+    assert len(curve) == 24 and sum(curve[-4:]) < sum(curve[:4]) - 0.2  # it learns the text (lr 1e-4: slowly)
+    assert abs(r["loss"]["rel_diff"]) < 0.01 and r["speed"]["ratio"] > 0
+    assert (out / f"verify-quality-{r['key'][:12]}.json").exists()
+    summary = summarize(store, "q", open("/dev/null", "w"), out=str(out))
+    assert summary["best"][0]["quality"] == quality.VERIFIED

@@ -1,0 +1,168 @@
+"""FLOPs per trained token, counted from the model's own modules, under one named convention (CONVENTION).
+
+The convention (torchtitan's and Megatron's, the one every public MFU figure we compare against uses):
+- Matrix products only, forward + backward = 3 x the forward (a product's backward computes the gradients of its
+  input and of its weight, each as large as the forward). Elementwise work, norms and softmax are not counted.
+- Weights: every parameter of two or more dimensions costs 2 FLOPs per element per token in the forward, read from
+  the model built on the meta device (trial/model_tree.py), so GQA's narrower key/value projections, SwiGLU's third
+  matrix and any family's layout count as they are. The input embedding (a lookup, no product) and position tables
+  count nothing. The output head is counted once, tied to the embedding or not.
+- Mixture of experts: an expert's weights count for the share of tokens routed to it, top_k / num_experts (every
+  token runs top_k experts); the router and shared experts count in full. A token's cost is its active parameters.
+- Attention scores and values: 12 x (query heads x head_dim) x s per token and layer (2 products of s x s x H·dh in
+  the forward, x 3), as torchtitan counts it: causal masking does not halve it (the PaLM/Megatron convention);
+  grouped-query attention changes nothing here (its smaller projections are in the weights); a sliding window is
+  counted over the whole sequence, as an SDPA or eager kernel with a mask computes it (a windowed flash kernel
+  skips keys: its MFU then reads as with dense attention).
+- Model FLOPs (MFU) leave out recomputation; hardware FLOPs (HFU) add the forward of each checkpointed layer once
+  more. Neither counts the flash kernel's backward recomputation nor what inductor's partitioner recomputes.
+
+Checked against torch.utils.flop_counter.FlopCounterMode over a real forward + backward (tests/test_flops.py: tied,
+untied, GQA, MoE, sliding window; eager attention and experts, as FlopCounterMode has no formula for the CPU SDPA
+kernel nor for transformers' grouped expert fallback). Records stored under an older count are recounted on read
+(recount): nothing stored is rewritten; the stored figures stay beside, as *_dense_v0.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from dataclasses import dataclass
+
+CONVENTION = "matmul-v1"
+OLD = "dense-6N"  # what records before CONVENTION hold: 6·(every parameter, embeddings included) + 12·L·d·s
+# how a config spells the experts each token runs (transformers' MoE families)
+TOP_K = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "experts_per_token", "top_k")
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+@dataclass(frozen=True)
+class Count:
+    """A model's matrix-product FLOPs per token, by where they come from."""
+
+    layer_weights: tuple[float, ...]  # per decoder layer: active matmul parameters (x 2 = forward FLOPs per token)
+    outside: float                    # active matmul parameters outside the layers: the head (once), projections
+    attention_width: tuple[int, ...]  # per decoder layer: query heads x head_dim (0: no attention)
+    total_params: int                 # every parameter once (what the dense count multiplied by 6)
+    note: str = ""                    # what the count could not read (e.g. an MoE top_k), shown with the record
+
+    @property
+    def active_params(self) -> float:
+        """Parameters a token's forward multiplies by: the matmul weights, experts at their routed share."""
+        return sum(self.layer_weights) + self.outside
+
+    def layer_forward(self, i: int, seq_len: int) -> float:
+        """Forward FLOPs per token of decoder layer i."""
+        return 2.0 * self.layer_weights[i] + 4.0 * self.attention_width[i] * seq_len
+
+    def per_token(self, seq_len: int) -> float:
+        """Model FLOPs per trained token, forward and backward (MFU's numerator)."""
+        return 6.0 * self.active_params + 12.0 * sum(self.attention_width) * seq_len
+
+    def hardware_per_token(self, seq_len: int, checkpoint_every: int = 0) -> float:
+        """per_token plus the forward recomputed by activation checkpointing (every n-th layer from the first)."""
+        again = sum(self.layer_forward(i, seq_len) for i in range(0, len(self.layer_weights), checkpoint_every)) \
+            if checkpoint_every else 0.0
+        return self.per_token(seq_len) + again
+
+
+def count(config: dict) -> Count:
+    """The Count of the model a config dict builds (on the meta device; cached per config)."""
+    return _count(json.dumps(config, sort_keys=True, default=repr))
+
+
+@functools.lru_cache(maxsize=64)
+def _count(key: str) -> Count:
+    from torch import nn
+
+    from trainscout.spaces.layers import decoder_layers
+
+    from .model_tree import _build
+    from .models import hf_config, sizes
+    config = json.loads(key)
+    model = _build(key, "eager", seq_len=1)
+    hf, z = hf_config(config), sizes(config)
+    layers = decoder_layers(model)
+    k = next((v for n in TOP_K if isinstance(v := getattr(hf, n, None), int) and v > 0), None)
+    notes = []
+
+    def weights(module) -> float:
+        total = 0.0
+        for path, sub in module.named_modules():
+            if isinstance(sub, nn.Embedding):
+                continue  # a lookup
+            for name, p in sub.named_parameters(recurse=False):
+                if p.dim() < 2:
+                    continue  # norm scales and biases: no product
+                total += p.numel() * _routed_share(sub, path, p, k, hf, notes)
+        return total
+
+    per_layer = tuple(weights(layer) for layer in layers)
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    outside = 0.0
+    for path, sub in model.named_modules():
+        if id(sub) in inside or isinstance(sub, nn.Embedding):
+            continue
+        outside += sum(p.numel() for _, p in sub.named_parameters(recurse=False) if p.dim() >= 2)
+    # a tied head: its module's weight is counted above, the embedding module's is not (the same tensor, once)
+    width = (z.heads or 0) * (getattr(hf, "head_dim", None) or (z.hidden // z.heads if z.heads else 0))
+    kinds = getattr(hf, "layer_types", None)
+    attends = [("attention" in t and "linear" not in t) if isinstance(t, str) else True
+               for t in (kinds or ["attention"] * len(layers))][:len(layers)]
+    attends += [True] * (len(layers) - len(attends))
+    note = "; ".join(sorted(set(notes)))
+    if note:
+        print(f"trainscout: warning: FLOP count of the {config.get('model_type')} model: {note}", file=sys.stderr)
+    return Count(layer_weights=per_layer, outside=outside, attention_width=tuple(width if a else 0 for a in attends),
+                 total_params=sum(p.numel() for p in model.parameters()), note=note)
+
+
+def _routed_share(module, path: str, p, k: int | None, hf, notes: list) -> float:
+    """The share of tokens a weight multiplies: top_k / num_experts for routed experts (stacked as one 3-D tensor
+    per projection, transformers 5.x, or a ModuleList of expert MLPs), 1 for everything else."""
+    n = getattr(module, "num_experts", None)
+    stacked = p.dim() == 3 and isinstance(n, int) and p.shape[0] == n
+    listed = ".experts." in f".{path}." and "shared" not in path
+    if not (stacked or listed):
+        return 1.0
+    if not stacked:
+        n = next((v for name in EXPERTS if isinstance(v := getattr(hf, name, None), int) and v > 0), None)
+    if not k or not n:
+        notes.append("experts found but no top_k / expert count in the config: every expert counted")
+        return 1.0
+    return k / n
+
+
+def metrics(config: dict, seq_len: int, tokens_per_s: float, peak_tflops: float | None, n_gpus: int,
+            checkpoint_every: int = 0) -> dict:
+    """The FLOP metrics of a measurement: flops_per_token (model), hardware_flops_per_token (with recomputation),
+    active_params, mfu, hfu and the convention they are counted under."""
+    from .metrics import mfu
+    c = count(config)
+    model, hardware = c.per_token(seq_len), c.hardware_per_token(seq_len, checkpoint_every)
+    out = {"flops_convention": CONVENTION, "flops_per_token": model, "hardware_flops_per_token": hardware,
+           "active_params": c.active_params, "mfu": mfu(tokens_per_s, model, peak_tflops, n_gpus),
+           "hfu": mfu(tokens_per_s, hardware, peak_tflops, n_gpus)}
+    if c.note:
+        out["flops_note"] = c.note
+    return out
+
+
+def recount(record):
+    """A stored record with its FLOP metrics under CONVENTION (the record as it is when it already is, or failed).
+    The figures it was stored with stay beside as flops_per_token_dense_v0 and mfu_dense_v0. A record whose model
+    cannot be built here keeps its figures, marked flops_convention OLD with the reason (flops_note)."""
+    m = record.metrics
+    if not record.ok or not m or m.get("flops_convention") == CONVENTION or "tokens_per_s" not in m:
+        return record
+    old = {f"{k}_dense_v0": m[k] for k in ("flops_per_token", "mfu") if k in m}
+    try:
+        from .models import stored_model
+        config = record.model_config or stored_model(record.model, None).config
+        seq = (record.recipe or {})["seq_len"]
+        fresh = metrics(config, seq, m["tokens_per_s"], m.get("peak_tflops"), record.world_size or 1,
+                        (record.plan or {}).get("checkpoint_every", 0) or 0)
+    except Exception as e:  # a model type this transformers does not know, a record without its recipe
+        why = f"not recounted: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        return record.replace(metrics={**m, "flops_convention": OLD, "flops_note": why})
+    return record.replace(metrics={**m, **old, **fresh})

@@ -1,0 +1,159 @@
+"""The quality gate: does a configuration whose knobs change the numerics (Knob.numerics: FP8 products, another
+precision, an approximate kernel, 16-bit compute without autocast) train the same model as its reference, the same
+configuration with those knobs at their reference values?
+
+One step, where it is cheap: after a trial's timed steps, in the same process (rank 0), the reference and the
+candidate are built from the same seed (the same weights) and take one forward and backward on the same batch;
+what is compared is the loss and the gradients, as torchao gates its float8 training (a signal-to-noise ratio of the
+outputs and gradients above 20 dB). Here: the SQNR of all gradients together,
+10·log10(|g_ref|² / |g_ref - g|²), must be >= THRESHOLD_DB, and the loss within LOSS_TOLERANCE of the reference's.
+20 dB is torchao's line for a float8 linear: an error a tenth of the signal's amplitude; bf16 autocast against fp32
+measures 30-40 dB on the tiny CPU models (tests/test_quality.py), fp8 against bf16 on the H200 in docs/BENCHMARKS.md.
+A step at initialisation cannot show what many steps do (FP8 rowwise passed it and failed a 30-step convergence
+check on a 128k-vocabulary model): `trainscout verify --quality STEPS` trains both on real text
+(analysis/quality.py) and its verdict ("verified" or "failed") outranks this one ("passed" or "failed").
+
+The candidate runs its knobs' model transforms of the stages that change numbers (process settings, module swaps,
+the loss) and its engine's compute (autocast over fp32 weights, or 16-bit weights without autocast as FSDP2's
+param_dtype and DeepSpeed's bf16 model compute), on one rank: an engine's sharding, checkpointing and compile are
+left out, as they change no numbers beyond rounding order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+
+THRESHOLD_DB = 20.0
+LOSS_TOLERANCE = 0.01  # relative to the reference's loss
+GATE_STAGES = ("process", "modules", "loss")  # the transform stages that change numbers
+GATE_BATCH = 2  # sequences of the gate's step (of the recipe's length)
+GATE_SEED = 1234
+# what a best is, quality-wise (the search summary, results, the report and the export show it)
+SAME, PASSED, VERIFIED, FAILED, UNVERIFIED = "same", "passed", "verified", "failed", "unverified"
+GOOD = (SAME, PASSED, VERIFIED)  # what `search --quality strict` may call best
+
+
+def changes(cfg: dict, ctx) -> dict[str, str]:
+    """The knobs of a concretised configuration whose values change the numerics, with why."""
+    from trainscout.spaces import all_knobs
+    return {k.name: why for k in all_knobs() if k.name in cfg and (why := k.numerics(cfg[k.name], cfg, ctx))}
+
+
+def reference(cfg: dict, changed: dict) -> dict:
+    """The reference configuration: cfg with the changed knobs at their reference values, and a knob whose
+    requirements then no longer hold at its default (offload_optimizer once zero_stage is 0)."""
+    from trainscout.spaces import all_knobs, get
+    out = dict(cfg, **{name: get(name).reference_value() for name in changed})
+    for k in all_knobs():
+        if k.name in out and not k.applies(out):
+            out[k.name] = k.default
+    return out
+
+
+def differences(cfg: dict, ref: dict) -> dict:
+    """The settings of the reference that differ from the configuration's (what a record shows of it)."""
+    return {k: v for k, v in ref.items() if cfg.get(k) != v}
+
+
+def gate_key(spec) -> str:
+    """What a gate's verdict depends on: the model, the sequence length, the changed settings and the reference's,
+    the GPU kind and the library versions (one verdict serves every trial of a search that changes the same)."""
+    from . import hardware
+    q = spec.quality
+    ident = {"model": spec.model_config, "seq_len": spec.recipe["seq_len"], "changes": q["changes"],
+             "settings": {k: spec.config[k] for k in q["changes"]}, "reference": q["reference"],
+             "device": spec.device, "gpu": (spec.hardware or {}).get("gpu"), "versions": hardware.versions()}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _loss_and_grads(spec, plan_dict: dict, batch, device):
+    """Loss and gradients (fp32, on the host) of one step of the model built from GATE_SEED under a plan."""
+    import torch
+
+    from trainscout.runtime import transforms
+    from trainscout.spaces import Plan
+
+    from . import engines
+    from .engines.base import autocast_dtype, causal_lm_loss
+    from .models import build_model
+    plan = Plan.from_dict(plan_dict)
+    torch.manual_seed(GATE_SEED)
+    with torch.device(device):
+        model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"])
+    model.config.use_cache = False
+    model.train()
+    for knob in transforms(GATE_STAGES):
+        model = knob.transform(model, plan)
+    dtype = autocast_dtype(plan.precision)
+    sixteen = dtype is not None and engines.get(plan.engine).compute == "16-bit"
+    if sixteen:
+        model.to(dtype)
+    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None and not sixteen):
+        loss = causal_lm_loss(model, batch)
+    loss.backward()
+    grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    out = float(loss.detach().float().item())
+    del model, loss
+    return out, grads
+
+
+def one_step(spec, device) -> dict:
+    """The gate for a spec whose `quality` names its changes and reference plan (runs in a trial's process)."""
+    import torch
+
+    from .models import sizes
+    t0 = time.perf_counter()
+    q = spec.quality
+    gen = torch.Generator(device="cpu").manual_seed(GATE_SEED)
+    batch = torch.randint(0, sizes(spec.model_config).vocab, (GATE_BATCH, spec.recipe["seq_len"]), generator=gen)
+    batch = batch.to(device)
+    ref_loss, ref = _loss_and_grads(spec, q["reference_plan"], batch, device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    loss, grads = _loss_and_grads(spec, spec.plan, batch, device)
+    signal = noise = 0.0
+    worst, worst_name = math.inf, None
+    for name, g_ref in ref.items():
+        g = grads.get(name)
+        if g is None or g.shape != g_ref.shape:
+            continue  # a parameter the candidate's transforms replaced (none of ours: FP8 keeps the weights)
+        s, e = float(g_ref.pow(2).sum()), float((g_ref - g).pow(2).sum())
+        signal, noise = signal + s, noise + e
+        if s > 0:
+            db = _db(s, e)
+            if db < worst:
+                worst, worst_name = db, name
+    sqnr = _db(signal, noise)
+    rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
+    ok = sqnr >= THRESHOLD_DB and rel <= LOSS_TOLERANCE and math.isfinite(loss)
+    why = None if ok else (f"gradient SQNR {sqnr:.1f} dB < {THRESHOLD_DB:g} dB" if sqnr < THRESHOLD_DB else
+                           f"loss {loss:.4f} vs the reference's {ref_loss:.4f} ({rel:.1%} > {LOSS_TOLERANCE:.0%})")
+    return {"gate": PASSED if ok else FAILED, "why": why, "grad_sqnr_db": round(sqnr, 2),
+            "worst_sqnr_db": round(worst, 2) if math.isfinite(worst) else None, "worst_tensor": worst_name,
+            "loss": loss, "reference_loss": ref_loss, "loss_rel_diff": rel, "changes": q["changes"],
+            "reference": q["reference"], "threshold_db": THRESHOLD_DB, "loss_tolerance": LOSS_TOLERANCE,
+            "batch": [GATE_BATCH, spec.recipe["seq_len"]], "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _db(signal: float, noise: float) -> float:
+    if noise == 0:
+        return math.inf if signal > 0 else 0.0
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def status(metrics: dict | None, verified: dict | None = None) -> tuple[str, str]:
+    """(status, why) of a measurement: SAME (no knob changes the numerics), PASSED/FAILED (the one-step gate),
+    VERIFIED/FAILED (`verify --quality`: outranks the gate), UNVERIFIED (changed, and no verdict: why)."""
+    q = (metrics or {}).get("quality")
+    if verified is not None:
+        return (VERIFIED if verified["verdict"] == VERIFIED else FAILED), verified.get("why") or \
+            f"trained {verified['steps']} steps against its reference"
+    if not q:
+        return SAME, "no knob changes the numerics"
+    if q.get("gate") in (PASSED, FAILED):
+        what = ", ".join(f"{k}" for k in q["changes"])
+        return q["gate"], q.get("why") or (f"one step against its reference ({what}): gradient SQNR "
+                                           f"{q['grad_sqnr_db']:.1f} dB, loss within {q['loss_rel_diff']:.2%}")
+    return UNVERIFIED, q.get("why") or "no verdict"
