@@ -157,8 +157,10 @@ def one_line(text: str | None, width: int = 100) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def measurement_key(spec: TrialSpec, hardware: dict, versions: dict) -> str:
-    """What a measurement depends on: effective config, model, recipe, hardware fingerprint, library versions."""
+def measurement_key(spec: TrialSpec, hardware: dict, versions: dict, placement: dict | None = None) -> str:
+    """What a measurement depends on: effective config, model, recipe, hardware fingerprint, library versions; and
+    for ranks split over nodes (placement, trial.pool.placement_of) how they were split, as inter-node links change
+    the speed: a split measurement never stands for a one-node one (whose key is as it always was)."""
     ident = {
         "config": spec.config, "model_config": spec.model_config, "recipe": spec.recipe,
         "device": spec.device, "world_size": spec.world_size,
@@ -167,6 +169,8 @@ def measurement_key(spec: TrialSpec, hardware: dict, versions: dict) -> str:
     }
     if spec.fault:  # an injected failure is not a measurement of the configuration: never serve it for one
         ident["fault"] = spec.fault
+    if placement and placement.get("split"):
+        ident["ranks_per_node"] = placement["ranks_per_node"]
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

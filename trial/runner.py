@@ -110,9 +110,12 @@ def ensure_ray(address: str | None = None) -> None:
     import ray
     if ray.is_initialized():
         return
+    flag = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")  # set by `ray job submit`
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     if address:
+        from . import attach
+        attach.prepare(address, flag)  # loopback mode, the local token, a refused token said in one line
         ray.init(address=address, **kw)
     else:
         # Ray turns 127.0.0.1 into the machine's address and binds its gRPC servers to every interface unless it
