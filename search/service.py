@@ -565,7 +565,7 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     ensure_ray(args.address)
     pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
     from trainscout.store import secrets, shared
-    secrets.publish()  # the storage password, if the URL had one, for the trials' processes (in memory only)
+    secrets.publish(url)  # the storage's password, for the trials' processes wherever they run (in memory only)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = shared.optuna_storage(url, engine_kwargs=Store._engine_kwargs(url))  # its schema made once
     drawn = recover_interrupted(ostorage, name, store)

@@ -7,11 +7,14 @@ the bare one, and the password waits in this process's memory (PASSWORDS). A SQL
 to each new database connection of any engine, Optuna's included, so it is never part of an engine's arguments
 either (Tune pickles the searcher and its Optuna storage into its experiment folder).
 
-The processes of a search's trials, on this host or another, ask the driver's secrets actor for it (publish): Ray
-passes it in memory over its RPC. Without a password in the URL, the database driver (libpq) reads PGPASSWORD or
-~/.pgpass itself, as psql does, on every host that connects.
+Without a password in the URL, the database driver (libpq) reads PGPASSWORD or ~/.pgpass itself, as psql does.
+The processes of a search's trials, on this host or another (which have neither), ask the driver's secrets actor
+for the password (publish: the URL's, else the driver's PGPASSWORD or ~/.pgpass entry): Ray passes it in memory
+over its RPC, and it is never written.
 """
 from __future__ import annotations
+
+import os
 
 import sqlalchemy as sa
 
@@ -73,9 +76,50 @@ def password(ident: tuple) -> str | None:
     return got
 
 
-def publish() -> None:
-    """Hand this process's passwords to the trials of its Ray job: a named actor holding them in memory (the
-    driver, once Ray is up; nothing when it holds none)."""
+def _from_libpq_sources(u) -> str | None:
+    """The password libpq would use in this process for the database of URL u: PGPASSWORD, else the first matching
+    line of PGPASSFILE or ~/.pgpass (host:port:database:user:password, * for any, \\ escapes)."""
+    if os.environ.get("PGPASSWORD"):
+        return os.environ["PGPASSWORD"]
+    path = os.environ.get("PGPASSFILE") or os.path.expanduser("~/.pgpass")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    want = [u.host or "localhost", str(u.port or 5432), u.database or "", u.username or ""]
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields, cur, esc = [], "", False
+        for ch in line:
+            if esc:
+                cur, esc = cur + ch, False
+            elif ch == "\\":
+                esc = True
+            elif ch == ":" and len(fields) < 4:
+                fields, cur = fields + [cur], ""
+            else:
+                cur += ch
+        fields.append(cur)
+        if len(fields) == 5 and all(f in ("*", w) for f, w in zip(fields[:4], want)):
+            return fields[4]
+    return None
+
+
+def publish(url: str | None = None) -> None:
+    """Hand the password of a search's storage URL to its trials, wherever they run: a named actor of the Ray job
+    holding it in memory (the driver, once Ray is up). Taken from the URL (strip), else where libpq would find it
+    here (PGPASSWORD, ~/.pgpass): the trials' processes on other hosts have neither. Nothing when there is none."""
+    if url:
+        try:
+            u = sa.engine.make_url(url)
+        except sa.exc.ArgumentError:
+            u = None
+        if u is not None and u.get_backend_name() == "postgresql":
+            ident = _ident(u.username, u.host, u.port, u.database)
+            if ident not in PASSWORDS and (pw := _from_libpq_sources(u)) is not None:
+                PASSWORDS[ident] = pw
     if not PASSWORDS:
         return
     import ray

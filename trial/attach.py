@@ -7,11 +7,11 @@ line (exit 2, nothing written) instead of a traceback.
   puts this driver in Ray's one-machine mode too.
 - Token authentication, on by default in Ray 2.60 (the first local ray.init or `ray start` writes
   ~/.ray/auth_token). ray.init with an explicit address sends the token only under RAY_AUTH_MODE=token, and without
-  it failed after 22-32 s with a traceback. Here: an address on the loopback, RAY_AUTH_MODE unset and a token at
-  hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token: this machine's, and the cluster is on this
-  machine) turn token mode on, as Ray does for its own `auto`. A remote cluster's token is never sent unasked (it
-  would hand this machine's token to whoever listens there): set RAY_AUTH_MODE=token for it. A cluster that refuses
-  the driver is asked first, in about a second (a GCS client), and refused with what to set.
+  it failed after 22-32 s with a traceback. Here the cluster is asked first, in about a second (a GCS client). One
+  on the loopback that refuses a driver without a token gets this machine's (RAY_AUTH_MODE unset, a token in
+  RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), as Ray does for its own `auto`; a remote cluster is
+  never sent this machine's token unasked (RAY_AUTH_MODE=token asks). A cluster that still refuses is refused in
+  one line naming what to set.
 """
 from __future__ import annotations
 
@@ -51,18 +51,21 @@ def _token_mode() -> bool:
     return os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
 
 
-def _use_local_token() -> None:
-    """Token mode for a cluster on this machine when RAY_AUTH_MODE is unset and a token is at hand (Ray's own
-    helper for its `auto` address)."""
+def _local_token() -> bool:
+    """Token mode for a cluster on this machine that asks for it, when RAY_AUTH_MODE is unset and a token is at
+    hand (Ray's own helper for its `auto` address). Only then: a driver in token mode attached to a cluster
+    without it had every Tune actor die before it ran (their calls to the driver refused). True if switched on."""
     if "RAY_AUTH_MODE" in os.environ:
-        return  # set by the user: respected
+        return False  # set by the user: respected
     try:
         from ray._private.authentication.authentication_token_setup import _enable_token_auth
         from ray._raylet import AuthenticationTokenLoader
     except ImportError:  # a Ray without token authentication
-        return
-    if AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
-        _enable_token_auth()
+        return False
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        return False
+    _enable_token_auth()
+    return True
 
 
 @contextlib.contextmanager
@@ -78,9 +81,28 @@ def _quiet_stderr():
         os.close(null)
 
 
+def _refused(hp: tuple[str, int]) -> bool:
+    """Whether the cluster's GCS refuses this process's authentication (False: it answered, or failed otherwise,
+    which ray.init then reports)."""
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return False
+    try:
+        with _quiet_stderr():
+            GcsClient(address=f"{hp[0]}:{hp[1]}").internal_kv_get(b"session_name", b"session", timeout=10)
+    except AuthenticationError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else: ray.init reports it
+        return False
+    return False
+
+
 def check_auth(address: str, flag: str) -> None:
     """Refuse (ConfigError on flag) a cluster that rejects this driver's authentication, before ray.init waits out
-    its retries. An address where nothing listens is left to ray.init's own checks (a 2 s connect decides)."""
+    its retries; a cluster on this machine that asks for a token gets this machine's (see the module's note). An
+    address where nothing listens is left to ray.init's own checks (a 2 s connect decides)."""
     hp = host_port(address)
     if hp is None:
         return
@@ -88,25 +110,18 @@ def check_auth(address: str, flag: str) -> None:
         socket.create_connection(hp, timeout=2).close()
     except OSError:
         return
-    try:
-        from ray._raylet import GcsClient
-        from ray.exceptions import AuthenticationError
-    except ImportError:
+    if not _refused(hp):
         return
-    try:
-        with _quiet_stderr():
-            GcsClient(address=f"{hp[0]}:{hp[1]}").internal_kv_get(b"session_name", b"session", timeout=10)
-    except AuthenticationError:
-        if _token_mode():
-            fix = ("this driver's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is not the "
-                   "cluster's: copy the head's (`ray get-auth-token` on it) into ~/.ray/auth_token or RAY_AUTH_TOKEN")
-        else:
-            fix = ("set RAY_AUTH_MODE=token and give the cluster's token (`ray get-auth-token` on its head) in "
-                   "~/.ray/auth_token or RAY_AUTH_TOKEN")
-        raise ConfigError(flag, f"{flag} {address}: the cluster refused this driver (Ray token authentication): "
-                                f"{fix}") from None
-    except Exception:  # noqa: BLE001 - anything else: ray.init reports it
+    if on_loopback(address) and not _token_mode() and _local_token() and not _refused(hp):
         return
+    if _token_mode():
+        fix = ("this driver's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is not the "
+               "cluster's: copy the head's (`ray get-auth-token` on it) into ~/.ray/auth_token or RAY_AUTH_TOKEN")
+    else:
+        fix = ("set RAY_AUTH_MODE=token and give the cluster's token (`ray get-auth-token` on its head) in "
+               "~/.ray/auth_token or RAY_AUTH_TOKEN")
+    raise ConfigError(flag, f"{flag} {address}: the cluster refused this driver (Ray token authentication): "
+                            f"{fix}") from None
 
 
 def prepare(address: str, flag: str = "--address") -> None:
@@ -114,5 +129,4 @@ def prepare(address: str, flag: str = "--address") -> None:
     for a cluster on this machine, and the authentication check."""
     if on_loopback(address):
         one_machine_mode()
-        _use_local_token()
     check_auth(address, flag)
