@@ -126,14 +126,14 @@ def _trainable(config: dict, base: dict) -> None:
             note = f"measured by another search ({claims.describe(claim.other or {})}) while this trial waited " \
                    f"{claim.waited_s:.0f} s"
     gate = None
-    if not cached and spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
-        from trainscout.trial import quality
-        gate = quality.gate_key(spec)
-        known = store.quality(gate, "gate")
-        if known is not None:
-            spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
     if not cached:
-        try:
+        try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
+            if spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
+                from trainscout.trial import quality
+                gate = quality.gate_key(spec)
+                known = store.quality(gate, "gate")
+                if known is not None:
+                    spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
             record = _run(spec, base, trial_id)
         finally:
             claim.release()
@@ -370,8 +370,8 @@ def read_space(path: str) -> dict:
 
 # --- resume: what may change ----------------------------------------------------------------------------------
 FIXED_ON_RESUME = {"model": "--model", "device": "--device", "gpus_per_trial": "--gpus-per-trial", "space": "--space",
-                   "one_node": "--one-node", "sets": "--set", "seed": "--seed", "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout",
-                   "max_failures": "--max-failures"}
+                   "sets": "--set", "seed": "--seed", "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout",
+                   "max_failures": "--max-failures", "one_node": "--one-node"}
 RECIPE_FLAGS = {"global_batch": "--global-batch", "seq_len": "--seq-len", "total_steps": "--train-steps",
                 "total_tokens": "--train-tokens", "grad_clip": "--grad-clip"}
 
@@ -531,7 +531,7 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
     lease = None
     try:
         store = store or open_store(default_url(args.out))
-        # one driver per search name across hosts (a lease with a heartbeat in the store; the folder's lock is this host's)
+        # one driver per search name across hosts: a lease with a heartbeat in the store (the folder's lock: this host)
         lease = store.hold_search(name, "--resume" if resume else "--out")
         saved = _refuse_existing(store, name, args.out, resume)  # again, now that no other driver can start here
         if saved is None:
@@ -557,7 +557,6 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's verbose=0 then prints nothing of its own
     import optuna
-    import ray
     from ray import tune
 
     from trainscout.trial import pool

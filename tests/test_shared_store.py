@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -16,7 +15,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from trainscout.store import Store, claims, default_url, samples
+from trainscout.store import Store, claims, default_url
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(900)
