@@ -149,11 +149,14 @@ def launch_command(rec: Record, out_dir: str) -> str:
             f"TrainingArguments(**json.load(open({os.path.join(out_dir, 'training_args.json')!r})))")
 
 
-def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record] | None = None) -> list[str]:
+def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record] | None = None,
+           verified: dict | None = None) -> list[str]:
     """Write the chosen formats into out_dir; returns the files written. A format that cannot carry the measured
     engine is refused (ConfigError, nothing written) when asked for by name, and left out of FORMATS (all) with the
     reason in trainscout.json ("not_exported"). With the store's measurements, trainscout.json's "hook_cost" says
-    what each hook-only setting was measured to be worth (hook_costs)."""
+    what each hook-only setting was measured to be worth (hook_costs); "quality" whether it trains the same model as
+    its reference (trial/quality.py; verified: the store's `verify --quality` result of this measurement)."""
+    from trainscout.trial.quality import status as quality_status
     plan = Plan.from_dict(rec.plan)
     engine = engines.get(plan.engine)
     notes: list[str] = []
@@ -188,7 +191,9 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
-                  "not_exported": {f: engine.not_carried for f in refused}, "notes": notes}
-    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in
-                                                       ("tokens_per_s", "step_s", "mfu", "projected_days")}}, indent=2))
+                  "not_exported": {f: engine.not_carried for f in refused},
+                  "notes": [*(rec.plan or {}).get("notes", []), *notes],
+                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified)))}
+    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
+        "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))
     return written

@@ -61,7 +61,7 @@ def corpus_tokens(folder: str, vocab: int = VOCAB) -> tuple[str, int]:
     if vocab < 257:
         raise ConfigError("--quality", f"the model's vocabulary of {vocab} tokens is smaller than the 256 bytes a "
                                        "byte-level tokenizer needs: verify --quality needs a vocabulary of >= 257")
-    books, shipped = os.path.join(CORPUS, "books.txt.gz"), os.path.join(CORPUS, "tokenizer.json")
+    books, shipped = os.path.join(CORPUS, "books.txt.gz"), os.path.join(CORPUS, "tokenizer.json.gz")
     size = min(vocab, VOCAB)
     digest = hashlib.sha256(str(size).encode())
     for f in (books, shipped):
@@ -70,7 +70,11 @@ def corpus_tokens(folder: str, vocab: int = VOCAB) -> tuple[str, int]:
     path = os.path.join(folder, f"quality-tokens-{digest.hexdigest()[:12]}.bin")
     if not os.path.exists(path):
         text = corpus_text()
-        tok = Tokenizer.from_file(shipped) if size == VOCAB else train_tokenizer(text, size)
+        if size == VOCAB:
+            with gzip.open(shipped, "rt", encoding="utf-8") as f:
+                tok = Tokenizer.from_str(f.read())
+        else:
+            tok = train_tokenizer(text, size)
         os.makedirs(folder, exist_ok=True)
         np.asarray(tok.encode(text).ids, dtype=np.uint16).tofile(path + ".part")
         os.replace(path + ".part", path)  # never a half-written file under the final name

@@ -272,6 +272,7 @@ def summary(a: Analysis, top: int = 5) -> str:
                      "the GPUs and machines):")
         for i, r in a.best.head(top).iterrows():
             lines.append(f"  #{i + 1} {num(r['tokens_per_s'])} tokens/s  MFU {num(r['mfu'], '.3f')}  "
+                         f"quality {r['quality']}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
                          f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]")
@@ -944,15 +945,20 @@ def render_html(a: Analysis) -> str:
 
     out.append("<h2>Best configurations</h2>")
     if len(b):
-        rows = [[str(i + 1), num(r["tokens_per_s"]), num(r["mfu"], ".3f"), num(r["peak_memory_gib"], ".2f"),
+        rows = [[str(i + 1), num(r["tokens_per_s"]), num(r["mfu"], ".3f"), _e(r["quality"]),
+                 num(r["peak_memory_gib"], ".2f"),
                  days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]), _e(f"{r['model']} on {where(r)}"),
                  f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
                 for i, r in b.head(TOP).iterrows()]
-        out.append(_table(["#", "tokens/s", "MFU", "GiB/rank", "days", "rent", "box", "model / hardware",
-                           "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 3, 4, 5, 6}))
+        out.append(_table(["#", "tokens/s", "MFU", "quality", "GiB/rank", "days", "rent", "box", "model / hardware",
+                           "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 4, 5, 6, 7}))
         out.append("<p class=\"note\">days: the recipe's full run projected from the measured optimizer step. rent: "
                    "days × 24 × $/GPU-hour × GPUs. box: buying the GPUs and the machines that hold them. MFU: "
-                   "against the GPU's bf16 dense peak (n/a on a CPU). Export one with "
+                   "matrix-product FLOPs counted from the model's modules (embedding lookups not counted, a mixture "
+                   "of experts' routed experts only) against the GPU's bf16 dense peak (n/a on a CPU). quality: "
+                   "same (no knob changes the numerics), passed / failed (one step against its reference: gradient "
+                   "SQNR >= 20 dB), verified / failed (<code>trainscout verify DIR --quality STEPS</code>: trained "
+                   "against its reference on real text), unverified (no verdict). Export one with "
                    "<code>trainscout export DIR --trial KEY --format all --out DIR</code>.</p>")
     else:
         out.append("<p>No trial ran to the end: nothing to rank (see what failed below).</p>")

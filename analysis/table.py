@@ -32,6 +32,7 @@ def load(source: str) -> pd.DataFrame:
     knobs = [k.name for k in all_knobs()]
     records = {m.key: m for m in store.measurements()}
     others = samples.summary(store.engine)  # a key's other measurements (store.samples)
+    verified = store.verified()
     with store.engine.connect() as c:
         searches = [r[0] for r in c.exec_driver_sql("SELECT name FROM trainscout_searches")]
     rows = []
@@ -42,7 +43,7 @@ def load(source: str) -> pd.DataFrame:
             # has no record)
             row = _row(rec, knobs, search=search, trial=t["trial"], status=t["status"], cached=bool(t["cached"]),
                        error=(rec.error if rec else None) or t.get("error"), key=t["key"],
-                       created_at=t["created_at"], config=t["config"])
+                       created_at=t["created_at"], config=t["config"], verified=verified.get(t["key"]))
             if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(dict(row, **_samples(rec, others.get(t["key"]))))
@@ -52,7 +53,7 @@ def load(source: str) -> pd.DataFrame:
 def columns(knobs: list[str]) -> list[str]:
     """load()'s columns, in order."""
     return ["search", "trial", "status", "cached", "error", "model", "device", "world_size", "gpu", "placement",
-            *knobs, *METRICS, "samples", "tokens_per_s_spread", "key", "created_at"]
+            *knobs, *METRICS, "quality", "samples", "tokens_per_s_spread", "key", "created_at"]
 
 
 def placement(rec) -> str | None:
@@ -73,14 +74,18 @@ def _samples(rec, others: list | None) -> dict:
     return {"samples": 1 + len(others or []), "tokens_per_s_spread": spread, "placement": placement(rec)}
 
 
-def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config) -> dict:
-    """One row of load(): a trial's (or a measurement's) identity and outcome, its knobs, its record's metrics."""
+def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config,
+         verified: dict | None = None) -> dict:
+    """One row of load(): a trial's (or a measurement's) identity and outcome, its knobs, its record's metrics and,
+    for an ok one, its quality status (trial/quality.py: same, passed, verified, failed or unverified)."""
+    from trainscout.trial.quality import status as quality_status
     m, hw = (rec.m if rec else {}), ((rec.hardware if rec else None) or {})
     row = {"search": search, "trial": trial, "status": status, "cached": cached, "error": error,
            "model": rec.model if rec else None, "device": rec.device if rec else None,
            "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at}
     row.update({k: config.get(k) for k in knobs})
     row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
+    row["quality"] = quality_status(m, verified)[0] if status == Status.OK and rec else None
     return row
 
 
@@ -119,11 +124,13 @@ def load_resolved(source) -> pd.DataFrame:
     if df.empty and records:
         knobs = [k.name for k in all_knobs()]
         others = samples.summary(store.engine)
+        verified = store.verified()
         rows = []
         for rec in sorted(records.values(), key=lambda r: (r.started_at or "", r.key)):
             rows.append(dict(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
                                   cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
-                                  config=rec.config), **_samples(rec, others.get(rec.key))))
+                                  config=rec.config, verified=verified.get(rec.key)),
+                             **_samples(rec, others.get(rec.key))))
         df = pd.DataFrame(rows, columns=df.columns)
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     for r in df.to_dict("records"):

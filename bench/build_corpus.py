@@ -31,7 +31,8 @@ def main(src: str) -> None:
     with gzip.GzipFile(os.path.join(OUT, "books.txt.gz"), "wb", mtime=0) as f:  # mtime 0: the same bytes each build
         f.write(text.encode("utf-8"))
     tok = train_tokenizer(text, VOCAB)
-    tok.save(os.path.join(OUT, "tokenizer.json"))
+    with gzip.GzipFile(os.path.join(OUT, "tokenizer.json.gz"), "wb", mtime=0) as f:
+        f.write(tok.to_str().encode("utf-8"))
     ids = tok.encode(text).ids
     print(f"{len(text):,} characters, {len(ids):,} tokens, vocabulary {tok.get_vocab_size():,}")
 

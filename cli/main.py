@@ -266,6 +266,8 @@ def print_trial(r, verbose: bool = False) -> None:
         else:
             below = ""
         rows.insert(2, ("probe", f"micro_batch_size=max tried {tried}{below}"))
+    for note in (r.plan or {}).get("notes", []):
+        rows.append(("note", note))
     for k, v in rows:
         print(f"{k:9}{v}")
 
@@ -560,7 +562,7 @@ def cmd_results(a) -> int:
     elif a.format == "json":
         print(dumps(df))
     else:
-        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "peak_memory_gib", "projected_days",
+        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
                              "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
                              "precision", "key", "error") if c in df.columns]
         if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
@@ -583,10 +585,12 @@ def cmd_export(a) -> int:
     formats = FORMATS if a.format == "all" else (a.format,)
     store = store_of(a.source)
     rec = measurement(store, key=a.trial, best=a.best)
-    for path in export(rec, a.out, formats, measurements=store.measurements()):
+    for path in export(rec, a.out, formats, measurements=store.measurements(),
+                       verified=store.quality(rec.key, "verify")):
         print(path)
     with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
         exported = json.load(f)
+    print(f"quality: {exported['quality']['status']}: {exported['quality']['why']}")
     for fmt, why in exported["not_exported"].items():
         print(f"not exported: {fmt}: {why}")
     for note in exported.get("notes", []):

@@ -992,7 +992,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         status, why = quality.status(rec.metrics, verified.get(t["key"]))
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
-                     "quality": status, "quality_why": why})
+                     "quality": status, "quality_why": why, "notes": (rec.plan or {}).get("notes", [])})
     passed_over = []
     if strict:  # the faster configurations not shown to train the same model are named, not called best
         good = [b for b in best if b["quality"] in quality.GOOD]
@@ -1024,6 +1024,8 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         print(f"best #{i}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
               f"{_days(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+        for note in b["notes"]:
+            print(f"         note: {note}", file=stream)
     for b in passed_over:  # --quality strict: faster, but not shown to train the same model
         print(f"not best (--quality strict): {b['tokens_per_s']:,.0f} tokens/s, quality {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)

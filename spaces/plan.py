@@ -43,6 +43,7 @@ class Plan:
     sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)
     env: dict = field(default_factory=dict)    # environment variables of the trial's worker processes
     extra: dict = field(default_factory=dict)  # knobs without a field here (plugins, new knobs): name -> setting
+    notes: list = field(default_factory=list)  # what a knob could not do as asked, and why (shown with the trial)
 
     @property
     def sequences_per_call(self) -> int:

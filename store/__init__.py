@@ -74,8 +74,8 @@ SEARCH_TRIALS = sa.Table(
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("error", sa.Text),  # why it did not run or failed (invalid: the refusal); added to older stores on write
 )
-QUALITY = sa.Table(  # the quality gate's verdicts (trial/quality.py) and `verify --quality` results
-    "trainscout_quality", META,
+QUALITY = sa.Table(  # the quality gate's verdicts (trial/quality.py) and `verify --quality` results; made by the
+    "trainscout_quality", sa.MetaData(),  # first verdict written (opening a store to read it changes nothing)
     sa.Column("key", sa.String(64), primary_key=True),    # kind gate: trial.quality.gate_key; verify: a measurement key
     sa.Column("kind", sa.String(16), primary_key=True),   # gate | verify
     sa.Column("result", sa.Text, nullable=False),         # JSON
@@ -192,8 +192,7 @@ class Store:
             for attempt in range(5):
                 try:
                     with shared.schema_lock(self.engine), self.engine.begin() as c:
-                        for meta in (META, samples.META, claims.META):
-                            meta.create_all(c)
+                        META.create_all(c)  # samples and leases: made by their first write (store.shared)
                     break
                 except sa.exc.OperationalError as e:  # another process created a table between check and create
                     if "already exists" not in str(e) or attempt == 4:
@@ -352,18 +351,32 @@ class Store:
     def put_quality(self, key: str, kind: str, result: dict) -> None:
         """A quality verdict: kind "gate" (one step, keyed by trial.quality.gate_key) or "verify" (`verify
         --quality`, keyed by the measurement's key); a newer one of the same key and kind replaces it."""
+        for attempt in range(5):
+            try:
+                QUALITY.create(self.engine, checkfirst=True)
+                break
+            except sa.exc.DBAPIError:  # another process created it between the check and the create
+                if attempt == 4:
+                    raise
         with self.engine.begin() as c:
             c.execute(QUALITY.delete().where((QUALITY.c.key == key) & (QUALITY.c.kind == kind)))
             c.execute(QUALITY.insert().values(key=key, kind=kind, result=json.dumps(result), created_at=now()))
 
+    def _has_quality(self) -> bool:
+        return sa.inspect(self.engine).has_table(QUALITY.name)
+
     def quality(self, key: str, kind: str) -> dict | None:
         """The quality verdict stored under key and kind, or None."""
+        if not self._has_quality():
+            return None
         with self.engine.connect() as c:
             row = c.execute(sa.select(QUALITY.c.result).where((QUALITY.c.key == key) & (QUALITY.c.kind == kind))).first()
         return json.loads(row[0]) if row else None
 
     def verified(self) -> dict[str, dict]:
         """Every `verify --quality` result, by measurement key."""
+        if not self._has_quality():
+            return {}
         with self.engine.connect() as c:
             rows = c.execute(sa.select(QUALITY.c.key, QUALITY.c.result).where(QUALITY.c.kind == "verify")).all()
         return {r.key: json.loads(r.result) for r in rows}

@@ -81,6 +81,8 @@ class Lease:
     def try_acquire(self) -> None:
         """Take the lease (free, expired, or its holder's process gone from this host), else raise Held."""
         from .samples import _insert_ignore
+        from .shared import ensure_table
+        ensure_table(self.engine, LEASES)  # made by the first lease (reading a store changes nothing)
         with self.engine.begin() as c:
             now = db_time(c)
             row = {"name": self.name, "token": self.token, "holder": json.dumps(self.holder),

@@ -49,6 +49,21 @@ def add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
     sample), "sample" (the key had its measurement), or "duplicate" (this record was stored already)."""
     import sqlalchemy.dialects.postgresql  # noqa: F401 - for _insert_ignore
     import sqlalchemy.dialects.sqlite  # noqa: F401
+    from .shared import ensure_table, has_table
+    if not has_table(engine, SAMPLES):  # made by the first second measurement (reading a store changes nothing)
+        with engine.connect() as c:
+            if c.execute(sa.select(measurements.c.key).where(measurements.c.key == row["key"])).first():
+                ensure_table(engine, SAMPLES)
+    try:
+        return _add(engine, measurements, row)
+    except sa.exc.DBAPIError:
+        if has_table(engine, SAMPLES):
+            raise
+        ensure_table(engine, SAMPLES)  # the key was written meanwhile, by another process
+        return _add(engine, measurements, row)
+
+
+def _add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
     trial_id = json.loads(row["record"]).get("trial_id")
     with engine.begin() as c:
         if _insert_ignore(c, measurements, row):  # the write lock of this key (SQLite: of the file) from here
@@ -78,6 +93,9 @@ def _sample(row: dict) -> dict:
 
 def of(engine: sa.engine.Engine, key: str) -> list[dict]:
     """The other samples of a key, oldest first: [{trial_id, status, tokens_per_s, record (JSON), source}]."""
+    from .shared import has_table
+    if not has_table(engine, SAMPLES):
+        return []
     with engine.connect() as c:
         return [dict(r) for r in c.execute(sa.select(SAMPLES).where(SAMPLES.c.key == key)
                                            .order_by(SAMPLES.c.id)).mappings()]
@@ -85,7 +103,10 @@ def of(engine: sa.engine.Engine, key: str) -> list[dict]:
 
 def summary(engine: sa.engine.Engine) -> dict[str, list]:
     """Every key's other samples as (status, tokens_per_s), oldest first (one query, for results and report)."""
+    from .shared import has_table
     out: dict[str, list] = {}
+    if not has_table(engine, SAMPLES):
+        return out
     with engine.connect() as c:
         for r in c.execute(sa.select(SAMPLES.c.key, SAMPLES.c.status, SAMPLES.c.tokens_per_s).order_by(SAMPLES.c.id)):
             out.setdefault(r.key, []).append((r.status, r.tokens_per_s))

@@ -33,6 +33,35 @@ def schema_lock(engine: sa.engine.Engine):
             c.commit()
 
 
+_MADE: set[tuple] = set()  # (database URL, table) this process made or found
+
+
+def ensure_table(engine: sa.engine.Engine, table: sa.Table) -> None:
+    """Create `table` if the database lacks it, under the schema lock (a table of a feature, made by its first
+    write: opening a store to read it changes nothing, e.g. bench/data's tracked results.db files)."""
+    if (str(engine.url), table.name) in _MADE:
+        return
+    for attempt in range(5):
+        try:
+            with schema_lock(engine):
+                table.create(engine, checkfirst=True)
+            break
+        except sa.exc.DBAPIError:  # SQLite: another process made it between the check and the create
+            if attempt == 4:
+                raise
+    _MADE.add((str(engine.url), table.name))
+
+
+def has_table(engine: sa.engine.Engine, table: sa.Table) -> bool:
+    """Whether the database has `table` (a reader of a feature's table finds nothing when it has not)."""
+    if (str(engine.url), table.name) in _MADE:
+        return True
+    if sa.inspect(engine).has_table(table.name):
+        _MADE.add((str(engine.url), table.name))
+        return True
+    return False
+
+
 def optuna_storage(url: str, engine_kwargs: dict | None = None):
     """Optuna's RDBStorage on url, its tables created under the schema lock (two searches starting together on a
     new database: the second waits for the first's CREATE TYPE instead of dying on it)."""

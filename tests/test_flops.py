@@ -94,3 +94,28 @@ def test_a_record_whose_model_cannot_be_built_keeps_its_figures_and_says_why():
     got = flops.recount(rec)
     assert got.m["mfu"] == 0.5 and got.m["flops_convention"] == flops.OLD
     assert got.m["flops_note"].startswith("not recounted")
+
+
+def test_a_mixture_of_experts_is_first_class(tmp_path):
+    """The experts kernel is a knob (a dense model refuses it, batched_mm is refused with why), fp8 says that the
+    routed experts stay bf16, and the memory model measures MoE layers on the meta device under autocast (the
+    grouped kernel's meta function takes bf16 only: it fell back to the GPT-NeoX formula)."""
+    from trainscout.spaces import ConfigError
+    from trainscout.trial import model_tree, prepare
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(MODELS["moe"]))
+    assert prepare(str(path), {"experts": "eager"}, device="cpu").plan["extra"] == {"experts": "eager"}
+    with pytest.raises(ConfigError, match="no mixture-of-experts layers"):
+        prepare("tiny", {"experts": "grouped_mm"}, device="cpu")
+    with pytest.raises(ConfigError, match="batched_mm copies every token's expert weights"):
+        prepare(str(path), {"experts": "batched_mm"}, device="cpu")
+    hw = {"device": "cuda", "gpu_count": 1, "gpu": "NVIDIA H200", "capability": "9.0", "gpu_memory_gib": 139.8}
+    notes = prepare(str(path), {"fp8": "tensorwise"}, hw=hw).plan["notes"]
+    assert notes and "routed experts' weights stay in bf16" in notes[0]
+    assert prepare("pythia-160m", {"fp8": "tensorwise"}, hw=hw).plan["notes"] == []
+    for compute in ("autocast", "16-bit", "fp32"):
+        saved = model_tree.saved(MODELS["moe"], "sdpa", compute)
+        assert saved.measured, saved.why
+    # fp32 expert GEMMs under autocast save their fp32 inputs: more than the 16-bit model's
+    assert model_tree.saved(MODELS["moe"], "sdpa", "autocast").per_layer > \
+        model_tree.saved(MODELS["moe"], "sdpa", "16-bit").per_layer

@@ -31,9 +31,6 @@ from dataclasses import dataclass
 
 CONVENTION = "matmul-v1"
 OLD = "dense-6N"  # what records before CONVENTION hold: 6·(every parameter, embeddings included) + 12·L·d·s
-# how a config spells the experts each token runs (transformers' MoE families)
-TOP_K = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "experts_per_token", "top_k")
-EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,7 @@ def _count(key: str) -> Count:
     model = _build(key, "eager", seq_len=1)
     hf, z = hf_config(config), sizes(config)
     layers = decoder_layers(model)
-    k = next((v for n in TOP_K if isinstance(v := getattr(hf, n, None), int) and v > 0), None)
+    k = z.experts_per_token
     notes = []
 
     def weights(module) -> float:
@@ -94,7 +91,7 @@ def _count(key: str) -> Count:
             for name, p in sub.named_parameters(recurse=False):
                 if p.dim() < 2:
                     continue  # norm scales and biases: no product
-                total += p.numel() * _routed_share(sub, path, p, k, hf, notes)
+                total += p.numel() * _routed_share(sub, path, p, k, z.experts, notes)
         return total
 
     per_layer = tuple(weights(layer) for layer in layers)
@@ -117,7 +114,7 @@ def _count(key: str) -> Count:
                  total_params=sum(p.numel() for p in model.parameters()), note=note)
 
 
-def _routed_share(module, path: str, p, k: int | None, hf, notes: list) -> float:
+def _routed_share(module, path: str, p, k: int | None, experts: int | None, notes: list) -> float:
     """The share of tokens a weight multiplies: top_k / num_experts for routed experts (stacked as one 3-D tensor
     per projection, transformers 5.x, or a ModuleList of expert MLPs), 1 for everything else."""
     n = getattr(module, "num_experts", None)
@@ -126,7 +123,7 @@ def _routed_share(module, path: str, p, k: int | None, hf, notes: list) -> float
     if not (stacked or listed):
         return 1.0
     if not stacked:
-        n = next((v for name in EXPERTS if isinstance(v := getattr(hf, name, None), int) and v > 0), None)
+        n = experts
     if not k or not n:
         notes.append("experts found but no top_k / expert count in the config: every expert counted")
         return 1.0

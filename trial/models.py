@@ -73,9 +73,14 @@ class Sizes:
     intermediate: int          # the MLP's inner width: intermediate_size, GPT-2's n_inner, else 4 * hidden
     tied: bool                 # tie_word_embeddings: the head shares the embedding's weights
     max_positions: int | None  # max_position_embeddings; None where the model has no limit (BLOOM's ALiBi)
+    experts: int | None = None           # a mixture of experts' routed experts per layer (None: a dense model)
+    experts_per_token: int | None = None  # how many of them each token runs (top-k)
 
 
 _INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")  # the MLP width's spellings
+# how transformers' mixture-of-experts families spell the routed experts and the experts each token runs
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "experts_per_token", "top_k")
 _SIZES: dict[str, Sizes] = {}
 
 
@@ -117,9 +122,13 @@ def _sizes_of(hf) -> Sizes:
     inter = next((size(n) for n in _INTERMEDIATE if (declared is None or n in declared)
                   and getattr(hf, n, None) is not None), 4 * hidden)
     heads = size("num_attention_heads", required=False)
+    experts = next((v for n in EXPERTS if isinstance(v := getattr(hf, n, None), int) and v > 1), None)
+    top_k = next((v for n in TOP_K if isinstance(v := getattr(hf, n, None), int) and v > 0), None) if experts else None
     return Sizes(layers=size("num_hidden_layers"), hidden=hidden, heads=heads,
-                 kv_heads=size("num_key_value_heads", required=False) or heads, vocab=size("vocab_size"), intermediate=inter, tied=bool(getattr(hf, "tie_word_embeddings", False)),
-                 max_positions=size("max_position_embeddings", required=False))
+                 kv_heads=size("num_key_value_heads", required=False) or heads, vocab=size("vocab_size"),
+                 intermediate=inter, tied=bool(getattr(hf, "tie_word_embeddings", False)),
+                 max_positions=size("max_position_embeddings", required=False), experts=experts,
+                 experts_per_token=top_k)
 
 
 def _gpt_neox(hidden: int, layers: int, heads: int, vocab: int = 50304, max_pos: int = 2048) -> dict:

@@ -8,6 +8,7 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
 - memory traffic: the bytes the memory model holds for it (memory.components: activations and logits, which the
   knobs adjust, e.g. loss_kernel=compiled keeps no fp32 logits), written once and read once, and read and written
   once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
+  a checkpointed layer's activations as if it kept them, once more for its recomputed forward;
 - launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer.
 Its constants are round first-principles figures, not fitted: only the order it puts configurations in is used,
 and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
@@ -58,7 +59,13 @@ def step_s(spec: TrialSpec) -> float:
     compute = tokens * fpt / (tflops * 1e12)
     held = memory.components(spec)
     passes = PASSES_COMPILED if plan.get("compile") else PASSES_EAGER
-    traffic = (held["activations"] * passes + held["logits"] * PASSES_EAGER) / (tbps * 1e12)
+    every = plan.get("checkpoint_every", 0)
+    # a checkpointed layer still writes and reads its activations (in its recomputed forward, once more): the bytes
+    # its forward produces move, not the input it keeps
+    made = memory.components(spec.replace(plan=dict(plan, checkpoint_every=0)))["activations"] if every else \
+        held["activations"]
+    again = -(-z.layers // every) / z.layers if every else 0.0
+    traffic = (made * (passes + again) + held["logits"] * PASSES_EAGER) / (tbps * 1e12)
     if plan.get("loss_kernel") not in (None, "eager"):  # a compiled or fused loss: its logits in fused kernels
         traffic -= held["logits"] * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
     launches = z.layers * (KERNELS_COMPILED if plan.get("compile") else KERNELS_EAGER) * LAUNCH_S

@@ -36,6 +36,14 @@ class Fp8(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
             plan.extra[self.name] = value
+            from trainscout.trial.models import sizes
+            if ctx.model_config and sizes(ctx.model_config).experts:
+                # checked on the H200 (torch 2.11, torchao 0.18, transformers 5.17): torchao's float8 grouped GEMM
+                # (prototype.moe_training) hit the grouped kernel's 16-byte alignment assert on transformers' call,
+                # and its padding option is "not yet supported" (bench/data/gpu-2026-12-02-s11/)
+                plan.notes.append(f"fp8={value}: the routed experts' weights stay in bf16 (torchao's float8 converts "
+                                  "nn.Linear; its float8 grouped GEMM does not run transformers' experts yet): only "
+                                  "its nn.Linear layers (attention, shared experts) are FP8")
 
     def transform(self, model, plan):
         recipe = plan.extra.get(self.name)
