@@ -204,9 +204,11 @@ class Store:
         except ConfigError:
             raise
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.DatabaseError, ValueError) as e:
-            raise ConfigError("--storage", f"cannot open storage {secrets.masked(url)!r}: "
-                                           f"{str(e).splitlines()[0][:200]}; "
-                                           "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
+            first = str(e).splitlines()[0]
+            fix = ("give its password in PGPASSWORD or ~/.pgpass (as psql reads it)"
+                   if "no password supplied" in first or "password authentication failed" in first else
+                   "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
+            raise ConfigError("--storage", f"cannot open storage {secrets.masked(url)!r}: {first[:200]}; {fix}")
         self.url = url
         self._error_column = None  # whether trainscout_search_trials has "error" (a store older than it has not)
 
