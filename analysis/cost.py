@@ -12,11 +12,13 @@ import math
 import os
 import re
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.status import Status
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prices.json")
 NUMBERS = ("gpu_usd", "machine_usd", "rent_usd_per_gpu_hour")
@@ -165,6 +167,7 @@ def hardware_name(row) -> str | None:
 
 def with_costs(df: pd.DataFrame, prices: list[Price]) -> pd.DataFrame:
     """The results table plus hardware, price entry, rental cost of the projected run and purchase cost of its box."""
+    import pandas as pd  # here, not at import: `trainscout lookup` prices rows without pandas (0.7 s to import)
     df = df.copy()
     hw, names, rent, box = [], [], [], []
     for row in df.to_dict("records"):
@@ -185,6 +188,7 @@ def with_costs(df: pd.DataFrame, prices: list[Price]) -> pd.DataFrame:
 def compare_hardware(df: pd.DataFrame, prices: list[Price]) -> pd.DataFrame:
     """The hardware measured in a store side by side: one row per model x hardware x world size, with its
     fastest configuration's tokens/s, MFU, projected days, rental cost, and the purchase cost of the box."""
+    import pandas as pd
     cols = ["model", "hardware", "world_size", "trials", "ok", "tokens_per_s", "mfu", "peak_memory_gib",
             "projected_days", "rent_usd", "box_usd", "price", "key"]
     df = with_costs(df, prices)

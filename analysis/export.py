@@ -193,7 +193,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: engine.not_carried for f in refused},
                   "notes": [*(rec.plan or {}).get("notes", []), *notes],
-                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified)))}
+                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device)))}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
         "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))
     return written

@@ -226,6 +226,13 @@ def label(row) -> str:
     return f"#{row['n']} {row.get('trial') or ''}" + (f" [{str(key)[:8]}]" if isinstance(key, str) else "")
 
 
+def contributed(row) -> str:
+    """" (contributed: FILE)" for a row imported from a share file (store/contrib.py), else ""."""
+    origin = row.get("origin")
+    return f" (contributed: {origin.split(':', 1)[1]})" if isinstance(origin, str) and origin.startswith(
+        "contributed:") else ""
+
+
 def gpu_s_text(row) -> str:
     """A row's device-seconds (wall time × ranks) as text, "≈N (est.)" when estimated; "n/a" if missing."""
     v = row.get("gpu_s")
@@ -275,7 +282,7 @@ def summary(a: Analysis, top: int = 5) -> str:
                          f"quality {r['quality']}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
-                         f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]")
+                         f"{config_text(r, a.varied)}  [{str(r['key'])[:12]}]{contributed(r)}")
     else:
         lines.append("no trial ran to the end: nothing to rank (see what failed below)")
     if len(a.hardware) > 1:
@@ -947,7 +954,8 @@ def render_html(a: Analysis) -> str:
     if len(b):
         rows = [[str(i + 1), num(r["tokens_per_s"]), num(r["mfu"], ".3f"), _e(r["quality"]),
                  num(r["peak_memory_gib"], ".2f"),
-                 days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]), _e(f"{r['model']} on {where(r)}"),
+                 days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),
+                 _e(f"{r['model']} on {where(r)}{contributed(r)}"),
                  f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
                 for i, r in b.head(TOP).iterrows()]
         out.append(_table(["#", "tokens/s", "MFU", "quality", "GiB/rank", "days", "rent", "box", "model / hardware",

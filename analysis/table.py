@@ -53,7 +53,7 @@ def load(source: str) -> pd.DataFrame:
 def columns(knobs: list[str]) -> list[str]:
     """load()'s columns, in order."""
     return ["search", "trial", "status", "cached", "error", "model", "device", "world_size", "gpu", "placement",
-            *knobs, *METRICS, "quality", "samples", "tokens_per_s_spread", "key", "created_at"]
+            *knobs, *METRICS, "quality", "samples", "tokens_per_s_spread", "key", "created_at", "origin"]
 
 
 def placement(rec) -> str | None:
@@ -82,10 +82,11 @@ def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, cr
     m, hw = (rec.m if rec else {}), ((rec.hardware if rec else None) or {})
     row = {"search": search, "trial": trial, "status": status, "cached": cached, "error": error,
            "model": rec.model if rec else None, "device": rec.device if rec else None,
-           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at}
+           "world_size": rec.world_size if rec else None, "gpu": hw.get("gpu"), "key": key, "created_at": created_at,
+           "origin": rec.source if rec else None}  # local, imported:FILE or contributed:FILE (store/contrib.py)
     row.update({k: config.get(k) for k in knobs})
     row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
-    row["quality"] = quality_status(m, verified)[0] if status == Status.OK and rec else None
+    row["quality"] = quality_status(m, verified, rec.config, rec.device)[0] if status == Status.OK and rec else None
     return row
 
 

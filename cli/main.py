@@ -538,12 +538,23 @@ def cmd_results(a) -> int:
             else:
                 out_folder("DIR", a.source)
             store = store_of(a.source, create=True)
-            added, present = store.import_jsonl(a.import_file)
+            added, present, refused = store.import_jsonl(a.import_file)
             store.checkpoint()
-            print(f"imported {added} measurements, {present} already present")
+            for n, key, why in refused:  # each one, with its reason (store/contrib.py: the rules)
+                print(f"trainscout: refused: {a.import_file} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+            print(f"imported {added} measurements, {present} already present"
+                  + (f", {len(refused)} refused" if refused else ""))
+            return 1 if refused else 0
+        if a.share:
+            from trainscout.store.contrib import export_share
+            n, left = export_share(store_of(a.source), a.export_file)
+            print(f"exported {n} measurements to {a.export_file} to share (provenance and a content hash per row; no "
+                  "paths, host names or logs)" + "".join(f"; left out {k}: {v}" for k, v in sorted(left.items())))
         else:
             print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
         return 0
+    if a.share:
+        raise ConfigError("--share", "--share goes with --export FILE: write e.g. --export mine.jsonl --share")
     df = load_resolved(store_of(a.source))  # a store of measurements alone too (a grid, an import)
     for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
         vals = df[col].dropna()
@@ -604,6 +615,74 @@ def cmd_export(a) -> int:
                 print(f"  without {item} ({cost['without']}, measured in this store): {cost['tokens_per_s']:,.0f} "
                       f"tokens/s = {cost['ratio']:.3f} x")
     return 0
+
+
+def lookup_models(values: list[str]) -> list[str]:
+    """--model, repeatable and comma-separated; a pattern (pythia-*) names the built-in models it matches."""
+    import fnmatch
+
+    from trainscout.trial.models import model_names
+    out = []
+    for value in values:
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            if any(c in item for c in "*?[") and not os.path.exists(item):
+                hits = [m for m in model_names() if m != "tiny" and fnmatch.fnmatch(m, item)]
+                if not hits:
+                    raise ConfigError("--model", f"--model {item} matches no built-in model: use e.g. 'pythia-*' "
+                                                 f"({', '.join(model_names())})")
+                out += hits
+            else:
+                out.append(item)
+    return list(dict.fromkeys(out))
+
+
+def cmd_lookup(a) -> int:
+    """`trainscout lookup`: measured best configurations from the atlas, else a labelled prediction; exit 1 when a
+    --db file had refused rows (each printed with its reason)."""
+    from trainscout.atlas import db
+    from trainscout.atlas.lookup import lookup, render, render_summary
+    for path in a.db or []:
+        input_file("--db", path)
+    models = lookup_models(a.model)
+    capacity = gpu_memory(a.gpu_memory) / 2**30 if a.gpu_memory else None
+    atlas = db.load(a.db)
+    refused = [(layer.name, *r) for layer in atlas.layers for r in layer.refused]
+    for name, n, key, why in refused:
+        print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+    answers = [lookup(atlas, m, gpu=a.gpu, gpus=a.gpus, global_batch=a.global_batch, budget=a.budget,
+                      gpu_memory_gib=capacity, top=a.top) for m in models]
+    if a.json:
+        print(json.dumps(answers[0] if len(answers) == 1 else answers))
+    elif len(answers) == 1 or a.verbose:
+        print("\n\n".join(render(x, provenance=not a.quiet) for x in answers))
+    else:
+        print(render_summary(answers))
+        for x in answers:
+            if x.get("predicted"):
+                print(f"measure {x['model']}: {x['predicted']['search_command']}")
+        if not a.quiet:
+            print("(one --model for its configurations, provenance and the predictions' leave-one-out error; -v: "
+                  "all of them)")
+    return 1 if refused else 0
+
+
+def cmd_atlas(a) -> int:
+    """`trainscout atlas`: the whole atlas (shipped + the stores and files given) as one self-contained HTML page;
+    exit 1 when a file had refused rows (each printed with its reason)."""
+    from trainscout.atlas import db, page
+    for path in a.sources:
+        input_file("DB", path)
+    out_folder("--out", a.out)
+    atlas = db.load(a.sources)
+    refused = [(layer.name, *r) for layer in atlas.layers for r in layer.refused]
+    for name, n, key, why in refused:
+        print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+    path = page.write(atlas, a.out)
+    print(f"atlas: {path} ({sum(len(x.rows) for x in atlas.layers)} rows, "
+          f"{len(atlas.model.get('predictions', {}))} predicted models; {os.path.getsize(path):,} bytes)")
+    return 1 if refused else 0
 
 
 def cmd_report(a) -> int:
@@ -672,6 +751,32 @@ def build_parser() -> Parser:
     m.add_argument("--gpu", default=None, help="with --calibrate: only measurements of this GPU name (default: all)")
     m.add_argument("--json", action="store_true", help=JSON_HELP)
     add_recipe_flags(m)
+
+    lk = command(sub, "lookup", "the atlas's measured best, or a prediction (no GPU)",
+                 "What the atlas knows about training a model on a GPU kind, without a GPU: the best measured "
+                 "configurations (tokens/s, MFU, peak memory, days and rent of the recipe, provenance), from the "
+                 "H200 measurements that ship with trainscout and any store or file given with --db; for a model "
+                 "or GPU kind not measured, a prediction labelled as such, with its leave-one-out error over the "
+                 "shipped rows and the search command that would measure it.",
+                 "  trainscout lookup --model pythia-1b --gpu H200\n"
+                 "  trainscout lookup --model 'pythia-*' --gpu H200 --gpus 1      # the seed paper's question\n"
+                 "  trainscout lookup --model my/config.json --budget '$5000' --db runs/mine", cmd_lookup)
+    lk.add_argument("--model", action="append", required=True,
+                    help="a model name, a config.json path, or a pattern (pythia-*); repeatable, comma-separated")
+    lk.add_argument("--gpu", default=None, help="a GPU kind, e.g. H200 (default: every kind measured for it)")
+    lk.add_argument("--gpus", type=positive_int("--gpus"), default=None,
+                    help="GPUs per run (default: every count measured; a prediction: 1)")
+    lk.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
+                    help="sequences per optimizer step (default: the model's recipe, 1,024 for Pythia)")
+    lk.add_argument("--budget", default=None, help="days (30d) or dollars of rent ($5000): what fits in it")
+    lk.add_argument("--gpu-memory", default=None,
+                    help="memory per GPU for a prediction, e.g. 80GiB (default: the GPU kind's datasheet)")
+    lk.add_argument("--db", action="append", metavar="STORE|FILE",
+                    help="a results store (--out folder, .db, URL) or an export/share file on top of the shipped "
+                         "measurements (repeatable; a file's rows are checked as an import checks them)")
+    lk.add_argument("--top", type=positive_int("--top"), default=5,
+                    help="measured configurations shown per GPU kind and count")
+    lk.add_argument("--json", action="store_true", help=JSON_HELP)
 
     t = command(sub, "trial", "measure one configuration for real",
                 "Measure one configuration: build the model in worker processes (GPUs, or CPU processes), run the "
@@ -764,8 +869,13 @@ def build_parser() -> Parser:
                    help="write every measurement record of the store to FILE as JSON lines (not a trainer's "
                         "configuration: that is the export command)")
     r.add_argument("--import", dest="import_file", metavar="FILE.jsonl",
-                   help="add the measurement records of such a JSON-lines file (marked imported, duplicates merged; "
-                        "a malformed line refuses the whole file)")
+                   help="add the measurement records of such a JSON-lines file (an export, or a --share file): each "
+                        "record is checked (plausible numbers, provenance, versions that run its knobs, a duplicate "
+                        "that agrees); each refused one is printed with its reason, the rest imported, exit 1 if "
+                        "any was refused; a malformed line refuses the whole file (exit 2)")
+    r.add_argument("--share", action="store_true",
+                   help="with --export: a contribution file (ok and out-of-memory measurements only, with provenance "
+                        "and a content hash per row, no paths, host names or logs)")
 
     rp = command(sub, "report", "best configurations, days and dollars, failures; HTML",
                  "Best configurations (tokens/s, MFU, days, rent and purchase cost from list-price estimates), "
@@ -778,6 +888,16 @@ def build_parser() -> Parser:
     rp.add_argument("--prices", default=None, metavar="FILE.json",
                     help="GPU prices over the built-in list-price estimates, format: analysis/prices.json "
                          "(default: the built-in ones)")
+
+    at = command(sub, "atlas", "the atlas as one HTML page: what a GPU trains",
+                 "Write the whole atlas (the H200 measurements that ship with trainscout, its predictions, and any "
+                 "store or file given) as one self-contained HTML page (no network): the best configuration per "
+                 "model, GPU kind and count, tokens/s against model size, and every row with its provenance, "
+                 "filterable by model size, architecture, GPU kind and count, knob, measured or predicted.",
+                 "  trainscout atlas --out atlas\n  trainscout atlas runs/mine contrib.jsonl --out atlas", cmd_atlas)
+    at.add_argument("sources", nargs="*", metavar="DB",
+                    help="results stores (--out folder, .db, URL) or export/share files on top of the shipped rows")
+    at.add_argument("--out", default="atlas", help="folder for atlas.html")
 
     e = command(sub, "export", "write a configuration for HF Trainer, DeepSpeed, accelerate",
                 "Write a measured configuration for your own trainer: HF TrainingArguments JSON, the engine's "

@@ -577,7 +577,8 @@ def _search(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, s
     notes: list[str] = []
     ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
     start = [] if done else first_points(start_points(args, space, hw, calibration, notes), ranker)
-    known = [] if done else store_points(args, space, hw, store.measurements(), start)
+    from trainscout.atlas.db import with_shipped  # the shipped H200 measurements beneath the store's
+    known = [] if done else store_points(args, space, hw, with_shipped(store.measurements()), start)
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker)
@@ -989,7 +990,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
             continue
         seen.add(t["key"])
         rec = store.get(t["key"])
-        status, why = quality.status(rec.metrics, verified.get(t["key"]))
+        status, why = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
                      "quality": status, "quality_why": why, "notes": (rec.plan or {}).get("notes", [])})

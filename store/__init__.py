@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import sys
@@ -37,7 +36,7 @@ import sqlalchemy as sa
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.records import Record, TrialSpec
-from trainscout.trial.status import DETERMINISTIC, MEASURED, Status  # DETERMINISTIC: outcomes served from the store
+from trainscout.trial.status import DETERMINISTIC, Status  # DETERMINISTIC: outcomes served from the store
 
 from . import claims, samples, secrets, shared
 
@@ -315,39 +314,12 @@ class Store:
             raise ConfigError("--export", f"cannot write {path}: {e.strerror}: give a writable file path")
         return len(rows)
 
-    def import_jsonl(self, path: str) -> tuple[int, int]:
-        """Add the measurements of an exported file; a key already here is kept (merged, not duplicated).
-        Imported rows are marked with their origin. Every line is checked before anything is written, and the
-        file is added in one transaction (all or nothing). Returns (added, already present)."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError("--import", f"cannot read {path}: {e}: give a file written by --export")
-        rows = {}
-        for n, line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                rec = None
-            problem = imported_problem(rec)
-            if problem is None:
-                key, source = rec.pop("key"), rec.pop("source", "local")
-                origin = source if source.startswith("imported:") else f"imported:{os.path.basename(path)}"
-                try:
-                    row = self._row(key, rec, origin)
-                except (ValueError, KeyError, TypeError, AttributeError) as e:
-                    problem = f"{type(e).__name__}: {str(e)[:80]}"
-            if problem is not None:
-                raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement ({problem}): "
-                                              "give a file written by `trainscout results DIR --export FILE`")
-            rows.setdefault(key, row)  # a key twice in the file: the first is kept, as for a key already stored
-        with self.engine.begin() as c:
-            present = {r[0] for r in c.execute(sa.select(MEASUREMENTS.c.key))}
-            new = [row for key, row in rows.items() if key not in present]
-            if new:
-                c.execute(MEASUREMENTS.insert(), new)
-        return len(new), len(lines) - len(new)
+    def import_jsonl(self, path: str):
+        """Add the measurements of an exported or shared file, each checked (store.contrib: its rules, what is
+        refused and why); a key already here is merged, not duplicated. Returns contrib.ImportReport(added,
+        present, refused)."""
+        from .contrib import import_file
+        return import_file(self, path)
 
     # --- quality verdicts ------------------------------------------------------------------------------------
     def put_quality(self, key: str, kind: str, result: dict) -> None:
@@ -436,47 +408,6 @@ def _read(data: dict) -> Record:
     older count is recounted here, its stored figures kept beside as *_dense_v0; the row is not rewritten)."""
     from trainscout.trial.flops import recount
     return recount(Record.from_dict(data))
-
-
-def imported_problem(rec) -> str | None:
-    """What makes an imported line unusable (None: nothing). An ok measurement must carry what results, export and
-    report read from it: finite positive tokens/s and step time, the plan and the recipe."""
-    if not isinstance(rec, dict):
-        return "not a JSON object"
-    if not isinstance(rec.get("key"), str) or not 0 < len(rec["key"]) <= 64:
-        return "no key"
-    if not isinstance(rec.get("source", "local"), str):
-        return "source is not text"
-    if not isinstance(rec.get("model"), str) or not rec["model"]:
-        return "no model"
-    if not isinstance(rec.get("config"), dict):
-        return "config is not an object"
-    if rec.get("status") not in [str(s) for s in MEASURED]:
-        return f"status {rec.get('status')!r} is not one of {'|'.join(MEASURED)}"
-    for name, kind in (("device", str), ("error", str), ("started_at", str), ("hardware", dict), ("plan", dict),
-                       ("recipe", dict), ("metrics", dict), ("model_config", dict), ("versions", dict)):
-        if rec.get(name) is not None and not isinstance(rec[name], kind):
-            return f"{name} is not {'text' if kind is str else 'an object'}"
-    for name in ("world_size", "grad_accum", "measured_accum", "timed_steps"):
-        v = rec.get(name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            return f"{name} is not a positive integer"
-    for name, v in (rec.get("metrics") or {}).items():
-        if name in ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days") and v is not None and (
-                not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
-            return f"metrics.{name} is not a finite number >= 0"
-    if rec["status"] == Status.OK:
-        m = rec.get("metrics") or {}
-        for name in ("tokens_per_s", "step_s"):
-            if not isinstance(m.get(name), (int, float)) or isinstance(m[name], bool) or not m[name] > 0:
-                return f"status ok without metrics.{name}"
-        if not rec.get("plan") or not rec.get("recipe"):
-            return "status ok without its plan and recipe"
-        for name in ("global_batch", "seq_len", "total_steps"):
-            v = rec["recipe"].get(name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                return f"recipe.{name} is not a positive integer"
-    return None
 
 
 _OPEN: dict[str, Store] = {}

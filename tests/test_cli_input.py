@@ -66,7 +66,7 @@ def test_version(capsys):
 
 
 # --- help: what the tool and each command do, defaults, an example ----------------------------------------------
-COMMANDS = ("knobs", "estimate", "trial", "search", "results", "report", "export", "verify", "train")
+COMMANDS = ("knobs", "estimate", "lookup", "trial", "search", "results", "report", "atlas", "export", "verify", "train")
 
 
 def help_of(capsys, monkeypatch, argv) -> str:

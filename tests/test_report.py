@@ -220,7 +220,7 @@ def test_a_store_of_measurements_only_is_reported(store_dir, tmp_path, capsys):
     d = tmp_path / "imported"
     d.mkdir()
     store = Store(default_url(str(d)))
-    assert store.import_jsonl(str(lines)) == (n, 0)
+    assert store.import_jsonl(str(lines)) == (n, 0, [])  # added, present, refused (store/contrib.py)
     store.checkpoint()
     assert store.searches() == []  # measurements, no search rows
     df = analysis.load(str(d))

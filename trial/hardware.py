@@ -9,9 +9,12 @@ LIBRARIES = ("torch", "transformers", "deepspeed", "ray", "optuna", "trainscout"
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of Python and of the LIBRARIES a result depends on; None for a library not installed."""
+    """Versions of Python, of the LIBRARIES a result depends on and of the optional packages knobs name
+    (Knob.packages: torchao, liger_kernel, ...: a contribution's knobs are checked against them, store/contrib.py);
+    None for one not installed."""
+    from trainscout.spaces import all_knobs
     out = {"python": platform.python_version()}
-    for lib in LIBRARIES:
+    for lib in (*LIBRARIES, *sorted({p for k in all_knobs() for p in k.packages} - set(LIBRARIES))):
         try:
             out[lib] = version(lib)
         except PackageNotFoundError:

@@ -127,22 +127,37 @@ def _features(spec: TrialSpec | Record) -> tuple[float, float]:
 
 def fit(pairs: list[tuple[TrialSpec | Record, float]]) -> dict | None:
     """Calibrate on (spec, measured peak bytes) pairs of one GPU: peak = a·states + b·activations + c."""
-    if len(pairs) < 3:
+    return fit_terms([(*_features(sp), peak) for sp, peak in pairs])
+
+
+def terms(spec: TrialSpec | Record) -> tuple[float, float]:
+    """The two terms the calibration weighs, in bytes: model states (weights, gradients, optimizer, buffers) and
+    activations + logits (what fit_terms and predict_terms take, for callers that keep them)."""
+    return _features(spec)
+
+
+def fit_terms(rows: list[tuple[float, float, float]]) -> dict | None:
+    """fit() on precomputed (states, activations, measured peak) bytes."""
+    if len(rows) < 3:
         return None
     import numpy as np
-    X = np.array([[*(f / GiB for f in _features(sp)), 1.0] for sp, _ in pairs])
-    y = np.array([peak / GiB for _, peak in pairs])
+    X = np.array([[states / GiB, acts / GiB, 1.0] for states, acts, _ in rows])
+    y = np.array([peak / GiB for _, _, peak in rows])
     coef, *_ = np.linalg.lstsq(X, y, rcond=None)
     a, b, c = (float(v) for v in coef)
     if a <= 0 or b <= 0:  # too few distinct configurations to separate the terms: scale the analytic sum instead
         k = float(np.median(y / X[:, :2].sum(axis=1)))
         a, b, c = k, k, 0.0
-    return {"a": a, "b": b, "c": c * GiB, "n": len(pairs)}
+    return {"a": a, "b": b, "c": c * GiB, "n": len(rows)}
 
 
 def predict(spec: TrialSpec | Record, calibration: dict | None = None) -> float:
     """Predicted peak allocated bytes per rank (what torch.cuda.max_memory_allocated reports)."""
-    states, acts = _features(spec)
+    return predict_terms(*_features(spec), calibration)
+
+
+def predict_terms(states: float, acts: float, calibration: dict | None = None) -> float:
+    """predict() on precomputed terms (bytes)."""
     if not calibration:
         return states + acts + 1.0 * GiB
     return calibration["a"] * states + calibration["b"] * acts + calibration["c"]

@@ -167,13 +167,22 @@ def _db(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def status(metrics: dict | None, verified: dict | None = None) -> tuple[str, str]:
+def status(metrics: dict | None, verified: dict | None = None, config: dict | None = None,
+           device: str | None = None) -> tuple[str, str]:
     """(status, why) of a measurement: SAME (no knob changes the numerics), PASSED/FAILED (the one-step gate),
-    VERIFIED/FAILED (`verify --quality`: outranks the gate), UNVERIFIED (changed, and no verdict: why)."""
+    VERIFIED/FAILED (`verify --quality`: outranks the gate), UNVERIFIED (changed, and no verdict: why). With its
+    config (and device), a record stored before the gate existed is told from one whose knobs change nothing."""
     q = (metrics or {}).get("quality")
     if verified is not None:
         return (VERIFIED if verified["verdict"] == VERIFIED else FAILED), verified.get("why") or \
             f"trained {verified['steps']} steps against its reference"
+    if not q and config is not None:
+        from trainscout.spaces import Context
+        changed = changes(config, Context(device=device or "cuda"))
+        if changed:
+            verb = "changes" if len(changed) == 1 else "change"
+            return UNVERIFIED, (f"{', '.join(changed)} {verb} the numerics and the record has no verdict (measured "
+                                "before the quality gate)")
     if not q:
         return SAME, "no knob changes the numerics"
     if q.get("gate") in (PASSED, FAILED):

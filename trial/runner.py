@@ -42,12 +42,15 @@ def detect_device(device: str) -> str:
 def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
             measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
             total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
-            fault: str | None = None, seed: int = 0, hw: dict | None = None, gate: bool = True) -> TrialSpec:
+            fault: str | None = None, seed: int = 0, hw: dict | None = None, gate: bool = True,
+            installed: frozenset | None = None) -> TrialSpec:
     """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
 
     hw is the hardware fingerprint of the box; a search passes the one its driver took (a trial process of a
     search holds no GPU itself), a single trial takes it here. gate: where knobs change the numerics, the trial
-    also takes the quality gate's step against its reference (trial/quality.py); verify and train leave it out."""
+    also takes the quality gate's step against its reference (trial/quality.py); verify and train leave it out.
+    installed: the optional packages the box has (default: those importable here; a prediction for another box
+    names its own)."""
     for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
@@ -68,7 +71,7 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     recipe = with_overrides(spec.recipe, global_batch=global_batch, seq_len=seq_len, total_steps=total_steps,
                             total_tokens=total_tokens, grad_clip=grad_clip)
-    ctx = context(spec.config, recipe.global_batch, workers, hw)
+    ctx = context(spec.config, recipe.global_batch, workers, hw, installed)
     cfg, plan = resolve(settings, ctx)
 
     def measured(full: int) -> int:
@@ -98,10 +101,13 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
     return out
 
 
-def context(model_config: dict, global_batch: int, workers: int, hw: dict) -> Context:
-    """What knobs are checked against: the box (hardware fingerprint), the model and the recipe's batch."""
+def context(model_config: dict, global_batch: int, workers: int, hw: dict,
+            installed: frozenset | None = None) -> Context:
+    """What knobs are checked against: the box (hardware fingerprint and its optional packages, default this
+    one's), the model and the recipe's batch."""
     return Context(world_size=workers, device=hw["device"], num_layers=sizes(model_config).layers,
-                   global_batch=global_batch, installed=hardware.installed_optional(),
+                   global_batch=global_batch,
+                   installed=hardware.installed_optional() if installed is None else installed,
                    capability=str(hw.get("capability") or ""), model_config=model_config)
 
 

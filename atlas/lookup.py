@@ -1,0 +1,404 @@
+"""`trainscout lookup`: what the atlas knows about training a model on a GPU kind, without a GPU.
+
+Measured first: the best measured configurations of the model (by name, or a config.json of the same shape) on that
+GPU kind and count, at the recipe's global batch (the model's own unless --global-batch), repeats of one
+configuration as their median, each with tokens/s, MFU (recomputed, trainscout.atlas.mfu), peak memory, the days of
+its recipe and the rent (analysis/prices.json), its labels and its provenance. Where nothing was measured there: a
+prediction (atlas/predict.py), labelled as such, with its leave-one-out error over the shipped rows, and the
+`trainscout search` command that would measure it. The shipped set is answered from its files alone (no torch, no
+model built: well under a second); a model never measured builds its candidates (seconds).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+from trainscout.spaces import ConfigError
+from trainscout.trial.quality import status as quality_status
+
+from . import predict
+
+TOP = 5  # measured configurations shown per GPU kind and count
+
+
+def parse_budget(text: str | None) -> dict | None:
+    """--budget: days (30d, 2w, 720h) or dollars ($5000, 5000$, $5k, 5000usd) -> {"days": x} or {"usd": x}."""
+    if text is None:
+        return None
+    t = text.strip().lower().replace(",", "").replace(" ", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(d|w|h)", t)
+    if m:
+        v = float(m[1]) * {"d": 1, "w": 7, "h": 1 / 24}[m[2]]
+        if v > 0:
+            return {"days": v}
+    m = re.fullmatch(r"\$?(\d+(?:\.\d+)?)(k|m)?(\$|usd)?", t)
+    if m and (t.startswith("$") or m[3]):
+        v = float(m[1]) * {None: 1, "k": 1e3, "m": 1e6}[m[2]]
+        if v > 0:
+            return {"usd": v}
+    raise ConfigError("--budget", f"--budget {text} is not a budget: give days (30d, 2w, 720h) or dollars "
+                                  "($5000, $5k)")
+
+
+# --- which rows are the model -------------------------------------------------------------------------------------
+ESSENTIAL = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def target_of(model: str) -> dict:
+    """The model asked about: {"name", "config" (the transformers config dict, or the config.json as written),
+    "path"}. A built-in name's config comes from code, a config.json is read as JSON (no transformers needed)."""
+    import json
+
+    from trainscout.trial.models import PYTHIA, _gpt_neox, model_names
+    from .schema import model_name
+    if model in PYTHIA:
+        return {"name": model, "config": _gpt_neox(*PYTHIA[model]), "path": None}
+    if model in model_names():
+        return {"name": model, "config": None, "path": None}
+    if not (model.endswith(".json") or os.sep in model):
+        raise ConfigError("--model", f"unknown model {model!r}: use one of {', '.join(model_names())} or the path "
+                                     "of a config.json")
+    try:
+        with open(model, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError("--model", f"cannot read {model}: {type(e).__name__}: {str(e).splitlines()[0][:120]}; "
+                                     "give a readable config.json")
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ConfigError("--model", f"{model} has no \"model_type\": give a transformers config.json")
+    return {"name": model_name(model), "config": cfg, "path": model}
+
+
+def same_model(target: dict, record: dict) -> bool:
+    """Whether a row's model is the target: the same built-in name, or the same shape (every size the target's
+    config gives equals the row's; a key it leaves out is the row's default, key/value heads = heads)."""
+    cfg, mc = target["config"], record.get("model_config") or {}
+    if target["path"] is None:
+        return record.get("model") == target["name"]
+    if not mc or any(k not in cfg or cfg[k] != mc.get(k) for k in ESSENTIAL):
+        return False
+    for k, v in cfg.items():
+        if k in predict.SHAPE_KEYS and k in mc and mc[k] != v:
+            return False
+    kv = cfg.get("num_key_value_heads", cfg.get("num_attention_heads"))
+    return mc.get("num_key_value_heads", mc.get("num_attention_heads")) == kv
+
+
+# --- the answer -------------------------------------------------------------------------------------------------
+def _prices():
+    from trainscout.analysis.cost import load_prices
+    return load_prices()
+
+
+def _money(days: float | None, gpus: int, gpu: str | None, prices) -> dict:
+    from trainscout.analysis.cost import price_for
+    p = price_for(gpu, prices)
+    if p is None or days is None:
+        return {"rent_usd": None, "box_usd": None, "price": None}
+    return {"rent_usd": p.rent_usd(days, gpus), "box_usd": p.box_usd(gpus), "price": p.name}
+
+
+def _provenance_line(prov: dict) -> str:
+    v = lambda k: prov.get(k) if prov.get(k) is not None else "not installed"  # noqa: E731
+    return (f"{prov.get('date', 'unknown')[:10]}, {prov.get('gpu')} (driver "
+            f"{prov.get('driver')}, CUDA {prov.get('cuda')}), torch {v('torch')}, transformers {v('transformers')}, "
+            f"deepspeed {v('deepspeed')}, trainscout {v('trainscout')}; {prov.get('command')}; "
+            f"{prov.get('origin')}: {prov.get('source')}")
+
+
+def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batch: int | None, prices,
+             top: int = TOP) -> dict:
+    """The measured answer: {"groups": [{"gpu", "gpus", "global_batch", "rows": [...], "oom": [...]}],
+    "notes": [...]}."""
+    from trainscout.trial.metrics import median
+    from trainscout.trial.models import PYTHIA_RECIPE
+    kind = predict.gpu_kind(gpu) if gpu else None
+    mine = [r for r in atlas.rows if same_model(target, r["record"])]
+    if gpu:
+        mine = [r for r in mine if predict.gpu_kind(r["provenance"].get("gpu")) == (kind or gpu)
+                or (kind is None and gpu.lower() in str(r["provenance"].get("gpu")).lower())]
+    if gpus:
+        mine = [r for r in mine if (r["record"].get("world_size") or 1) == gpus]
+    notes = []
+    want = global_batch or PYTHIA_RECIPE.global_batch
+    at = [r for r in mine if r["record"]["recipe"]["global_batch"] == want]
+    if not at and mine and not global_batch:
+        batches = sorted({r["record"]["recipe"]["global_batch"] for r in mine})
+        notes.append(f"nothing measured at the recipe's global batch {want:,}: the rows below ran at "
+                     f"{', '.join(f'{b:,}' for b in batches)} sequences per step (tokens/s depends on it)")
+        at = mine
+    groups = {}
+    for r in at:
+        rec = r["record"]
+        g = (predict.gpu_kind(r["provenance"].get("gpu")) or r["provenance"].get("gpu"), rec.get("world_size") or 1,
+             rec["recipe"]["global_batch"])
+        groups.setdefault(g, []).append(r)
+    out = []
+    for (kind_, n, batch), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
+        by_key: dict[str, list[dict]] = {}  # one configuration, measured on several boxes or leases: its repeats
+        for r in rows:
+            rec = r["record"]
+            same = json.dumps([rec["config"], rec["recipe"].get("seq_len"), rec["recipe"].get("total_steps")],
+                              sort_keys=True)
+            by_key.setdefault(same, []).append(r)
+        ok, oom = [], []
+        for reps in by_key.values():
+            key = reps[0]["key"]
+            oks = [r for r in reps if r["record"]["status"] == "ok"]
+            if not oks:
+                oom.append({"key": key, "describe": predict.describe(reps[0]["record"]["config"],
+                                                                     reps[0]["record"]["plan"] or {}),
+                            "provenance": reps[0]["provenance"]})
+                continue
+            tps = median([r["record"]["metrics"]["tokens_per_s"] for r in oks])
+            best = min(oks, key=lambda r: abs(r["record"]["metrics"]["tokens_per_s"] - tps))
+            rec, m = best["record"], best["record"]["metrics"]
+            step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
+            days = rec["recipe"]["total_steps"] * step / 86400
+            mfus = [(r.get("derived") or {}).get("mfu") for r in oks]
+            mfus = [x for x in mfus if x is not None]
+            row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
+                   "gpus": n,
+                   "global_batch": batch, "tokens_per_s": tps, "repeats": [r["record"]["metrics"]["tokens_per_s"]
+                                                                          for r in oks],
+                   "mfu": median(mfus) if mfus else None,
+                   "mfu_convention": (best.get("derived") or {}).get("mfu_convention"),
+                   "peak_memory_gib": m.get("peak_memory_gib"), "step_s": step, "projected_days": days,
+                   "train_tokens": rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
+                   "config": rec["config"], "describe": predict.describe(rec["config"], rec["plan"] or {}),
+                   "labels": sorted({lb["name"] for r in oks for lb in r.get("labels") or []}),
+                   "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
+                   "verified": best.get("verified"), "provenance": best["provenance"],
+                   "quality": quality_status(m, None, rec["config"], rec.get("device")),
+                   "origins": sorted({r["provenance"].get("origin") for r in oks})}
+            row.update(_money(days, n, row["gpu"], prices))
+            ok.append(row)
+        ok.sort(key=lambda r: -r["tokens_per_s"])
+        out.append({"gpu": kind_, "gpus": n, "global_batch": batch, "rows": ok[:top], "more": max(0, len(ok) - top),
+                    "oom": oom})
+    return {"groups": out, "notes": notes}
+
+
+def search_command(target: dict, gpus: int, global_batch: int | None) -> str:
+    """The search that would measure it (30 minutes of GPU time is what the shipped searches took at most)."""
+    model = target["path"] or target["name"]
+    model = f"'{model}'" if re.search(r"[^\w./-]", model) else model
+    parts = [f"trainscout search --model {model}"]
+    if gpus != 1:
+        parts.append(f"--gpus-per-trial {gpus}")
+    if global_batch:
+        parts.append(f"--global-batch {global_batch}")
+    parts.append(f"--time-budget 30m --out runs/{target['name']}")
+    return " ".join(parts)
+
+
+def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None, prices,
+              gpu_memory_gib: float | None = None) -> dict:
+    """The predicted answer for a model or GPU kind not measured: rows labelled predicted, their leave-one-out
+    error (the shipped rows, each predicted with its own model held out), the search command."""
+    from trainscout.trial.metrics import median  # noqa: F401
+    kind = predict.gpu_kind(gpu) or gpu
+    model = atlas.model
+    cached = model.get("predictions", {}).get(f"{target['name']}|{kind}|{gpus}")
+    if cached and not atlas.extra and target["path"] is None and not global_batch and gpu_memory_gib is None:
+        got = dict(cached, source="precomputed from the shipped rows by bench/build_atlas.py (atlas/model.json)")
+    else:
+        pool = predict.samples(atlas.rows, _features(atlas))
+        got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
+                                         gpu_memory_gib), source="computed now from the atlas's rows")
+    loo = model["loo"]["model"]
+    rows = []
+    for r in got["rows"]:
+        level = r["level"]
+        err = predict.loo_summary(loo, level)
+        row = dict(r, status="predicted", error=err, error_all=predict.loo_summary(loo), gpu=f"{kind}",
+                   train_tokens=r["total_steps"] * r["tokens_per_step"])
+        row.update(_money(r["projected_days"], r["gpus"], kind, prices))
+        rows.append(row)
+    measured_kinds = {s_kind for s_kind in (predict.gpu_kind(x["provenance"].get("gpu")) for x in atlas.rows)}
+    notes = list(got["notes"])
+    if kind not in measured_kinds:
+        notes.append(f"no {kind} row in the atlas: the error below is the {', '.join(sorted(map(str, measured_kinds)))}"
+                     " rows' and does not cover a GPU kind never measured")
+    return {"rows": rows, "notes": notes, "n_params": got.get("n_params"), "source": got["source"],
+            "search_command": search_command(target, got.get("gpus") or gpus, global_batch)}
+
+
+def _features(atlas) -> dict:
+    """Features of every ok row: the shipped ones from model.json, a user layer's computed here (the model on the
+    meta device, once per model config)."""
+    from trainscout.trial.records import Record
+    feats = dict(atlas.model.get("features", {}))
+    for r in atlas.rows:
+        rid = predict.row_id(r)
+        if rid not in feats and r["record"].get("status") == "ok" and r["record"].get("device") == "cuda":
+            try:
+                feats[rid] = predict.features(Record.from_dict(r["record"]))
+            except (ConfigError, ValueError, KeyError, TypeError):
+                continue  # a model this trainscout cannot build: its row stays measured-only
+    return feats
+
+
+def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, global_batch: int | None = None,
+           budget: str | None = None, gpu_memory_gib: float | None = None, top: int = TOP) -> dict:
+    """The whole answer for one model (JSON-ready): measured groups, else (for the asked GPU kind and count) the
+    prediction, the budget's verdict, notes."""
+    target = target_of(model)
+    prices = _prices()
+    want = parse_budget(budget)
+    got = measured(atlas, target, gpu, gpus, global_batch, prices, top)
+    out = {"model": target["name"], "path": target["path"], "gpu": gpu, "gpus": gpus, "global_batch": global_batch,
+           "measured": got["groups"], "notes": got["notes"], "predicted": None,
+           "atlas": {"layers": [{"name": layer.name, "kind": layer.kind, "rows": len(layer.rows),
+                                 "refused": len(layer.refused)} for layer in atlas.layers]}}
+    any_ok = any(g["rows"] for g in got["groups"])
+    if not any_ok:
+        kinds = [predict.gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
+        kind = gpu or (max(set(kinds) - {None}, key=kinds.count) if set(kinds) - {None} else "H200")
+        out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib)
+    if want:
+        out["budget"] = verdict(out, want)
+    return out
+
+
+def verdict(answer: dict, want: dict) -> dict:
+    """What a budget buys: the fastest row within it, or the share of the run the fastest row's pace gets done."""
+    rows = [r for g in answer["measured"] for r in g["rows"]] + ((answer["predicted"] or {}).get("rows") or [])
+    if not rows:
+        return {"budget": want, "within": None, "text": "nothing to price: no measured or predicted row"}
+    what = "days" if "days" in want else "usd"
+
+    def cost(r):
+        return r["projected_days"] if what == "days" else r.get("rent_usd")
+    priced = [r for r in rows if cost(r) is not None]
+    within = [r for r in priced if cost(r) <= want[what]]
+    limit = f"{want['days']:g} days" if what == "days" else f"${want['usd']:,.0f}"
+    if within:
+        best = max(within, key=lambda r: r["tokens_per_s"])
+        text = (f"within {limit}: {best['describe']} on {best['gpus']} x {best['gpu']} ({best['status']}), "
+                f"{best['projected_days']:.1f} days"
+                + (f", ${best['rent_usd']:,.0f} rent" if best.get("rent_usd") is not None else ""))
+        return {"budget": want, "within": best.get("key") or best["describe"], "text": text}
+    if not priced:
+        return {"budget": want, "within": None, "text": f"no price known for this GPU: {limit} cannot be judged"}
+    best = min(priced, key=cost)
+    share = want[what] / cost(best)
+    tokens = share * best["train_tokens"]
+    return {"budget": want, "within": None, "share_of_run": share,
+            "text": f"no configuration finishes within {limit}: the cheapest ({best['describe']} on {best['gpus']} x "
+                    f"{best['gpu']}, {best['status']}) "
+                    f"needs {best['projected_days']:.1f} days" + (f", ${best['rent_usd']:,.0f}" if best.get(
+                        "rent_usd") is not None else "") + f"; {limit} buys {tokens / 1e9:,.1f} B of its "
+                    f"{best['train_tokens'] / 1e9:,.1f} B tokens ({share:.0%})"}
+
+
+# --- text ---------------------------------------------------------------------------------------------------------
+def _num(v, fmt="{:,.0f}", none="-"):
+    return none if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def _pct(v):
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def render(answer: dict, provenance: bool = True) -> str:
+    """The answer as text for people."""
+    lines = []
+    name = answer["model"]
+    for g in answer["measured"]:
+        if not g["rows"] and not g["oom"]:
+            continue
+        tokens = g["rows"][0]["train_tokens"] if g["rows"] else None
+        lines.append(f"{name} on {g['gpus']} x {g['gpu']}: MEASURED (global batch {g['global_batch']:,}"
+                     + (f", {tokens / 1e9:,.1f} B tokens" if tokens else "") + ")")
+        lines.append(f"   {'tokens/s':>9}  {'MFU':>5}  {'peak GiB':>8}  {'days':>6}  {'rent':>9}  configuration")
+        for i, r in enumerate(g["rows"], 1):
+            reps = f" [median of {len(r['repeats'])}]" if len(r["repeats"]) > 1 else ""
+            lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
+            contributed = " [contributed]" if "contributed" in r["origins"] else ""
+            lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r['mfu'], '{:.3f}'):>5}  "
+                         f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r['projected_days'], '{:.1f}'):>6}  "
+                         f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']}{reps}{lab}{contributed}")
+            if r["quality"][0] != "same":  # knobs that change the numerics (trial/quality.py)
+                lines.append(f"     quality: {r['quality'][0]}: {r['quality'][1]}")
+            if r.get("verified"):
+                v = r["verified"][0]
+                lines.append(f"     verified: {v['steps']} full optimizer steps ({v['runner']}) at "
+                             f"{v['ratio']:.3f} x the projected step")
+            if provenance:
+                lines.append(f"     provenance: {_provenance_line(r['provenance'])}")
+        if g["more"]:
+            lines.append(f"   ({g['more']} more measured configurations: --top N shows more)")
+        for o in g["oom"]:
+            lines.append(f"   out of memory: {o['describe']}")
+    labels = {w for g in answer["measured"] for r in g["rows"] for w in r["label_why"]}
+    for why in sorted(labels):
+        lines.append(f"   label: {why}")
+    conv = next((r["mfu_convention"] for g in answer["measured"] for r in g["rows"] if r.get("mfu_convention")), None)
+    if conv:
+        lines.append(f"   MFU: {conv}; rent: analysis/prices.json list-price estimates")
+    p = answer.get("predicted")
+    if p:
+        if not p["rows"]:
+            lines.append(f"{name}: not measured, and nothing is PREDICTED to fit (up to 8 GPUs)")
+        for i, r in enumerate(p["rows"], 1):
+            if i == 1:
+                lines.append(f"{name} on {r['gpus']} x {r['gpu']}: NOT MEASURED - PREDICTED (global batch "
+                             f"{r['global_batch']:,}, {r['train_tokens'] / 1e9:,.1f} B tokens)")
+                lines.append(f"   {'tokens/s':>9}  {'MFU':>5}  {'peak GiB':>8}  {'host GiB':>8}  {'days':>6}  "
+                             f"{'rent':>9}  configuration (predicted)")
+            lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r.get('mfu'), '{:.3f}'):>5}  "
+                         f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r.get('host_memory_gib'), '{:.1f}'):>8}  "
+                         f"{_num(r['projected_days'], '{:.1f}'):>6}  {_num(r['rent_usd'], '${:,.0f}'):>9}  "
+                         f"{r['describe']}")
+            e, ea = r["error"], r["error_all"]
+            lines.append(f"     calibrated on {', '.join(r['calibrated_on'])} (level {r['level']}: "
+                         f"{', '.join(predict.LEVELS[r['level']]) or 'any row'}); leave-one-model-out error there: "
+                         f"tokens/s median {_pct(e['tokens_per_s']['median_abs'])}, worst "
+                         f"{_pct(e['tokens_per_s']['worst'])} ({e['tokens_per_s']['n']} rows); peak memory median "
+                         f"{_pct(e['peak_memory']['median_abs'])}, worst {_pct(e['peak_memory']['worst'])}")
+            if i == 1:
+                lines.append(f"     over all {ea['tokens_per_s']['n']} shipped rows: tokens/s median "
+                             f"{_pct(ea['tokens_per_s']['median_abs'])}, worst {_pct(ea['tokens_per_s']['worst'])}; "
+                             f"peak memory median {_pct(ea['peak_memory']['median_abs'])}, worst "
+                             f"{_pct(ea['peak_memory']['worst'])}")
+        for note in p["notes"]:
+            lines.append(f"   note: {note}")
+        lines.append(f"   prediction {p['source']}")
+        lines.append(f"   measure it: {p['search_command']}")
+    for note in answer["notes"]:
+        lines.append(f"   note: {note}")
+    if answer.get("budget"):
+        lines.append(f"   budget: {answer['budget']['text']}")
+    return "\n".join(lines)
+
+
+def render_summary(answers: list[dict]) -> str:
+    """Several models, one line each: the best measured row, else the best predicted one (the seed paper's
+    question: every Pythia size on one GPU)."""
+    head = f"{'model':14} {'':9} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>8} {'days':>7} {'rent':>9}  best configuration"
+    lines = [head]
+    for a in answers:
+        rows = [r for g in a["measured"] for r in g["rows"]]
+        if rows:
+            r = max(rows, key=lambda r: r["tokens_per_s"])
+            lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
+            lines.append(f"{a['model']:14} {'measured':9} {_num(r['tokens_per_s']):>9} {_num(r['mfu'], '{:.3f}'):>6} "
+                         f"{_num(r['peak_memory_gib'], '{:.1f}'):>8} {_num(r['projected_days'], '{:.1f}'):>7} "
+                         f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']} ({r['gpus']} x {r['gpu']}){lab}")
+            continue
+        p = a.get("predicted") or {}
+        if p.get("rows"):
+            r = p["rows"][0]
+            lines.append(f"{a['model']:14} {'PREDICTED':9} {_num(r['tokens_per_s']):>9} {_num(r.get('mfu'), '{:.3f}'):>6} "
+                         f"{_num(r['peak_memory_gib'], '{:.1f}'):>8} {_num(r['projected_days'], '{:.1f}'):>7} "
+                         f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']} ({r['gpus']} x {r['gpu']}; "
+                         f"tokens/s +-{_pct(r['error']['tokens_per_s']['median_abs'])} median, "
+                         f"{_pct(r['error']['tokens_per_s']['worst'])} worst)")
+        else:
+            lines.append(f"{a['model']:14} {'PREDICTED':9} does not fit up to 8 GPUs")
+        for note in p.get("notes", [])[:1]:
+            lines.append(f"{'':25}note: {note}")
+    return "\n".join(lines)

@@ -1,0 +1,365 @@
+"""Contributions that can be trusted: what `trainscout results DIR --export FILE --share` writes, and what every
+import checks before a record joins a store (or a lookup, `trainscout lookup --db FILE`).
+
+A share file holds atlas rows (trainscout.atlas.schema, schema 1): only what a measurement needs (no stderr tail,
+no attempt, no source), a config.json model named by its file, paths and this host's name out of the error, the
+provenance (versions, GPU, date, the search command that measured it), and a content hash per row.
+
+The rules of an import (`results DIR --import FILE`):
+- A file that cannot be read, or a line that is not a trainscout measurement at all (not JSON, no key, no model, an
+  ok line without its metrics, plan and recipe, a newer schema), is refused whole: nothing is written, exit 2.
+- Otherwise every record is checked on its own (`refusal`): a content hash that does not match its content;
+  missing provenance (date, GPU, torch, transformers, trainscout versions, DeepSpeed's where it ran DeepSpeed);
+  implausible numbers (tokens/s other than global_batch x seq_len / step_s, MFU above 1 under the honest count,
+  peak memory above the GPU's); a version set that cannot run the knobs it claims (the knobs' own rules run with
+  the packages its versions name and its GPU's capability; a library older than trainscout supports). A record
+  whose key is already in the store, or earlier in the file, is merged when its numbers agree within NOISE and
+  refused as a conflicting duplicate when they do not.
+- Each refused record is printed with its reason, the rest are imported (one transaction), and the command exits 1
+  when any was refused.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import NamedTuple
+
+from trainscout.spaces import ConfigError
+from trainscout.trial.status import MEASURED, Status
+
+# Two measurements of one key farther apart than this are different numbers, not noise. Measured on the H200:
+# the same configuration on other leases 0.1-3.1 % apart (15 keys measured twice or three times in bench/data), up
+# to 6.3 % with a probed micro-batch before the fix of 2026-12-02.
+NOISE = 0.10
+SHARED = (Status.OK, Status.OOM)  # what a contribution carries: crashes, timeouts and refusals are not measurements
+# tokens/s must be global_batch x seq_len / step_s to this share (trainscout derives it so: float rounding only)
+RATE_TOLERANCE = 0.01
+MEMORY_TOLERANCE = 1.02  # peak memory above the GPU's capacity by more than this factor cannot have happened
+
+
+class ImportReport(NamedTuple):
+    """What an import did: records added, records already there (merged), and those refused: (line, key, why)."""
+
+    added: int
+    present: int
+    refused: list
+
+
+def malformed(rec) -> str | None:
+    """What makes an imported line unusable as a measurement (None: nothing). An ok measurement must carry what
+    results, export and report read from it: finite positive tokens/s and step time, the plan and the recipe."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if not isinstance(rec.get("key"), str) or not 0 < len(rec["key"]) <= 64:
+        return "no key"
+    if not isinstance(rec.get("source", "local"), str):
+        return "source is not text"
+    if not isinstance(rec.get("model"), str) or not rec["model"]:
+        return "no model"
+    if not isinstance(rec.get("config"), dict):
+        return "config is not an object"
+    if rec.get("status") not in [str(s) for s in MEASURED]:
+        return f"status {rec.get('status')!r} is not one of {'|'.join(MEASURED)}"
+    for name, kind in (("device", str), ("error", str), ("started_at", str), ("hardware", dict), ("plan", dict),
+                       ("recipe", dict), ("metrics", dict), ("model_config", dict), ("versions", dict)):
+        if rec.get(name) is not None and not isinstance(rec[name], kind):
+            return f"{name} is not {'text' if kind is str else 'an object'}"
+    for name in ("world_size", "grad_accum", "measured_accum", "timed_steps"):
+        v = rec.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            return f"{name} is not a positive integer"
+    for name, v in (rec.get("metrics") or {}).items():
+        if name in ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days") and v is not None and (
+                not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
+            return f"metrics.{name} is not a finite number >= 0"
+    if rec["status"] == Status.OK:
+        m = rec.get("metrics") or {}
+        for name in ("tokens_per_s", "step_s"):
+            if not isinstance(m.get(name), (int, float)) or isinstance(m[name], bool) or not m[name] > 0:
+                return f"status ok without metrics.{name}"
+        if not rec.get("plan") or not rec.get("recipe"):
+            return "status ok without its plan and recipe"
+        for name in ("global_batch", "seq_len", "total_steps"):
+            v = rec["recipe"].get(name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                return f"recipe.{name} is not a positive integer"
+    return None
+
+
+def row_of_line(d) -> tuple[dict | None, str | None]:
+    """(an atlas row, None) of one line of an export or share file, or (None, what is malformed). A bare record
+    (schema 0, a plain --export) becomes a row by schema.migrate; the row keeps the line as "_line"."""
+    from trainscout.atlas import schema
+    if isinstance(d, dict) and "schema" in d:
+        try:
+            row = schema.migrate(d)
+        except schema.SchemaError as e:
+            return None, str(e)
+        problem = malformed(dict(row["record"], key=row.get("key")))
+        return (None, problem) if problem else (row, None)
+    problem = malformed(d)
+    if problem:
+        return None, problem
+    try:
+        return dict(schema.migrate(d), _line=d), None
+    except (schema.SchemaError, TypeError, ValueError) as e:
+        return None, str(e)
+
+
+# --- the checks of one record ---------------------------------------------------------------------------------
+def refusal(row: dict) -> str | None:
+    """Why an atlas row cannot be trusted (None: it can): the checks of this module's docstring, except
+    duplicates (import_file's)."""
+    from trainscout.atlas import schema
+    if row.get("content_hash") and row["content_hash"] != schema.content_hash(row):
+        return "its content hash does not match its content (the row was changed after it was exported)"
+    rec = row["record"]
+    return provenance_missing(row) or implausible(rec) or cannot_run(rec)
+
+
+def provenance_missing(row: dict) -> str | None:
+    """Missing provenance: the fields a measurement cannot be judged without."""
+    from trainscout.atlas.schema import UNKNOWN
+    prov, rec = row.get("provenance") or {}, row["record"]
+    need = ["date", "torch", "transformers", "trainscout"]
+    if rec.get("device") == "cuda":
+        need.append("gpu")
+    if (rec.get("plan") or {}).get("engine") == "deepspeed":
+        need.append("deepspeed")
+    missing = [f for f in need if prov.get(f) in (None, "", UNKNOWN)]
+    if missing:
+        return f"missing provenance: {', '.join(missing)} not recorded"
+    return None
+
+
+def implausible(rec: dict) -> str | None:
+    """Numbers that cannot be: tokens/s against the step and batch, MFU above 1, a peak above the GPU's memory."""
+    if rec.get("status") != Status.OK:
+        return None
+    from trainscout.atlas.mfu import mfu
+    from trainscout.trial.records import Record
+    m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
+    expected = recipe["global_batch"] * recipe["seq_len"] / m["step_s"]
+    if abs(m["tokens_per_s"] / expected - 1) > RATE_TOLERANCE:
+        return (f"implausible: tokens/s {m['tokens_per_s']:,.0f} is not global_batch x seq_len / step_s = "
+                f"{recipe['global_batch']} x {recipe['seq_len']} / {m['step_s']:.4g} s = {expected:,.0f}")
+    record = Record.from_dict(rec)
+    try:
+        value = mfu(record)
+    except Exception as e:  # a model config this trainscout cannot build: judged by the other checks
+        value = None
+        why = f"{type(e).__name__}: {e}"
+        if isinstance(e, ConfigError):
+            return f"its model cannot be read here ({why[:160]})"
+    if value is not None and value > 1:
+        return (f"implausible: MFU {value:.2f} under the honest count (trainscout.atlas.mfu) is above the GPU's "
+                "peak: tokens/s beyond what the GPU can compute")
+    hw = rec.get("hardware") or {}
+    peak = m.get("peak_memory_gib")
+    if rec.get("device") == "cuda" and isinstance(peak, (int, float)):
+        from trainscout.atlas.predict import gpu_facts
+        caps = [c for c in (hw.get("gpu_memory_gib"), (gpu_facts(hw.get("gpu") or "") or (None,))[0])
+                if isinstance(c, (int, float)) and c > 0]
+        if caps and peak > min(caps) * MEMORY_TOLERANCE:
+            return f"implausible: peak memory {peak:.1f} GiB per rank is above the GPU's {min(caps):.1f} GiB"
+    return None
+
+
+def minimums() -> dict[str, object]:
+    """The lowest version of each library trainscout supports (its own metadata: pyproject's requirements,
+    extras included), by import name."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    out = {}
+    try:
+        reqs = requires("trainscout") or []
+    except PackageNotFoundError:
+        return out
+    for text in reqs:
+        r = Requirement(text)
+        for spec in r.specifier:
+            if spec.operator in (">=", "=="):
+                out[r.name.lower().replace("-", "_")] = spec.version
+    return out
+
+
+def cannot_run(rec: dict) -> str | None:
+    """A version set that cannot run the knobs the record claims: the knobs' own rules (trainscout.spaces.resolve)
+    with the packages its versions name and its GPU's capability; a library older than trainscout supports."""
+    if rec.get("status") not in SHARED or not rec.get("recipe") or not rec.get("model_config"):
+        return None
+    from packaging.version import InvalidVersion, Version
+
+    from trainscout.spaces import all_knobs, resolve
+    from trainscout.trial.runner import context
+    versions = rec.get("versions") or {}
+    for name, low in minimums().items():
+        have = versions.get(name)
+        if not isinstance(have, str):
+            continue
+        try:
+            too_old = Version(have.split("+")[0]) < Version(low)
+        except InvalidVersion:
+            return f"its versions cannot run it: {name} {have!r} is not a version"
+        if too_old:
+            return f"its versions cannot run it: {name} {have} is older than trainscout supports ({name}>={low})"
+    packages = {p for k in all_knobs() for p in k.packages}
+    installed = frozenset(p for p in packages if versions.get(p))
+    hw = {"device": rec.get("device") or "cpu", "capability": (rec.get("hardware") or {}).get("capability") or ""}
+    try:
+        ctx = context(rec["model_config"], rec["recipe"]["global_batch"], rec.get("world_size") or 1, hw, installed)
+        resolve(rec["config"], ctx)
+    except ConfigError as e:
+        unnamed = sorted(p for p in packages - installed if p not in versions)
+        hint = f" (its versions name no {', '.join(unnamed)})" if unnamed and any(p in str(e) for p in unnamed) else ""
+        return f"its versions and GPU cannot run the knobs it claims: {e}{hint}"
+    return None
+
+
+def _numbers(rec: dict) -> tuple:
+    m = rec.get("metrics") or {}
+    return str(rec.get("status")), m.get("tokens_per_s"), m.get("peak_memory_gib")
+
+
+def conflict(a: dict, b: dict) -> str | None:
+    """How two records of one key differ beyond NOISE (None: they agree): status, tokens/s, peak memory."""
+    (sa, ta, pa), (sb, tb, pb) = _numbers(a), _numbers(b)
+    if sa != sb:
+        return f"status {sa} against {sb}"
+    for what, x, y in (("tokens/s", ta, tb), ("peak memory GiB", pa, pb)):
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and min(x, y) > 0 and max(x, y) / min(x, y) - 1 > NOISE:
+            return f"{what} {x:,.4g} against {y:,.4g} (more than {NOISE:.0%} apart)"
+    return None
+
+
+# --- files ----------------------------------------------------------------------------------------------------
+def read_rows(path: str, flag: str = "--import") -> list[tuple[int, dict]]:
+    """Every line of an export or share file as an atlas row: [(line number, row)]. ConfigError (the whole file)
+    for a file that cannot be read or a line that is not a measurement."""
+    import gzip
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise ConfigError(flag, f"cannot read {path}: {e}: give a file written by --export")
+    out = []
+    for n, line in lines:
+        try:
+            d = json.loads(line)
+        except ValueError:
+            d = None
+        row, problem = row_of_line(d) if d is not None else (None, "not JSON")
+        if problem is not None:
+            raise ConfigError(flag, f"{path} line {n} is not a trainscout measurement ({problem}): "
+                                    "give a file written by `trainscout results DIR --export FILE`")
+        out.append((n, row))
+    return out
+
+
+def checked(rows: list[tuple[int, dict]], known: dict[str, dict] | None = None) -> tuple[list, int, list]:
+    """(accepted [(line, row)], merged, refused [(line, key, why)]) of a file's rows: each row's refusal, then
+    duplicates of a key in `known` (records by key, e.g. a store's) or earlier in the file."""
+    known = dict(known or {})
+    accepted, refused, merged, first = [], [], 0, {}
+    for n, row in rows:
+        why = refusal(row)
+        key = row["key"]
+        if why is None and key in known:
+            clash = conflict(row["record"], known[key])
+            if clash is None:
+                merged += 1
+                continue
+            where = f"line {first[key]} of this file" if key in first else "the record already stored"
+            why = f"conflicting duplicate of {where} (the same key): {clash}"
+        if why is not None:
+            refused.append((n, key, why))
+            continue
+        known[key], first[key] = row["record"], n
+        accepted.append((n, row))
+    return accepted, merged, refused
+
+
+def stored_record(row: dict) -> dict:
+    """The record a store keeps of a row: a plain export's line as it was (less its key and source), a share
+    file's measurement with its provenance, labels and hash alongside (the record's extra keys, so a later --share
+    passes them on)."""
+    if "_line" in row:
+        return {k: v for k, v in row["_line"].items() if k not in ("key", "source")}
+    rec = dict(row["record"], provenance=row["provenance"], content_hash=row["content_hash"])
+    if row.get("labels"):
+        rec["labels"] = row["labels"]
+    return rec
+
+
+def origin_of(row: dict, path: str) -> str:
+    """The source a store records for an imported row: contributed:FILE for a share file's, imported:FILE for a
+    plain export's (or the imported:... origin it already had)."""
+    name = os.path.basename(path)
+    if "_line" not in row:
+        return f"contributed:{name}"
+    source = row["_line"].get("source") or ""
+    return source if source.startswith(("imported:", "contributed:")) else f"imported:{name}"
+
+
+def import_file(store, path: str) -> ImportReport:
+    """Add an export or share file's records to a store under the rules of this module's docstring, the accepted
+    ones in one transaction."""
+    from trainscout.store import MEASUREMENTS
+    rows = read_rows(path)
+    present = {r.key: r.to_dict() for r in store.measurements()}
+    accepted, merged, refused = checked(rows, present)
+    new = []
+    for n, row in accepted:
+        try:
+            new.append(store._row(row["key"], stored_record(row), origin_of(row, path)))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement ({type(e).__name__}: "
+                                          f"{str(e)[:80]}): give a file written by `trainscout results DIR --export FILE`")
+    if new:
+        with store.engine.begin() as c:
+            c.execute(MEASUREMENTS.insert(), new)
+    return ImportReport(len(new), merged, refused)
+
+
+# --- sharing ----------------------------------------------------------------------------------------------------
+def share_rows(store) -> tuple[list[dict], dict[str, int]]:
+    """The store's measurements as share rows (SHARED outcomes without an injected fault), and what was left out
+    ({why: count}). A record that came with provenance (a contribution) keeps it; another gets it from its record
+    and its search's saved arguments (the command)."""
+    from trainscout.atlas import schema
+    commands: dict[str, str] = {}
+    for name in store.searches():
+        args = store.search_args(name) or {}
+        for t in store.trials(name):
+            if t["key"] and t["key"] not in commands and not t["cached"]:
+                commands[t["key"]] = schema.search_command(args)
+    rows, left = [], {}
+    for rec in store.measurements():
+        if rec.status not in SHARED or rec.fault:
+            why = "an injected fault" if rec.fault else f"status {rec.status}"
+            left[why] = left.get(why, 0) + 1
+            continue
+        d = rec.to_dict()
+        carried = d.get("provenance") if isinstance(d.get("provenance"), dict) else None
+        prov = dict(carried) if carried else schema.provenance_of(d, command=commands.get(rec.key))
+        prov["origin"] = prov.get("origin") if carried else "contributed"
+        prov["source"] = schema.scrub(prov.get("source") if carried else schema.UNKNOWN)
+        labels = d.get("labels") if isinstance(d.get("labels"), list) else None
+        rows.append(schema.make_row(d, rec.key, prov, labels))
+    rows.sort(key=lambda r: (r["record"]["model"], r["provenance"]["date"], r["key"]))
+    return rows, left
+
+
+def export_share(store, path: str) -> tuple[int, dict[str, int]]:
+    """Write the store's share rows to path (JSON lines); (rows written, left out by why)."""
+    rows, left = share_rows(store)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, sort_keys=True, allow_nan=False) + "\n")
+    except OSError as e:
+        raise ConfigError("--export", f"cannot write {path}: {e.strerror}: give a writable file path")
+    return len(rows), left
