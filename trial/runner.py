@@ -130,7 +130,9 @@ def ensure_ray(address: str | None = None) -> None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's own processes read it at import
         ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray already
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats process, nothing sent out
-        ray.init(_node_ip_address="127.0.0.1", **kw)
+        # address="local": a Ray of its own, never the cluster a `ray start` on this machine recorded (ray.init's
+        # default attaches to it: the suite's test cluster took a later test's trials, whose actors died)
+        ray.init(address="local", _node_ip_address="127.0.0.1", **kw)
 
 
 def _worker_env(spec: TrialSpec) -> dict:
