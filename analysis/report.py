@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
+from trainscout.store import secrets
 from trainscout.trial.status import Status
 
 from . import cost, table, ties
@@ -35,9 +36,11 @@ STATUS_TEXT = {
     Status.INVALID: "refused before running: the configuration cannot run here",
     Status.STOPPED: "stopped early by ASHA: slower than its peers at the same step",
     Status.PRUNED: "skipped: the memory model predicted it over the GPU's memory",
+    Status.UNSCHEDULED: "never ran: the cluster gave its ranks no room within the time limit",
 }
 STATUS_COLOR = {Status.OK: "#2e7d32", Status.OOM: "#c62828", Status.TIMEOUT: "#ef6c00", Status.CRASH: "#6a1b9a",
-                Status.INVALID: "#757575", Status.STOPPED: "#1565c0", Status.PRUNED: "#8d6e63"}
+                Status.INVALID: "#757575", Status.STOPPED: "#1565c0", Status.PRUNED: "#8d6e63",
+                Status.UNSCHEDULED: "#bdbdbd"}
 TOP = 10  # best configurations listed
 NO_SEARCH = "(measurements)"  # the search column of a store's measurements when it holds no search rows
 FEW_TRIALS = 20  # below this many measured trials, knob importance is a hint: PED-ANOVA's top quantile is 2-4 trials
@@ -91,7 +94,8 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
                          "config": config_text(ex, varied, knobs), "key": ex["key"]})
     failures.sort(key=lambda f: -f["count"])
     importance = [imp for search, g in df.groupby("search", sort=False) if (imp := knob_importance(g, search))]
-    return Analysis(source=str(source if isinstance(source, str) else getattr(source, "url", source)), df=df,
+    shown = str(source if isinstance(source, str) else getattr(source, "url", source))
+    return Analysis(source=secrets.masked(shown) if "://" in shown else shown, df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
                     varied=varied, searched=searched, tie=ties.choose(list(records.values())))

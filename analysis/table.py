@@ -7,7 +7,7 @@ import os
 import pandas as pd
 
 from trainscout.spaces import ConfigError, all_knobs
-from trainscout.store import Store, default_url
+from trainscout.store import Store, default_url, samples
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 
@@ -36,6 +36,7 @@ def load(source: str) -> pd.DataFrame:
     store = store_of(source) if isinstance(source, str) else source
     knobs = [k.name for k in all_knobs()]
     records = {m.key: m for m in store.measurements()}
+    others = samples.summary(store.engine)  # a key's other measurements (store.samples)
     verified = store.verified()
     with store.engine.connect() as c:
         searches = [r[0] for r in c.exec_driver_sql("SELECT name FROM trainscout_searches")]
@@ -52,10 +53,14 @@ def load(source: str) -> pd.DataFrame:
                        verified=verified.get(t["key"]))
             if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
-            rows.append(row)
-    return typed(pd.DataFrame(rows, columns=["search", "trial", "number", "status", "cached", "error", "model",
-                                             "device", "world_size", "gpu", *knobs, *METRICS, "quality", "key",
-                                             "created_at", "origin"]))
+            rows.append(dict(row, **_samples(rec, others.get(t["key"]))))
+    return typed(pd.DataFrame(rows, columns=columns(knobs)))
+
+
+def columns(knobs: list[str]) -> list[str]:
+    """load()'s columns, in order."""
+    return ["search", "trial", "number", "status", "cached", "error", "model", "device", "world_size", "gpu",
+            "placement", *knobs, *METRICS, "quality", "samples", "tokens_per_s_spread", "key", "created_at", "origin"]
 
 
 def typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -91,6 +96,24 @@ def trial_numbers(store: Store, search: str) -> dict[str, int]:
     except Exception:  # noqa: BLE001 - no study (a benchmark grid, an import), or another schema: no numbers
         return {}
     return {t.user_attrs["tune_trial_id"]: t.number for t in trials if "tune_trial_id" in t.user_attrs}
+
+
+def placement(rec) -> str | None:
+    """Where a measurement's ranks ran: "1 node", or "2 nodes (2+2)" for one split over nodes (None: not known)."""
+    p = (rec.placement if rec else None) or {}
+    if not p.get("nodes"):
+        return None
+    return "1 node" if p["nodes"] == 1 else f"{p['nodes']} nodes ({'+'.join(map(str, p['ranks_per_node']))})"
+
+
+def _samples(rec, others: list | None) -> dict:
+    """How many measurements a key has (its record and the other samples) and the spread of their ok tokens/s,
+    (max - min) / the record's (None with fewer than two)."""
+    if rec is None:
+        return {"samples": None, "tokens_per_s_spread": None, "placement": None}
+    ok = [v for st, v in [(str(rec.status), rec.m.get("tokens_per_s")), *(others or [])] if st == Status.OK and v]
+    spread = (max(ok) - min(ok)) / ok[0] if len(ok) > 1 else None
+    return {"samples": 1 + len(others or []), "tokens_per_s_spread": spread, "placement": placement(rec)}
 
 
 def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, created_at, config,
@@ -151,12 +174,14 @@ def load_resolved(source) -> pd.DataFrame:
     df = load(store)
     if df.empty and records:
         knobs = [k.name for k in all_knobs()]
+        others = samples.summary(store.engine)
         verified = store.verified()
         rows = []
         for rec in sorted(records.values(), key=lambda r: (r.started_at or "", r.key)):
-            rows.append(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
-                             cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
-                             config=rec.config, verified=verified.get(rec.key)))
+            rows.append(dict(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
+                                  cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
+                                  config=rec.config, verified=verified.get(rec.key)),
+                             **_samples(rec, others.get(rec.key))))
         df = typed(pd.DataFrame(rows, columns=df.columns))
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     for r in df.to_dict("records"):

@@ -35,9 +35,9 @@ EPILOG = """a typical session:
   trainscout export runs/1b --best --out runs/1b/best
 
 `trainscout COMMAND --help` shows a command's flags with their defaults and an example. Exit status: 0 done, 1 the
-measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit) or the
-results store failed while in use (deleted, full, read-only: the line says what was kept), 2 bad input, 130
-interrupted."""
+measured outcome is a failure (a trial, verify or train that did not end ok; an estimate that does not fit; a
+search trial the cluster gave no room: unscheduled) or the results store failed while in use (deleted, full,
+read-only: the line says what was kept), 2 bad input, 130 interrupted."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -218,7 +218,7 @@ def cmd_trial(a) -> int:
     input_file("--model", a.model)
     spec = prepare(a.model, parse_sets(a.set), device=a.device, workers=a.workers, steps=a.steps, warmup=a.warmup,
                    measure_accum=a.measure_accum, fault=a.inject_fault, **recipe_kwargs(a))
-    record = execute(spec, timeout=a.timeout, address=a.address)
+    record = execute(spec, timeout=a.timeout, address=a.address, one_node=a.one_node)
     if a.json:
         print(json.dumps(record.to_dict()))
     else:
@@ -439,7 +439,7 @@ DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1,
 
 
 SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", "seed": 0, "steps": 5, "warmup": 2,
-                   "max_failures": 0}  # applied after parsing: a resume must know which flags were given
+                   "max_failures": 0, "one_node": True}  # applied after parsing: a resume must know which flags were given
 
 
 def cmd_search(a) -> int:
@@ -469,7 +469,8 @@ def cmd_search(a) -> int:
         given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
                  "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
-                 "storage": storage, "address": a.address, "quality": a.quality}
+                 "storage": storage, "address": a.address, "quality": a.quality,
+                 "max_concurrent": a.max_concurrent, "one_node": a.one_node}
         args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
@@ -490,7 +491,8 @@ def cmd_search(a) -> int:
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
                           time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
                           address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
-                          max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark")
+                          max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark",
+                          max_concurrent=a.max_concurrent, one_node=a.one_node)
     # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
     stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
     try:
@@ -514,6 +516,11 @@ def cmd_search(a) -> int:
         print(f"trainscout: interrupted: {n} trial{'s' if n != 1 else ''} ended and {'are' if n != 1 else 'is'} kept "
               f"in the store; continue with: trainscout search --resume {args.out}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if summary.get("unscheduled"):  # asked to measure them: it did not (the summary says why and what to do)
+        n = summary["unscheduled"]
+        print(f"trainscout: {n} trial{'s' if n != 1 else ''} unscheduled: the cluster gave {'them' if n != 1 else 'it'} "
+              f"no room; continue with: trainscout search --resume {args.out}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -582,6 +589,10 @@ def cmd_results(a) -> int:
         shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
                              "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
                              "precision", "key", "error") if c in df.columns]
+        if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
+            shown[3:3] = ["samples", "tokens_per_s_spread"]
+        if df["placement"].fillna("").str.contains("nodes").any():  # a trial split over nodes: say so
+            shown[3:3] = ["placement"]
         width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
         df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
         print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
@@ -813,6 +824,9 @@ def build_parser() -> Parser:
     t.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,
                    help="hard limit for the whole trial in seconds, > 0 (default: 300 on CPU, 900 on GPU)")
     t.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
+    t.add_argument("--one-node", action=argparse.BooleanOptionalAction, default=True,
+                   help="its ranks on one node; --no-one-node: wherever the cluster has room, maybe split over "
+                        "nodes (the record's placement says) (default: one node)")
     t.add_argument("--json", action="store_true", help=JSON_HELP)
     t.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     add_recipe_flags(t)
@@ -840,6 +854,12 @@ def build_parser() -> Parser:
     s.add_argument("--storage", default=None, help="SQLAlchemy URL of the results store (default: OUT/results.db)")
     s.add_argument("--address", default=None,
                    help="Ray cluster address; auto: attach to a running cluster (default: start Ray on 127.0.0.1)")
+    s.add_argument("--max-concurrent", type=positive_int("--max-concurrent"), default=None,
+                   help="trials at once (default: what this machine holds; attached to a cluster others may use: "
+                        "what it has free when the search starts)")
+    s.add_argument("--one-node", action=argparse.BooleanOptionalAction, default=None,
+                   help="each trial's ranks on one node (Ray STRICT_PACK); --no-one-node: wherever the cluster has "
+                        "room, maybe split over nodes, marked so in results (default: one node)")
     s.add_argument("--resume", default=None, metavar="DIR", help="continue the search whose --out was DIR")
     s.add_argument("--seed", type=seed_int, default=None, help=f"sampler seed, 0 .. 2**32-1 (default: {d['seed']})")
     s.add_argument("--steps", type=positive_int("--steps"), default=None,

@@ -24,14 +24,15 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, fmt
-from trainscout.store import Store, StoreError, StoreLost, check_folder, default_url, guard, measurement_key, one_line, \
-    open_store, storage_url
+from trainscout.store import Store, StoreError, StoreLost, check_folder, claims, default_url, guard, measurement_key, \
+    one_line, open_store, storage_url
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.metrics import median
 from trainscout.trial.runner import Cancelled, context
 from trainscout.trial.status import DETERMINISTIC, Status
 
+from . import cluster
 from .space import Space, load_space_file
 
 if TYPE_CHECKING:
@@ -40,9 +41,9 @@ if TYPE_CHECKING:
 METRIC = "tokens_per_s"
 # outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
 # not count toward --trials; FREE_RUN of them in a row end the search's drawing (the space is mostly infeasible)
-FREE = (Status.INVALID, Status.PRUNED)
+FREE = (Status.INVALID, Status.PRUNED, Status.UNSCHEDULED)  # nothing ran
 FREE_RUN = 30
-TRIAL_ACTOR = {"CPU": 1}  # what a search's Tune trial actor holds beside its ranks (Tune needs >= 1 CPU there)
+TRIAL_ACTOR = {"CPU": cluster.TRIAL_CPU}  # what a search's Tune trial actor holds beside its ranks (search/cluster.py)
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
 TUNE_ID = "tune_trial_id"  # an Optuna trial's user attribute: the Tune trial it was drawn for
 # Tune trial id -> its Optuna trial's number, for the live table: one numbering everywhere (the live table, the
@@ -75,6 +76,8 @@ class SearchArgs:
     name: str | None = None
     max_failures: int = 0  # a crashed trial is measured again up to this many times (oom/invalid/timeout never)
     quality: str = "mark"  # mark: every best says whether it trains the same model; strict: only those are best
+    max_concurrent: int | None = None  # trials at once (None: what the cluster holds, or has free when attached)
+    one_node: bool = True  # each trial's ranks on one node (placement group STRICT_PACK); False: may be split
     space_content: dict | None = None  # the space file as read when the search started: a resume uses it
 
     def search_name(self) -> str:
@@ -139,31 +142,37 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
+    claim, note = None, None
+    if not cached:  # measured by another search right now: wait for it and be served its record (store.claims)
+        claim = store.claim(key, {"search": base["search"], "trial": trial_id})
+        if claim.served is not None:
+            record, cached = claim.served, True
+            note = f"measured by another search ({claims.describe(claim.other or {})}) while this trial waited " \
+                   f"{claim.waited_s:.0f} s"
     gate = None
-    if not cached and spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
-        from trainscout.trial import quality
-        gate = quality.gate_key(spec)
-        known = store.quality(gate, "gate")
-        if known is not None:
-            spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
     if not cached:
         if why := guard.lost(store.path, ident):  # no device time for a store that is gone
             raise StoreLost(f"the results store {why} while the search ran")
-        seen = []
-
-        def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
-            seen.append(m["tokens_per_s"])
-            tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
-        for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
-            try:
-                record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
-                                 on_step=on_step, owner=trial_id)
-            except Cancelled:  # ASHA stopped it: the driver recorded it as stopped
-                return
-            record = record.replace(attempt=attempt + 1, fault=spec.fault or None)
-            if record.status != Status.CRASH:
-                break
-        store.replace(key, record)  # a crash or timeout measured again: the newer record wins
+        try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
+            if spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
+                from trainscout.trial import quality
+                gate = quality.gate_key(spec)
+                known = store.quality(gate, "gate")
+                if known is not None:
+                    spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
+            record = _measure(spec, base, trial_id)
+        finally:
+            claim.release()
+        if record is None:  # ASHA stopped it: the driver recorded it as stopped
+            return
+        if record.status == Status.UNSCHEDULED:  # nothing ran: no measurement, and the sampler is told nothing
+            store.add_trial(base["search"], trial_id, None, Status.UNSCHEDULED, False, 0.0, spec.config,
+                            error=record.error)
+            tune.report({METRIC: 0.0, "status": str(Status.UNSCHEDULED), "cached": False, "error": record.error})
+            return
+        if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
+            key = measurement_key(spec, base["hardware"], hardware.versions(), placement=record.placement)
+        store.add_measurement(key, record)  # a second measurement of a key is kept beside the first (store.samples)
         verdict = record.m.get("quality") or {}
         if gate and verdict.get("gate") and not verdict.get("cached"):
             store.put_quality(gate, "gate", verdict)
@@ -172,7 +181,29 @@ def _measure(config: dict, base: dict) -> None:
     store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
-                 "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0)})
+                 "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
+                 "note": note})
+
+
+def _measure(spec, base: dict, trial_id: str):
+    """Measure a trial (a crash again, up to max_failures times), reporting each timed step to Tune; None when
+    ASHA stopped it."""
+    from ray import tune
+    seen = []
+
+    def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
+        seen.append(m["tokens_per_s"])
+        tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
+    for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
+        try:
+            record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
+                             on_step=on_step, owner=trial_id, one_node=base.get("one_node", True))
+        except Cancelled:
+            return None
+        record = record.replace(attempt=attempt + 1, fault=spec.fault or None)
+        if record.status != Status.CRASH:
+            break
+    return record
 
 
 def counted(rows: list[dict]) -> int:
@@ -281,6 +312,7 @@ class Printer:
                             if len(vs) > 1 and k in trial.config)
         status = r.get("status", "?") + ("*" if r.get("cached") else "")
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
+        why += f"  ({r['note']})" if r.get("note") else ""  # served from another search's measurement
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks
         print(f"{_NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
               f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
@@ -343,9 +375,17 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE"))
     from trainscout.trial.models import absolute
     args.model = absolute(args.model)  # a relative config.json path would not resolve in the trials' directories
-    from trainscout.trial.runner import detect_device
-    device = detect_device(args.device)
-    hw = hardware.fingerprint(device, args.gpus_per_trial)
+    if args.max_concurrent is not None and (not isinstance(args.max_concurrent, int) or args.max_concurrent < 1):
+        raise ConfigError("--max-concurrent", f"--max-concurrent {args.max_concurrent} is not allowed: give a positive "
+                                              "integer, or leave it out for what the cluster holds")
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if address:  # the hardware of the nodes that run the trials, read on them (attaching; nothing is written)
+        from .cluster import cluster_hardware
+        hw = cluster_hardware(address, args.device, args.gpus_per_trial, args.one_node,
+                              "--address" if args.address else "RAY_ADDRESS")
+    else:
+        from trainscout.trial.runner import detect_device
+        hw = hardware.fingerprint(detect_device(args.device), args.gpus_per_trial)
     workers = args.gpus_per_trial
     # a trial of the defaults validates the model, recipe and worker count
     base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
@@ -371,7 +411,7 @@ def read_space(path: str) -> dict:
 # --- resume: what may change ----------------------------------------------------------------------------------
 FIXED_ON_RESUME = {"model": "--model", "device": "--device", "gpus_per_trial": "--gpus-per-trial", "space": "--space",
                    "sets": "--set", "seed": "--seed", "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout",
-                   "max_failures": "--max-failures"}
+                   "max_failures": "--max-failures", "one_node": "--one-node"}
 RECIPE_FLAGS = {"global_batch": "--global-batch", "seq_len": "--seq-len", "total_steps": "--train-steps",
                 "total_tokens": "--train-tokens", "grad_clip": "--grad-clip"}
 
@@ -430,6 +470,7 @@ def resumed(saved: dict, out: str, given: dict, done: int) -> tuple[SearchArgs, 
     args.quality = given.get("quality") or args.quality  # a rule of the summary: it may change on a resume
     args.storage = given.get("storage") or args.storage  # None: OUT/results.db
     args.address = given.get("address") or args.address
+    args.max_concurrent = given.get("max_concurrent") or args.max_concurrent  # where it runs may change
     return args, notes
 
 
@@ -613,8 +654,11 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
         check_resources(args.gpus_per_trial, hw["device"], "--gpus-per-trial", per_trial=TRIAL_ACTOR)
     os.makedirs(args.out, exist_ok=True)
     lock = hold_folder(args.out)
+    lease = None
     try:
         store = store or open_store(args.storage or default_url(args.out))
+        # one driver per search name across hosts: a lease with a heartbeat in the store (the folder's lock: this host)
+        lease = store.hold_search(name, "--resume" if resume else "--out")
         saved = _refuse_existing(store, name, args.out, resume)  # again, now that no other driver can start here
         if saved is None:
             store.add_search(name, asdict(args))
@@ -622,6 +666,8 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
             store.update_search(name, asdict(args))  # more --trials: the next resume starts from them
         return _search(args, store, name, space, hw, stream)
     finally:
+        if lease is not None:
+            lease.release()
         os.close(lock)
 
 
@@ -668,7 +714,8 @@ def _n(count: int, word: str) -> str:
 
 def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper) -> dict:
     url = store.url
-    done = store.trials(name)
+    rows = store.trials(name)
+    done = [t for t in rows if t["status"] != Status.UNSCHEDULED]  # an unscheduled trial ran nothing: run it again
     remaining = None if args.trials is None else args.trials - counted(done)
     if remaining is not None and remaining <= 0:
         print(f"search {name}: all {args.trials} trials done; give a larger --trials with --resume to run more",
@@ -677,15 +724,16 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's verbose=0 then prints nothing of its own
     import optuna
-    import ray
     from ray import tune
 
     from trainscout.trial import pool
     from trainscout.trial.runner import ensure_ray
     ensure_ray(args.address)
     pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
+    from trainscout.store import secrets, shared
+    secrets.publish(url)  # the storage's password, for the trials' processes wherever they run (in memory only)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ostorage = optuna.storages.RDBStorage(url, engine_kwargs=Store._engine_kwargs(url))
+    ostorage = shared.optuna_storage(url, engine_kwargs=Store._engine_kwargs(url))  # its schema made once
     guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
     drawn = recover_interrupted(ostorage, name, store)
     # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
@@ -703,20 +751,20 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker, target=remaining)
     scheduler = make_scheduler(args.steps)
-    if hw["device"] == "cuda":
-        concurrent = max(1, int(ray.cluster_resources().get("GPU", 0)) // args.gpus_per_trial)
-    else:
-        concurrent = max(1, int(ray.cluster_resources().get("CPU", 1)) // (1 + args.gpus_per_trial))
+    attached = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    concurrent, why_concurrent = cluster.concurrency(hw, args.gpus_per_trial, args.max_concurrent, attached)
     base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
             "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
             "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
-            "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(done),
+            "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(rows),
             "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs()),
+            "one_node": args.one_node,
             # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
             # filesystem numbers devices per host) does not compare it
             "store_identity": store.identity, "driver_host": socket.gethostname()}
-    import psutil  # the driver's host: on one box (the common case) the trials' host too
-    base["host"] = {"capacity": psutil.virtual_memory().total, "margin": MEMORY_MARGIN}
+    import psutil  # the driver's host: on one box (the common case) the trials' host too; on a cluster the nodes'
+    host = hw["host_memory_gib"] * 2**30 if hw.get("host_memory_gib") else psutil.virtual_memory().total
+    base["host"] = {"capacity": host, "margin": MEMORY_MARGIN}
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
         base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
                           "calibration": calibration}
@@ -733,11 +781,14 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
-                                  stop=_interrupt_stopper(keeper.path, keeper.ident), failure_config=tune.FailureConfig(max_failures=0)))
-    print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}), "
-          f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial, {concurrent} at once; "
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident),
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
+    print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
+          f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial"
+          f"{'' if args.one_node else ' (may be split over nodes)'}, {concurrent} at once ({why_concurrent}); "
           f"{counted(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
-          f"store {url}", file=stream, flush=True)
+          f"store {secrets.masked(url)}", file=stream, flush=True)
     for note in notes:
         print(f"  {note}", file=stream, flush=True)
     for p, why in known:
@@ -1152,6 +1203,8 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
                 for k, v in attrs.items():
                     drawn.set_user_attr(k, v)
                 set_constraint(drawn, attrs)
+                if attrs["status"] == Status.UNSCHEDULED:  # nothing ran: FAIL, which the samplers ignore
+                    result, error = None, True
                 if attrs["status"] == Status.STOPPED:  # ASHA stopped it (or stopped it before): PRUNED, with each
                     # reported step as an intermediate value (OptunaSearch.on_trial_result), the last its value;
                     # Tune hands the step ASHA stopped it at to on_trial_complete alone
@@ -1272,8 +1325,14 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
                "passed_over": passed_over}
     free = len(trials) - counted(trials)
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
-          + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
-          file=stream)
+          + (f" ({counted(trials)} toward --trials; {free} refused, pruned or unscheduled before running)"
+             if free else ""), file=stream)
+    summary["unscheduled"] = by_status.get(Status.UNSCHEDULED, 0)
+    if summary["unscheduled"]:
+        print(f"{summary['unscheduled']} trial{'s were' if summary['unscheduled'] != 1 else ' was'} unscheduled: the "
+              "cluster gave their ranks no room within the time limit (other searches or jobs held it; nothing ran "
+              f"and the sampler learnt nothing): `trainscout search --resume {out}` runs them again; a smaller "
+              "--max-concurrent leaves room", file=stream)
     if overhead:
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "

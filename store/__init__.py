@@ -3,6 +3,25 @@
 SQLite in the output folder by default, any SQLAlchemy URL (PostgreSQL for a cluster) otherwise. Rows hold
 JSON text, never pickles. The Optuna study of a search lives in the same database (Optuna's own tables), so
 optuna-dashboard can open it. A measurement is a trainscout.trial.records.Record; its to_dict() JSON is the row.
+
+The contract of a store that many searches, processes and hosts use at once (as Optuna's storages/_base.py states
+its own):
+
+- Schema: created by whichever process opens a new database first; on PostgreSQL under an advisory lock, so that
+  processes opening it together wait instead of failing (store.shared), Optuna's tables likewise.
+- Who writes a measurement: the trial process that holds the key's claim (store.claims: a lease with a heartbeat),
+  so one configuration is measured by one search at a time; a second search's trial waits and is served the
+  record. Imports and benchmark scripts write without a claim, under the same rules.
+- A second measurement of a key never replaces the first: the key's measurement (get, measurements) is its first
+  ok, oom or invalid record, and every other record of the key is kept as a sample (store.samples; samples(key)).
+  Before a key has such a record, its latest crash or timeout stands, and the next measurement takes its place
+  (the crash stays, as a sample). The same record written twice is stored once. Each write is one transaction:
+  a reader sees the old measurement or the new one, never none.
+- One driver per search name at a time, across hosts (store.claims.hold_search).
+- What a crashed owner leaves: nothing half-written (a record is one row, written when its trial ends); its claim
+  and its driver's lease expire LEASE_S after its last heartbeat (at once for a process of this host that is
+  gone); its Optuna trials left RUNNING are failed by the next --resume (search.service.recover_interrupted).
+- Passwords: a URL's password is taken out where the URL is read and never stored or printed (store.secrets).
 """
 from __future__ import annotations
 
@@ -19,8 +38,10 @@ from trainscout.spaces import ConfigError
 from trainscout.trial.records import Record, TrialSpec
 from trainscout.trial.status import DETERMINISTIC, Status  # DETERMINISTIC: outcomes served from the store
 
-from . import guard
+from . import claims, guard, samples, secrets, shared
 from .guard import StoreError, StoreLost  # noqa: F401  (the store failed while in use: deleted, full, read-only)
+
+secrets.install()  # a stripped URL's password reaches every connection of this process, never the URL
 
 META = sa.MetaData()
 MEASUREMENTS = sa.Table(
@@ -82,12 +103,13 @@ def storage_url(url: str, flag: str = "--storage") -> str:
     """A storage URL that every process of a search opens as the same database: a relative SQLite path made absolute
     (the trials run in Ray's working directories, where it named another file each: every measurement was lost), an
     in-memory SQLite database (one per process, gone when it ends) refused with the fix. Other URLs as given."""
+    url = secrets.strip(url)  # its password stays in this process's memory, never in what is saved or printed
     try:
         u = sa.engine.make_url(url)
     except sa.exc.ArgumentError:
         return url  # Store() refuses it, naming the flag
     if u.get_backend_name() != "sqlite":
-        return url
+        return _with_driver(u, url)
     db = u.database or ""
     uri = db.startswith("file:")
     path = db[5:].split("?")[0] if uri else db
@@ -121,6 +143,17 @@ def driver_missing(url: str, e: ImportError) -> str:
             f"installed one in the URL ({backend}+DRIVER://...)")
 
 
+def _with_driver(u, url: str) -> str:
+    """postgresql://: the installed PostgreSQL driver (psycopg, of trainscout[cluster]), where SQLAlchemy's default
+    (psycopg2) is not installed. The same database either way."""
+    if u.drivername != "postgresql":
+        return url
+    import importlib.util
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return url
+
+
 def check_folder(path: str | None, flag: str = "--out") -> str:
     """An output folder that can be made and written (nothing is created here): its absolute path, or ConfigError
     with the fix for an empty name, a file on the way or a folder that is not writable."""
@@ -144,8 +177,10 @@ def one_line(text: str | None, width: int = 100) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def measurement_key(spec: TrialSpec, hardware: dict, versions: dict) -> str:
-    """What a measurement depends on: effective config, model, recipe, hardware fingerprint, library versions."""
+def measurement_key(spec: TrialSpec, hardware: dict, versions: dict, placement: dict | None = None) -> str:
+    """What a measurement depends on: effective config, model, recipe, hardware fingerprint, library versions; and
+    for ranks split over nodes (placement, trial.pool.placement_of) how they were split, as inter-node links change
+    the speed: a split measurement never stands for a one-node one (whose key is as it always was)."""
     ident = {
         "config": spec.config, "model_config": spec.model_config, "recipe": spec.recipe,
         "device": spec.device, "world_size": spec.world_size,
@@ -154,6 +189,8 @@ def measurement_key(spec: TrialSpec, hardware: dict, versions: dict) -> str:
     }
     if spec.fault:  # an injected failure is not a measurement of the configuration: never serve it for one
         ident["fault"] = spec.fault
+    if placement and placement.get("split"):
+        ident["ranks_per_node"] = placement["ranks_per_node"]
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -162,6 +199,11 @@ class Store:
 
     def __init__(self, url: str):
         self.warning = None  # what was dropped when a damaged SQLite file was repaired on opening
+        url = secrets.strip(url)  # self.url, printed and saved, never holds the password
+        try:
+            url = _with_driver(sa.engine.make_url(url), url)
+        except sa.exc.ArgumentError:
+            pass  # refused below, naming the flag
         try:
             self.engine = sa.create_engine(url, future=True, **self._engine_kwargs(url))
             if self.engine.dialect.name == "sqlite":
@@ -169,20 +211,24 @@ class Store:
                 sa.event.listen(self.engine, "connect", _sqlite_pragmas)
             for attempt in range(5):
                 try:
-                    with self.engine.begin() as c:
-                        META.create_all(c)
+                    with shared.schema_lock(self.engine), self.engine.begin() as c:
+                        META.create_all(c)  # samples and leases: made by their first write (store.shared)
                     break
                 except sa.exc.OperationalError as e:  # another process created a table between check and create
                     if "already exists" not in str(e) or attempt == 4:
                         raise
         except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
-            raise ConfigError("--storage", f"cannot open storage {url!r}: {driver_missing(url, e)}, or give "
+            raise ConfigError("--storage", f"cannot open storage {secrets.masked(url)!r}: {driver_missing(url, e)} "
+                                           "(pip install 'trainscout[cluster]' has psycopg), or give "
                                            "sqlite:///path/results.db")
         except ConfigError:
             raise
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, sa.exc.DatabaseError, ValueError) as e:
-            raise ConfigError("--storage", f"cannot open storage {url!r}: {str(e).splitlines()[0][:200]}; "
-                                           "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
+            first = str(e).splitlines()[0]
+            fix = ("give its password in PGPASSWORD or ~/.pgpass (as psql reads it)"
+                   if "no password supplied" in first or "password authentication failed" in first else
+                   "give sqlite:///path/results.db or a reachable SQLAlchemy URL")
+            raise ConfigError("--storage", f"cannot open storage {secrets.masked(url)!r}: {first[:200]}; {fix}")
         self.url = url
         # the file opened (device, inode): a new connection to the path once it is another file is refused (guard)
         self.path = guard.sqlite_path(url)
@@ -250,12 +296,31 @@ class Store:
         except sa.exc.IntegrityError:
             return False
 
-    def replace(self, key: str, record: Record | dict) -> None:
-        """A crash or timeout measured again: the newer record wins. One transaction: a concurrent reader sees the
-        old record or the new one, never none (it would measure the configuration once more)."""
-        with self.engine.begin() as c:
-            c.execute(MEASUREMENTS.delete().where(MEASUREMENTS.c.key == key))
-            c.execute(MEASUREMENTS.insert().values(**self._row(key, record, "local")))
+    def add_measurement(self, key: str, record: Record | dict, source: str = "local") -> str:
+        """Store a new measurement of key under the store's contract (store.samples): "first", "replaced" (a crash
+        or timeout gave way; it is kept as a sample), "sample" (the key had its measurement: this one is kept
+        beside it), or "duplicate" (this record was stored already). One transaction: a concurrent reader sees the
+        old measurement or the new one, never none."""
+        return samples.add(self.engine, MEASUREMENTS, self._row(key, record, source))
+
+    replace = add_measurement  # the former name (bench scripts): a crash or timeout measured again gives way
+
+    def samples(self, key: str) -> list[Record]:
+        """Every record of a key: its measurement first, then its other samples, oldest first."""
+        first = self.get(key)
+        rest = [Record.from_dict(dict(json.loads(r["record"]), key=key, source=r["source"]))
+                for r in samples.of(self.engine, key)]
+        return ([first.replace(key=key)] if first else []) + rest
+
+    def claim(self, key: str, holder: dict) -> claims.Claim:
+        """Claim measurement key for this process (store.claims.measuring): waits while another live holder
+        measures it; Claim.served is the record it measured (ok, oom or invalid), else this process measures and
+        then calls Claim.release()."""
+        return claims.measuring(self.engine, key, self.get, holder, lambda r: r.status in DETERMINISTIC)
+
+    def hold_search(self, name: str, flag: str = "--out") -> claims.Lease:
+        """The driver's lease of search `name` (heartbeat until released); ConfigError naming the live holder."""
+        return claims.hold_search(self.engine, name, flag)
 
     def measurements(self) -> list[Record]:
         """Every stored record, with its key and source."""

@@ -35,3 +35,53 @@ def ray_local():
 @pytest.fixture
 def worker_pids():
     return ray_worker_pids
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 for the session (tests/pg.py), stopped by its own pg_ctl. Missing
+    PostgreSQL or psycopg fails the tests that need it, with how to install it; TRAINSCOUT_PG_OPTIONAL=1 makes that
+    a skip with the reason (locally only: .ci/run installs both and never sets it)."""
+    import pg
+    why = pg.missing()
+    if why:
+        if os.environ.get(pg.OPTIONAL_ENV) == "1":
+            pytest.skip(f"{why} ({pg.OPTIONAL_ENV}=1)")
+        pytest.fail(f"{why} (or {pg.OPTIONAL_ENV}=1 to skip the PostgreSQL tests on a box without it)", pytrace=False)
+    server = pg.Server()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real multi-node Ray cluster on 127.0.0.1 for the session, in a process of its own (tests/raycluster.py:
+    a head without CPUs, two CPU nodes, a node with a mock of a GPU): {"address", "head", "cpu_nodes", "gpu_node",
+    "send"(command) -> its answer}. Ended by closing that process's stdin (its cluster's own shutdown)."""
+    import json
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, os.path.join(_ROOT, "tests", "raycluster.py")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=_ROOT)
+    try:
+        info = json.loads(p.stdout.readline())
+    except ValueError:
+        p.kill()
+        raise RuntimeError("tests/raycluster.py did not start its cluster (its stderr is above)") from None
+
+    def send(command: str) -> str:
+        p.stdin.write(command + "\n")
+        p.stdin.flush()
+        return p.stdout.readline().strip()
+    info["send"] = send
+    try:
+        yield info
+    finally:
+        p.stdin.close()
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.terminate()  # the helper's SIGTERM handler shuts its cluster down
+            p.wait(timeout=60)

@@ -38,3 +38,38 @@ def installed_optional() -> frozenset:
     """The optional packages knobs name (Knob.packages) that are importable here."""
     from trainscout.runtime import installed_packages
     return installed_packages()
+
+
+MOCK_GPU_ENV = "TRAINSCOUT_MOCK_GPU"  # tests only: a mock of a GPU on a Ray node ("NAME,MEMORY_GIB,CAPABILITY")
+_READ = ("import json, torch; from trainscout.trial.hardware import fingerprint; "
+         "print(json.dumps(fingerprint('cuda' if torch.cuda.is_available() else 'cpu', 1)))")
+
+
+def node_facts(gpus: bool = True) -> dict:
+    """The fingerprint of the node this runs on (a Ray task placed there by search.cluster): its GPU kind, memory
+    and capability (or its CPU), host name and memory. Read in a child process without CUDA_VISIBLE_DEVICES, which
+    Ray narrows to a task's own GPUs (none for this task), with the same fingerprint() a local search takes, so a
+    measurement's key is the same whichever way it was reached. TRAINSCOUT_MOCK_GPU (tests: a mock of a GPU, where
+    none can run) stands in for the GPU."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    import psutil
+    mock = os.environ.get(MOCK_GPU_ENV)
+    if mock and gpus:
+        name, mem, cap = mock.split(",")
+        hw = {"device": "cuda", "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+              "gpu": name, "gpu_memory_gib": float(mem), "cuda": "mock", "capability": cap}
+    elif not gpus:
+        hw = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    else:
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        out = subprocess.run([sys.executable, "-c", _READ], env=env, capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"reading the node's hardware failed: {(out.stderr or out.stdout).strip()[-500:]}")
+        hw = json.loads(out.stdout.strip().splitlines()[-1])
+    hw.pop("world_size", None)
+    hw.pop("gpu_count", None)  # what trials may use of it is the node's Ray GPU resource (search.cluster)
+    return dict(hw, host=socket.gethostname(), memory_bytes=psutil.virtual_memory().total)

@@ -13,6 +13,11 @@ of their own. TRAINSCOUT_FRESH_WORKERS=1 (or execute(reuse=False)) runs a trial 
 
 The pool is one named actor per Ray job, created by the driver (a search's trials find it by name); its groups are
 its children, so they end with the driver.
+
+Placement: a group's ranks are packed on one node (placement group STRICT_PACK; one_node=False: PACK, which may
+split them over nodes, as inter-node links then slow the trial). Each trial's record says where its ranks ran
+(nodes, ranks per node). A group whose placement group the cluster could not give within the trial's time limit
+(other searches or jobs hold its resources) is `unscheduled`, not a timeout: nothing of the trial ran.
 """
 from __future__ import annotations
 
@@ -46,9 +51,10 @@ def pool():
 class Rank:
     """One rank's process: torch.distributed set up once, then one trial after another (trial.worker)."""
 
-    def where(self) -> tuple[str, list]:
+    def where(self) -> tuple[str, list, str]:
         import ray
-        return ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+        return (ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()],
+                ray.get_runtime_context().get_node_id())
 
     def free_port(self) -> int:
         import socket
@@ -99,9 +105,20 @@ def _bundle(cuda: bool) -> dict:
     return {"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}
 
 
+class Unscheduled(Exception):
+    """The cluster did not give a group's placement group in time: why, with what it had free."""
+
+
+def placement_of(node_ids: list[str]) -> dict:
+    """Where a group's ranks run, in rank order: {"nodes": n, "ranks_per_node": [..], "split": n > 1}."""
+    order = list(dict.fromkeys(node_ids))
+    return {"nodes": len(order), "ranks_per_node": [node_ids.count(n) for n in order], "split": len(order) > 1}
+
+
 class _Group:
     def __init__(self, key, pg, actors):
         self.key, self.pg, self.actors, self.trials, self.owner = key, pg, actors, 0, None
+        self.placement: dict | None = None
 
     def kill(self) -> None:
         import ray
@@ -123,13 +140,22 @@ class Pool:
         self.reports: dict[str, list] = {}
         self.stopping: set[str] = set()
 
-    async def _start(self, key, world: int, cuda: bool, env: dict) -> _Group:
+    async def _start(self, key, world: int, cuda: bool, env: dict, one_node: bool, wait_s: float) -> _Group:
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         bundle = _bundle(cuda)
-        pg = placement_group([bundle] * world, strategy="PACK")
-        await pg.ready()
+        pg = placement_group([bundle] * world, strategy="STRICT_PACK" if one_node else "PACK")
+        try:
+            await asyncio.wait_for(_value(pg.ready()), max(0.1, wait_s))
+        except asyncio.TimeoutError:
+            remove_placement_group(pg)
+            free = ray.available_resources()
+            have = ", ".join(f"{k} {free.get(k, 0):g}" for k in bundle)
+            raise Unscheduled(f"the cluster gave no room for its {world} ranks ({', '.join(f'{k} {v:g}' for k, v in bundle.items())} "
+                              f"each{', on one node' if one_node else ''}) within {wait_s:.0f} s (free now: {have}): "
+                              "other searches or jobs hold the resources; give --max-concurrent a smaller number, or "
+                              "run it when the cluster has room") from None
         cls = ray.remote(Rank)
         actors = [cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=0,
                               runtime_env={"env_vars": env},
@@ -139,18 +165,19 @@ class Pool:
         try:
             where = await asyncio.gather(*[a.where.remote() for a in actors])
             port = await actors[0].free_port.remote()
-            nodes = {}
-            for node, gpus in where:
+            nodes = {}  # by Ray node: several nodes may share a host (and its address)
+            for _, gpus, node in where:
                 nodes.setdefault(node, []).extend(gpus)
+            group.placement = placement_of([node for _, _, node in where])
             store = None
-            if len(nodes) == 1:
+            if len({ip for ip, _, _ in where}) == 1:  # one host: through a file (TCPStore binds every interface)
                 import tempfile
                 import uuid
                 store = os.path.join(tempfile.gettempdir(), f"trainscout-rendezvous-{uuid.uuid4().hex}")
             setups = []
-            for i, (node, gpus) in enumerate(where):
+            for i, (_, gpus, node) in enumerate(where):
                 visible = sorted(nodes[node], key=int) if cuda else []
-                same = [j for j, (n, _) in enumerate(where) if n == node]  # this node's ranks, in rank order
+                same = [j for j, w in enumerate(where) if w[2] == node]  # this node's ranks, in rank order
                 local = visible.index(gpus[0]) if cuda and gpus else same.index(i)
                 setups.append(actors[i].setup.remote(i, world, where[0][0], port, visible, local, len(same),
                                                      "nccl" if cuda else "gloo", store))
@@ -160,10 +187,12 @@ class Pool:
             raise
         return group
 
-    async def run(self, trial_id: str, spec, env: dict, timeout: float, reuse: bool, owner: str | None = None) -> dict:
-        """{"ok": {"n_params", "ranks"}, "reused": n} | {"error": str} | {"timeout": True}; the hard limit counts
-        from here (a group's start-up included, as a fresh process's was)."""
-        key = (spec.world_size, spec.device, tuple(sorted(env.items())))
+    async def run(self, trial_id: str, spec, env: dict, timeout: float, reuse: bool, owner: str | None = None,
+                  one_node: bool = True) -> dict:
+        """{"ok": {"n_params", "ranks"}, "reused": n, "placement": {...}} | {"error": str} | {"timeout": True} |
+        {"unscheduled": why}; the hard limit counts from here (a group's start-up included, as a fresh process's
+        was)."""
+        key = (spec.world_size, spec.device, tuple(sorted(env.items())), one_node)
         for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
             self.idle.remove(g)
             g.kill()
@@ -176,8 +205,11 @@ class Pool:
             if group is not None:
                 self.idle.remove(group)
             else:
-                group = await asyncio.wait_for(self._start(key, spec.world_size, spec.device == "cuda", env),
+                group = await asyncio.wait_for(self._start(key, spec.world_size, spec.device == "cuda", env,
+                                                           one_node, deadline - loop.time() - 0.5),
                                                max(0.1, deadline - loop.time()))
+        except Unscheduled as e:
+            return {"unscheduled": str(e)}
         except asyncio.TimeoutError:
             return {"timeout": True}
         except Exception as e:  # the group could not start (a GPU, a port): the trial's error
@@ -200,7 +232,8 @@ class Pool:
             healthy = True
             if trial_id in self.stopping:  # left at a step boundary (stop): the group is clean for the next trial
                 return {"cancelled": True}
-            return {"ok": {"n_params": outs[0]["n_params"], "ranks": [o["rank"] for o in outs]}, "reused": group.trials}
+            return {"ok": {"n_params": outs[0]["n_params"], "ranks": [o["rank"] for o in outs]}, "reused": group.trials,
+                    "placement": group.placement}
         finally:
             self.stopping.discard(trial_id)
             for f in futures:

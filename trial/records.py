@@ -156,6 +156,7 @@ class Record(_Fields):
     stderr_tail: str | None = None
     metrics: dict | None = None
     attempt: int | None = None      # a search: which measurement of the configuration this is
+    placement: dict | None = None   # where its ranks ran: nodes, ranks_per_node, split (more than one node)
     fault: str | None = None        # tests: the injected fault
     key: str | None = None          # read from a store: its measurement key and origin
     source: str | None = None
@@ -165,7 +166,7 @@ class Record(_Fields):
     ORDER: ClassVar[tuple[str, ...]] = (
         "trial_id", "model", "model_config", "device", "world_size", "config", "plan", "recipe", "grad_accum",
         "measured_accum", "timed_steps", "started_at", "wall_s", "reused", "versions", "hardware", "probe", "probe_compared",
-        "status", "error", "stderr_tail", "metrics", "attempt", "fault", "key", "source")
+        "status", "error", "stderr_tail", "metrics", "attempt", "placement", "fault", "key", "source")
 
     def __post_init__(self):
         self.status = status_of(self.status)

@@ -151,7 +151,9 @@ def check_resources(world: int, device: str, flag: str, per_trial: dict | None =
 def _init(ray, address: str | None, flag: str) -> None:
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     if address:
-        reach.check_address(address, flag)
+        reach.check_address(address, flag)  # nothing listening: refused in seconds (trial/reach.py)
+        from . import attach
+        attach.prepare(address, flag)  # loopback mode, the local token, a refused token said in one line
         ray.init(address=address, **kw)
     else:
         # Ray turns 127.0.0.1 into the machine's address and binds its gRPC servers to every interface unless it
@@ -160,7 +162,9 @@ def _init(ray, address: str | None, flag: str) -> None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's own processes read it at import
         ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray already
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats process, nothing sent out
-        ray.init(_node_ip_address="127.0.0.1", **kw)
+        # address="local": a Ray of its own, never the cluster a `ray start` on this machine recorded (ray.init's
+        # default attaches to it: the suite's test cluster took a later test's trials, whose actors died)
+        ray.init(address="local", _node_ip_address="127.0.0.1", **kw)
 
 
 def _worker_env(spec: TrialSpec) -> dict:
@@ -214,12 +218,15 @@ def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
 
 
 def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | None = None,
-            address: str | None = None, on_step=None, reuse: bool | None = None, owner: str | None = None) -> Record:
+            address: str | None = None, on_step=None, reuse: bool | None = None, owner: str | None = None,
+            one_node: bool = True) -> Record:
     """Run a prepared trial in a worker group (trial.pool); always returns a record (failures are outcomes).
 
     on_step(dict), if given, receives rank 0's projected step time and tokens/s after every timed step. reuse=False
     (or TRAINSCOUT_FRESH_WORKERS=1) runs it in fresh processes, killed after it. owner names the caller for
-    pool.cancel (a search's Tune trial)."""
+    pool.cancel (a search's Tune trial). one_node: its ranks on one node (False: wherever the cluster has room;
+    the record's placement says where they ran). A trial the cluster gave no room within the time limit is
+    `unscheduled` (nothing ran)."""
     import ray
     ensure_ray(address)
     check_resources(spec.world_size, spec.device, "--workers")  # a group Ray cannot place waited for the timeout
@@ -233,7 +240,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     spec = spec.replace(log_dir=log_dir, progress=pool.Progress(workers, trial_id) if on_step else None)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner)
+    ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner, one_node)
     try:
         raw = _wait(workers, ref, trial_id, spec, on_step)
     except ray.exceptions.RayError as e:
@@ -250,7 +257,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
                     world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
                     grad_accum=spec.grad_accum, measured_accum=spec.measured_accum, timed_steps=spec.timed_steps,
                     started_at=started, wall_s=round(wall, 2), reused=raw.get("reused"), versions=hardware.versions(),
-                    hardware=spec.hardware, status=Status.CRASH)
+                    hardware=spec.hardware, status=Status.CRASH, placement=raw.get("placement"))
     if "ok" in raw:
         ranks = [RankResult.from_dict(r) for r in raw["ok"]["ranks"]]
         spec, m, compared = probe.settle(spec, raw["ok"]["n_params"], ranks, derive)
@@ -258,6 +265,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
             record = record.replace(plan=spec.plan, grad_accum=spec.grad_accum, measured_accum=spec.measured_accum,
                                     probe=ranks[0].probe, probe_compared=compared)
         record = record.replace(status=Status.OK, error=None, metrics=m)
+    elif "unscheduled" in raw:
+        record = record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
     elif "timeout" in raw:
         record = record.replace(status=Status.TIMEOUT, metrics=None,
                                 error=f"no result within the {timeout:g} s limit; workers killed")

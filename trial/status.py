@@ -16,6 +16,7 @@ class Status(StrEnum):
     PRUNED = "pruned"      # search only: not launched, the memory model predicts it does not fit
     STOPPED = "stopped"    # search only: ended early by ASHA
     RUNNING = "running"    # search only: a trial's report after a timed step, before its outcome
+    UNSCHEDULED = "unscheduled"  # never got its resources in time (a cluster others use): says nothing of the config
 
 
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASH, Status.INVALID)  # a measurement record's outcomes

@@ -1,0 +1,77 @@
+"""A real multi-node Ray cluster for the tests, in a process of its own: Ray's own multi-node test cluster
+(ray.cluster_utils.Cluster, several raylets on this host), every node bound to 127.0.0.1 (Ray's one-machine mode,
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0). Run as `python tests/raycluster.py`: it prints one JSON line (the GCS
+address and the nodes), then serves commands on stdin, one per line:
+
+    block NODE_ID CPUS    an actor of this process holding CPUS of that node (another job using the cluster)
+    unblock               end every such actor
+
+and answers each with one line. End of stdin (or SIGTERM) shuts the cluster down with its own shutdown(), which
+ends the processes it started (never Ray's `ray stop`, which kills every Ray process of the machine by name).
+
+The nodes: a head with no CPU (a driver's node that runs no trial, as a cloud template's head), two CPU nodes
+(2 CPUs each), and one node with a mock of a GPU: 2 `GPU` resources and TRAINSCOUT_MOCK_GPU in its processes'
+environment (trial.hardware.node_facts reads it in place of a real GPU, which this box has not), no CPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+MOCK_GPU = "Mock H200 (a mock of a GPU),139.8,9.0"
+
+
+def main() -> None:
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    common = dict(node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, **common))
+
+    def stop(*_):
+        cluster.shutdown()
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    cpu = [cluster.add_node(num_cpus=2, **common) for _ in range(2)]
+    gpu = cluster.add_node(num_cpus=0, num_gpus=2, env_vars={"TRAINSCOUT_MOCK_GPU": MOCK_GPU}, **common)
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id,
+                      "cpu_nodes": [n.node_id for n in cpu], "gpu_node": gpu.node_id,
+                      "session_dir": cluster.head_node.get_session_dir_path()}), flush=True)
+
+    @ray.remote
+    class Blocker:
+        def ready(self):
+            return True
+
+    blockers = []
+    for line in sys.stdin:
+        words = line.split()
+        if words[:1] == ["block"]:
+            b = Blocker.options(num_cpus=float(words[2]), scheduling_strategy=NodeAffinitySchedulingStrategy(
+                words[1], soft=False)).remote()
+            ray.get(b.ready.remote(), timeout=60)
+            blockers.append(b)
+            print("blocked", flush=True)
+        elif words[:1] == ["unblock"]:
+            held = len(blockers)
+            before = ray.available_resources().get("CPU", 0)
+            for b in blockers:
+                ray.kill(b)
+            blockers.clear()
+            deadline = time.time() + 30  # the raylets free a killed actor's CPUs a moment later
+            while held and ray.available_resources().get("CPU", 0) <= before and time.time() < deadline:
+                time.sleep(0.2)
+            print("unblocked", flush=True)
+    ray.shutdown()
+    stop()
+
+
+if __name__ == "__main__":
+    main()
