@@ -883,13 +883,16 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     from trainscout.trial import memory
     searched = "micro_batch_size" in space.domains
     sizes = [m for m in space.domains.get("micro_batch_size", ()) if m != "max"] or [1]
-    smallest = {"micro_batch_size": min(sizes)} if searched else {}  # fixed: as fixed
+    # fixed: as fixed, but max (probed from the largest candidate down) at micro-batch 1: predicted at its largest
+    # candidate, 128, Pythia-410M's defaults "needed" 385 GiB and had no start point
+    probed = space.fixed.get("micro_batch_size") == "max"
+    smallest = {"micro_batch_size": min(sizes)} if searched or probed else {}
     gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
     cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
     host = host or psutil.virtual_memory().total
 
     def need(p: dict) -> tuple[float, str | None] | None:
-        spec = _spec_at(args, space, hw, dict(p, **smallest))
+        spec = _spec_at(args, space, hw, p, **smallest)
         if spec is None:
             return None
         return (memory.predict(spec, calibration) if gpu else 0.0), memory.host_refusal(spec, host, MEMORY_MARGIN)

@@ -320,3 +320,19 @@ def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_pa
     given = {"precision": "fp32", "micro_batch_size": 4, "compile": False, "loss_kernel": "eager", "zero_stage": 0,
              "tf32": True, "attention": "sdpa"}
     assert t["status"] in ("ok", "stopped") and t["config"] == dict(defaults, **given), t["config"]
+
+
+def test_a_fixed_probed_micro_batch_is_checked_for_fit_at_micro_batch_1():
+    """fits() with micro_batch_size=max fixed predicted the defaults at the probe's largest candidate (128: 385 GiB
+    for Pythia-410M) and gave no start point; the probe finds its own fit, so the check is at micro-batch 1."""
+    from trainscout.search.service import SearchArgs, start_points
+    from trainscout.trial import prepare
+    from trainscout.trial.runner import context
+    hw = {"device": "cuda", "gpu_count": 1, "gpu": "NVIDIA H200", "capability": "9.0", "gpu_memory_gib": 139.8,
+          "cpu": "x86_64", "cpu_count": 16}
+    ctx = context(prepare("pythia-410m", {}, hw=hw).model_config, 1024, 1, hw)
+    space = Space.build({"micro_batch_size": "max", "compile": [False, True]}, {}, ctx)
+    notes = []
+    points = start_points(SearchArgs(model="pythia-410m", out="unused"), space, hw, None, notes)
+    assert points, notes  # (fixed knobs are not in a point: the space holds them)
+    assert not any("no start point" in n for n in notes), notes
