@@ -74,18 +74,28 @@ def requirement_error(knob: Knob, value: Any, cfg: dict) -> ConfigError | None:
     return None
 
 
-def resolve(settings: dict[str, Any], ctx: Context) -> tuple[dict[str, Any], Plan]:
-    """Validate knob settings against the context; return (canonical config, plan). Raises ConfigError."""
-    order = all_knobs()
-    cfg: dict[str, Any] = {k.name: k.default_for(ctx) for k in order}
+def resolve(settings: dict[str, Any], ctx: Context, order: list[Knob] | None = None) -> tuple[dict[str, Any], Plan]:
+    """Validate knob settings against the context; return (canonical config, plan). Raises ConfigError.
+
+    In phases, so that no rule depends on the order the knobs come in: parse, requirements; then every knob
+    concretises its value from the parsed settings ("auto" decided: compile_scope, micro_batch_size); then every
+    rule is checked against the concretised configuration (where several fail, the first in all_knobs() order is
+    the one reported); then every knob writes the plan. Checked and concretised in one pass, sdpa_backend's rule read a
+    concretised compile_scope only because "c" < "s". `order` (tests): the knobs in another order, same answer."""
+    canonical = all_knobs()  # requirements first, then by name: the order rules are checked and errors reported in
+    order = order or canonical
+    cfg: dict[str, Any] = {k.name: k.default_for(ctx) for k in canonical}
     for name, raw in settings.items():
         cfg[name] = plugins.call(get(name), "parse", raw)
-    for k in order:
+    for k in canonical:
         if k.is_set(cfg[k.name]) and (err := requirement_error(k, cfg[k.name], cfg)):
             raise err
-    plan = Plan()
+    parsed = dict(cfg)
     for k in order:  # a plugin knob that fails here is a ConfigError naming the plugin (plugins.call)
-        cfg[k.name] = plugins.call(k, "concrete", cfg[k.name], cfg, ctx)
+        cfg[k.name] = plugins.call(k, "concrete", parsed[k.name], parsed, ctx)
+    for k in canonical:
         plugins.call(k, "check", cfg[k.name], cfg, ctx)
+    plan = Plan()
+    for k in order:
         plugins.call(k, "apply", plan, cfg[k.name], cfg, ctx)
     return cfg, plan

@@ -248,3 +248,23 @@ def test_registry_loads_once_for_concurrent_threads():
             "    print(sum(1 for _ in p.map(lambda i: resolve({'micro_batch_size': 8, 'zero_stage': i % 4}, ctx), range(64))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "64", out.stderr[-2000:]
+
+
+def test_resolve_gives_one_answer_under_every_order_of_the_knobs():
+    """Two-phase resolve: concretise all, check all, apply all. Swapping compile_scope and sdpa_backend made the
+    one-pass resolve accept sdpa_backend=flash with the model compiled whole (its rule read compile_scope before
+    it was concretised from auto)."""
+    import random
+
+    from trainscout.spaces import all_knobs, resolve
+    ctx = Context(world_size=2, device="cuda", num_layers=4, global_batch=64, capability="9.0")
+    knobs = all_knobs()
+    orders = [knobs, knobs[::-1]] + [random.Random(seed).sample(knobs, len(knobs)) for seed in range(30)]
+    scope_last = [k for k in knobs if k.name != "compile_scope"] + [k for k in knobs if k.name == "compile_scope"]
+    for settings in ({"compile": True, "zero_stage": 1}, {"micro_batch_size": "auto", "pipeline_stages": 2},
+                     {"fsdp": "full_shard", "activation_checkpointing": 2, "compile": True}):
+        answers = {repr(resolve(settings, ctx, order)) for order in orders}
+        assert len(answers) == 1, settings
+    for order in [*orders, scope_last]:  # zero_stage makes compile_scope=auto the whole model: flash refused
+        with pytest.raises(ConfigError, match="sdpa_backend=flash takes no mask tensor"):
+            resolve({"compile": True, "zero_stage": 1, "sdpa_backend": "flash"}, ctx, order)
