@@ -105,7 +105,7 @@ def cluster_hardware(address: str, device: str, ranks: int, one_node: bool, flag
     from trainscout.trial.runner import ensure_ray
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError("--device", f"--device {device} is not allowed: use auto, cpu or cuda")
-    ensure_ray(address)
+    ensure_ray(address if flag == "--address" else None)  # None: it reads RAY_ADDRESS itself, and names it
     nodes = _nodes()
     gpu_nodes = [n for n in nodes if n["Resources"].get("GPU", 0) >= 1]
     if device == "auto":

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 METRIC = "tokens_per_s"
 # outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
 # not count toward --trials; FREE_RUN of them in a row end the search's drawing (the space is mostly infeasible)
-FREE = (Status.INVALID, Status.PRUNED, Status.UNSCHEDULED)  # nothing ran
+FREE = (Status.INVALID, Status.PRUNED)  # refused before running: no device time (an unscheduled trial waited its time limit: it counts)
 FREE_RUN = 30
 TRIAL_ACTOR = {"CPU": cluster.TRIAL_CPU}  # what a search's Tune trial actor holds beside its ranks (search/cluster.py)
 LOCK_FILE = ".trainscout-search.lock"  # in --out: held (flock) by the driver of the search running there
@@ -160,7 +160,7 @@ def _measure(config: dict, base: dict) -> None:
                 known = store.quality(gate, "gate")
                 if known is not None:
                     spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
-            record = _measure(spec, base, trial_id)
+            record = _run_trial(spec, base, trial_id)
         finally:
             claim.release()
         if record is None:  # ASHA stopped it: the driver recorded it as stopped
@@ -185,7 +185,7 @@ def _measure(config: dict, base: dict) -> None:
                  "note": note})
 
 
-def _measure(spec, base: dict, trial_id: str):
+def _run_trial(spec, base: dict, trial_id: str):
     """Measure a trial (a crash again, up to max_failures times), reporting each timed step to Tune; None when
     ASHA stopped it."""
     from ray import tune
@@ -1328,8 +1328,8 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
                "passed_over": passed_over}
     free = len(trials) - counted(trials)
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
-          + (f" ({counted(trials)} toward --trials; {free} refused, pruned or unscheduled before running)"
-             if free else ""), file=stream)
+          + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
+          file=stream)
     summary["unscheduled"] = by_status.get(Status.UNSCHEDULED, 0)
     if summary["unscheduled"]:
         print(f"{summary['unscheduled']} trial{'s were' if summary['unscheduled'] != 1 else ' was'} unscheduled: the "

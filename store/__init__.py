@@ -139,6 +139,8 @@ def driver_missing(url: str, e: ImportError) -> str:
     except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse: the import error alone
         return f"its database driver is missing ({e}): install it"
     package = DRIVER_PACKAGES.get(driver, driver)
+    if backend == "postgresql":  # the extra trainscout[cluster] installs psycopg, which postgresql:// then uses
+        package = f"{package}, or 'trainscout[cluster]', which has psycopg"
     return (f"the {backend} driver {driver} is missing ({e}): install it (pip install {package}), or name an "
             f"installed one in the URL ({backend}+DRIVER://...)")
 
@@ -218,8 +220,8 @@ class Store:
                     if "already exists" not in str(e) or attempt == 4:
                         raise
         except ImportError as e:  # the URL's database driver is not installed (psycopg for PostgreSQL, ...)
-            raise ConfigError("--storage", f"cannot open storage {secrets.masked(url)!r}: {driver_missing(url, e)} "
-                                           "(pip install 'trainscout[cluster]' has psycopg), or give "
+            raise ConfigError("--storage", f"cannot open storage {secrets.masked(url)!r}: {driver_missing(url, e)}, "
+                                           "or give "
                                            "sqlite:///path/results.db")
         except ConfigError:
             raise

@@ -150,7 +150,8 @@ def recount(record):
     The figures it was stored with stay beside as flops_per_token_dense_v0 and mfu_dense_v0. A record whose model
     cannot be built here keeps its figures, marked flops_convention OLD with the reason (flops_note)."""
     m = record.metrics
-    if not record.ok or not m or m.get("flops_convention") == CONVENTION or "tokens_per_s" not in m:
+    if not record.ok or not m or m.get("flops_convention") == CONVENTION or "tokens_per_s" not in m or \
+            not ({"flops_per_token", "mfu"} & m.keys()):  # no FLOP figures to recount (a record of a test, a stub)
         return record
     old = {f"{k}_dense_v0": m[k] for k in ("flops_per_token", "mfu") if k in m}
     try:
