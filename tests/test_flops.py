@@ -91,6 +91,8 @@ def test_a_record_stored_under_the_dense_count_is_recounted_on_read(tmp_path):
 def test_a_record_whose_model_cannot_be_built_keeps_its_figures_and_says_why():
     rec = Record(model="gone", model_config={"model_type": "no-such-model"}, config={}, status="ok", world_size=1,
                  recipe={"seq_len": S}, metrics={"tokens_per_s": 10.0, "step_s": 1.0, "mfu": 0.5})
+    stub = Record(model="tiny", config={}, status="ok", metrics={"tokens_per_s": 1.0})  # no recipe: as it is
+    assert flops.recount(stub) is stub
     got = flops.recount(rec)
     assert got.m["mfu"] == 0.5 and got.m["flops_convention"] == flops.OLD
     assert got.m["flops_note"].startswith("not recounted")

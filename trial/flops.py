@@ -150,9 +150,9 @@ def recount(record):
     The figures it was stored with stay beside as flops_per_token_dense_v0 and mfu_dense_v0. A record whose model
     cannot be built here keeps its figures, marked flops_convention OLD with the reason (flops_note)."""
     m = record.metrics
-    if not record.ok or not m or m.get("flops_convention") == CONVENTION or "tokens_per_s" not in m or \
-            not ({"flops_per_token", "mfu"} & m.keys()):  # no FLOP figures to recount (a record of a test, a stub)
-        return record
+    if not record.ok or not m or m.get("flops_convention") == CONVENTION or not m.get("tokens_per_s") or \
+            not (record.recipe or {}).get("seq_len"):
+        return record  # nothing to count FLOPs against (no throughput or no sequence length: a stub)
     old = {f"{k}_dense_v0": m[k] for k in ("flops_per_token", "mfu") if k in m}
     try:
         from .models import stored_model
