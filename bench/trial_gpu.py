@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainscout.trial import execute, hardware, prepare
 
-LLAMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "llama-1b.json")
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
+LLAMA = os.path.join(MODELS, "llama-1b.json")
 YARDSTICK = {  # ../shared/bench/README.md, H200, tokens/s
     ("pythia-160m", 32, False): 291_439, ("pythia-160m", 32, True): 359_212,
     ("pythia-410m", 16, False): 120_700, ("pythia-1b", 16, False): 69_690,
@@ -100,6 +101,16 @@ GROUPS = {
         for mbs, label, s in [(16, "fp8 tensorwise", {"fp8": "tensorwise"}),
                               (32, "fp8 tensorwise", {"fp8": "tensorwise"}), (16, "loss compiled", {})]
     ],
+    # the hand-set best of two mixture-of-experts configs of our own (issue 27) beside a search of each: grouped_mm
+    # experts (the fastest kernel, bench/data/gpu-2026-12-02-s11/moe_probe_ABC.log), each layer and the loss compiled
+    # at two micro-batches, and eager layers with the fused linear cross-entropy; no fp8 (it leaves the experts bf16)
+    **{f"handset_{name.split('-')[0]}": [
+        (f"{name} mbs{mbs} {label}", os.path.join(MODELS, f"{name}.json"), {"micro_batch_size": mbs, "experts": "grouped_mm", **s},
+         {"global_batch": 256})
+        for mbs, label, s in [(32, "layers compiled", {"compile": True, "compile_scope": "layers", "loss_kernel": "compiled"}),
+                              (16, "eager fused_linear", {"compile": False, "loss_kernel": "fused_linear"}),
+                              (16, "layers compiled", {"compile": True, "compile_scope": "layers", "loss_kernel": "compiled"})]
+    ] for name in ("qwen3-moe-2b", "mixtral-1.5b")},
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [
             ("ddp mbs8", {"micro_batch_size": 8}),
