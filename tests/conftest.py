@@ -33,6 +33,17 @@ def ray_local():
 
 
 @pytest.fixture
+def h200_grid(tmp_path):
+    """A copy of bench/data/grid-h200 (64 real H200 measurements): a test reads the copy, so nothing it opens can
+    change the tracked store (opening one for writing adds tables)."""
+    import shutil
+    d = tmp_path / "grid-h200"
+    d.mkdir()
+    shutil.copy(os.path.join(_ROOT, "bench", "data", "grid-h200", "results.db"), d / "results.db")
+    return str(d)
+
+
+@pytest.fixture
 def worker_pids():
     return ray_worker_pids
 

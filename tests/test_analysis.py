@@ -239,12 +239,12 @@ def test_train_with_an_export_on_a_token_file(store_dir, tmp_path, key, capsys):
     assert main(["train", "--config", str(tmp_path)]) == 2
 
 
-def test_what_the_hook_is_worth_comes_from_the_stores_measurements():
+def test_what_the_hook_is_worth_comes_from_the_stores_measurements(h200_grid):
     """The H200 grid (bench/data/grid-h200): for a measurement whose loss kernel only the hook applies, the export
     names the measured twin a stock Trainer would run instead (loss_kernel=eager, the rest equal) and its ratio."""
     from trainscout.analysis.export import hook_costs, hook_only
     from trainscout.analysis.table import store_of
-    ms = store_of(os.path.join(os.path.dirname(__file__), "..", "bench", "data", "grid-h200")).measurements()
+    ms = store_of(h200_grid).measurements()
     found = 0
     for rec in (m for m in ms if m.ok and m.config.get("loss_kernel") == "compiled"):
         cost = hook_costs(rec, hook_only(rec), ms)["loss_kernel=compiled"]
@@ -257,10 +257,9 @@ def test_what_the_hook_is_worth_comes_from_the_stores_measurements():
     assert found >= 3
 
 
-def test_results_of_a_store_of_measurements_alone(capsys):
+def test_results_of_a_store_of_measurements_alone(capsys, h200_grid):
     """bench/data/grid-h200 holds 64 measurements and no search rows: results lists them (it said "no trials")."""
-    grid = os.path.join(os.path.dirname(__file__), "..", "bench", "data", "grid-h200")
-    assert main(["results", grid, "--format", "json"]) == 0
+    assert main(["results", h200_grid, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 64 and {r["status"] for r in rows} >= {"ok"} and all(r["key"] for r in rows)
 

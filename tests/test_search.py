@@ -246,13 +246,12 @@ def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
     assert notes[0].startswith("no start point") and "offload_optimizer=true" in notes[0] and "host" in notes[0]
 
 
-def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_gpu(tmp_path):
+def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_gpu(tmp_path, h200_grid):
     """No GPU needed: the real H200 grid of Pythia-160M (bench/data/grid-h200) seeds a Pythia-410M search on an
     H200-like box: its highest-MFU configurations, put into the space (micro-batch probed again), valid here."""
     from trainscout.search.service import SearchArgs, start_points, store_points, validate
     from trainscout.store import open_store
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    grid = open_store("sqlite:///" + os.path.join(root, "bench", "data", "grid-h200", "results.db")).measurements()
+    grid = open_store("sqlite:///" + os.path.join(h200_grid, "results.db")).measurements()
     gpu = grid[0].hardware["gpu"]
     args = SearchArgs(model="pythia-410m", out=str(tmp_path), device="cpu", trials=4)
     space, _, hw = validate(args)
