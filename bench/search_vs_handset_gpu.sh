@@ -11,6 +11,7 @@ t0=$(date +%s)
 timeout "${SEARCH_TIMEOUT:-450}" trainscout search --model "$model" --time-budget "$budget" --steps 3 --warmup 2 \
     --global-batch 256 --out "$dir" > "$dir.search.log" 2>&1
 echo "search rc=$? wall $(( $(date +%s) - t0 )) s"; grep -v Warning "$dir.search.log" | cut -c1-220 | tail -30
+ray stop --force > /dev/null 2>&1  # a search cut at its timeout leaves its Ray (and a trial's GPU memory) behind
 t1=$(date +%s)
 timeout "${HANDSET_TIMEOUT:-200}" python3 bench/trial_gpu.py --group "$group" --steps 3 --warmup 2 \
     --store "$dir-handset" --out "$dir-handset.jsonl" 2>&1 | grep -v Warning | tail -6

@@ -120,7 +120,8 @@ RANKS = """
 import os
 from trainscout.runtime import hf
 args = hf.training_arguments(".", output_dir=os.environ["OUT"], report_to="none")
-print("rank", os.environ.get("RANK", "0"), "of", args.world_size, args.device.type, flush=True)
+# one write per rank: print's pieces, unbuffered, interleaved across the two ranks ("rankrank 0 of 2 cpu")
+os.write(1, f"rank {os.environ.get('RANK', '0')} of {args.world_size} {args.device.type}\n".encode())
 """
 
 

@@ -121,3 +121,51 @@ def test_a_mixture_of_experts_is_first_class(tmp_path):
     # fp32 expert GEMMs under autocast save their fp32 inputs: more than the 16-bit model's
     assert model_tree.saved(MODELS["moe"], "sdpa", "autocast").per_layer > \
         model_tree.saved(MODELS["moe"], "sdpa", "16-bit").per_layer
+
+
+def test_the_experts_compute_in_the_autocast_dtype():
+    """transformers' grouped_mm is not autocast-enabled: over fp32 weights the experts ran in fp32 (on the H200 a 2.6B
+    qwen3_moe at a quarter of FSDP2's bf16 speed). After the experts knob's transform the grouped GEMMs take bf16
+    under bf16 autocast, eager and with the layers compiled, the gradients reach the fp32 weights, the state dict keeps
+    its keys, and without autocast the module is what it was (fp32 products, the same loss to the last bit)."""
+    from torch.overrides import TorchFunctionMode
+
+    from trainscout.runtime import prepare_model
+    from trainscout.spaces.plan import Plan
+    from trainscout.trial.models import build_model
+    grouped = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
+
+    class Dtypes(TorchFunctionMode):
+        seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in grouped:
+                self.seen.append((args[0].dtype, args[1].dtype))
+            return func(*args, **(kwargs or {}))
+
+    def model(transformed):
+        torch.manual_seed(0)
+        m = build_model(MODELS["moe"], "sdpa", S)
+        m.set_experts_implementation("grouped_mm")
+        return prepare_model(m, Plan(extra={"experts": "grouped_mm"})) if transformed else m
+
+    x = torch.randint(0, 512, (2, S))
+    plain, cast = model(False), model(True)
+    assert list(cast.state_dict()) == list(plain.state_dict())
+    for m, want in ((plain, torch.float32), (cast, torch.bfloat16)):
+        Dtypes.seen = []
+        with Dtypes(), torch.autocast("cpu", torch.bfloat16):
+            m(input_ids=x, labels=x).loss.backward()
+        assert Dtypes.seen and set(Dtypes.seen) == {(want, want)}, Dtypes.seen
+        w = m.model.layers[0].mlp.experts.gate_up_proj
+        assert w.dtype == torch.float32 and w.grad is not None and w.grad.dtype == torch.float32
+    assert torch.allclose(cast.model.layers[0].mlp.experts.gate_up_proj.grad,
+                          plain.model.layers[0].mlp.experts.gate_up_proj.grad, rtol=0.1, atol=1e-3)
+    assert torch.equal(cast(input_ids=x, labels=x).loss, plain(input_ids=x, labels=x).loss)  # no autocast: as it was
+    for layer in cast.model.layers:
+        layer.compile()
+    with torch.autocast("cpu", torch.bfloat16):
+        compiled = cast(input_ids=x, labels=x).loss
+    with torch.autocast("cpu", torch.bfloat16):
+        eager = model(True)(input_ids=x, labels=x).loss
+    assert torch.allclose(compiled, eager, atol=2e-2)

@@ -371,7 +371,10 @@ def _cuda_like(low, fused):
             if fused and func is F.scaled_dot_product_attention:
                 return _sdpa(self, low, *args, **kwargs)
             if func in grouped and getattr(args[0], "is_meta", False) and args[0].dtype not in reduced:
-                return _grouped_mm(*args[:2])
+                if low is None:  # fp32 training: the meta kernel takes bf16 only
+                    return _grouped_mm(*args[:2])
+                # autocast: the experts knob's transform runs them on 16-bit copies of their weights
+                args, kwargs = _map(lambda x: self.cast(x, low), args, kwargs)
             if low is not None and func in lows:
                 args, kwargs = _map(lambda x: self.cast(x, low), args, kwargs)
             elif low is not None and func in fp32s and kwargs.get("dtype") is None:
@@ -384,9 +387,8 @@ def _cuda_like(low, fused):
 
 def _grouped_mm(a, b):
     """A mixture of experts' grouped GEMM on the meta device in fp32, as a GPU runs transformers' experts over fp32
-    weights under autocast (grouped_mm is not autocast-enabled; on the H200 that ran, and held 1.4x the bf16 peak:
-    bench/data/gpu-2026-12-02-s11/): the meta kernel takes bf16 only, so this stands in for it, saving its two
-    operands for backward as the real op does (the weights are parameters: not counted)."""
+    weights without autocast (precision=fp32): the meta kernel takes bf16 only, so this stands in for it, saving its
+    two operands for backward as the real op does (the weights are parameters: not counted)."""
     import torch
 
     class Grouped(torch.autograd.Function):
