@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issues 17 and 27 on one GPU lease: a cold search of a config.json never tuned on (default the Llama-1B shape),
 # then the hand-set best configurations in fresh trials on the same machine, so the two are compared on one lease.
-#   [MODEL=bench/models/X.json GROUP=handset_X] bash bench/search_vs_handset_gpu.sh [BUDGET] [DIR]  (default 6m, /tmp/sl)
+#   [MODEL=bench/models/X.json GROUP=handset_X CASE=text] bash bench/search_vs_handset_gpu.sh [BUDGET] [DIR]  (default 6m, /tmp/sl)
 # The search runs first, so its compiles are cold; the hand-set trials then find those graphs in inductor's cache.
 # Copies results.db, the search log and handset.jsonl into $OUT when $OUT is set (device tool).
 set -u
@@ -13,7 +13,7 @@ timeout "${SEARCH_TIMEOUT:-450}" trainscout search --model "$model" --time-budge
 echo "search rc=$? wall $(( $(date +%s) - t0 )) s"; grep -v Warning "$dir.search.log" | cut -c1-220 | tail -30
 ray stop --force > /dev/null 2>&1  # a search cut at its timeout leaves its Ray (and a trial's GPU memory) behind
 t1=$(date +%s)
-timeout "${HANDSET_TIMEOUT:-200}" python3 bench/trial_gpu.py --group "$group" --steps 3 --warmup 2 \
+timeout "${HANDSET_TIMEOUT:-200}" python3 bench/trial_gpu.py --group "$group" ${CASE:+--case "$CASE"} --steps 3 --warmup 2 \
     --store "$dir-handset" --out "$dir-handset.jsonl" 2>&1 | grep -v Warning | tail -6
 echo "hand-set wall $(( $(date +%s) - t1 )) s"
 ray stop --force > /dev/null 2>&1

@@ -373,8 +373,13 @@ def _cuda_like(low, fused):
             if func in grouped and getattr(args[0], "is_meta", False) and args[0].dtype not in reduced:
                 if low is None:  # fp32 training: the meta kernel takes bf16 only
                     return _grouped_mm(*args[:2])
-                # autocast: the experts knob's transform runs them on 16-bit copies of their weights
-                args, kwargs = _map(lambda x: self.cast(x, low), args, kwargs)
+                # autocast: the experts knob's transform runs them on 16-bit copies of their weights (transformers
+                # passes a transposed view of the parameter: its copy is a weight's, not an activation)
+                x, w, *rest = args
+                base = w._base if w._base is not None else w
+                w = self.cast(base, low).as_strided(w.shape, w.stride(), w.storage_offset()) if base.is_leaf and base.requires_grad \
+                    else self.cast(w, low)
+                args = (self.cast(x, low), w, *rest)
             if low is not None and func in lows:
                 args, kwargs = _map(lambda x: self.cast(x, low), args, kwargs)
             elif low is not None and func in fp32s and kwargs.get("dtype") is None:
