@@ -452,7 +452,10 @@ def stored_trials(out, name: str) -> int | None:
         con.close()
 
 
-def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path):
+# CI kills the driver once (the class: a killed driver loses nothing and resumes to exactly n); three kills are the
+# long variant (-m slow): about 4 minutes on 2 cores
+@pytest.mark.parametrize("times", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path, times):
     # 8 trials: a reused worker's trial takes a second or two here, and the search must outlast the third kill
     n, seed = 8, int(os.environ.get("TRAINSCOUT_TEST_SEED", random.randrange(1 << 16)))
     rng = random.Random(seed)
@@ -460,7 +463,7 @@ def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path)
     name = "r2"
     snapshots, kills, leftovers = [], [], []
     cmd = search_cli(out, "--trials", str(n), "--seed", "2")
-    for k in range(3):
+    for k in range(times):
         w = Watch(cmd)
         # a random point once the search is recorded (so that --resume finds it) and, for the k-th kill, at least
         # k trials are stored: Ray starting, a trial running, a trial being stored, between trials
@@ -497,7 +500,7 @@ def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path)
     assert not w.survivors()
     print(f"R2: seed {seed}, kills after {kills} s, trials stored at each kill "
           f"{[len(s) for s in snapshots]}, processes left by each killed driver {leftovers}, final {len(after)}")
-    assert len(kills) == 3, (seed, kills, [len(s) for s in snapshots])
+    assert len(kills) == times, (seed, kills, [len(s) for s in snapshots])
 
 
 # --- R6: two writers on one store; a damaged SQLite file ---------------------------------------------------------
@@ -925,7 +928,9 @@ def _fill(folder) -> None:
             pass
 
 
-@pytest.mark.parametrize("fault", ["deleted", "disk-full", "read-only"])
+# CI keeps one (a deleted store, the case that took everything down); the other two are the long variants (-m slow)
+@pytest.mark.parametrize("fault", ["deleted", pytest.param("disk-full", marks=pytest.mark.slow),
+                                   pytest.param("read-only", marks=pytest.mark.slow)])
 def test_r9_a_store_that_fails_mid_search_stops_it_in_one_line_keeping_what_was_measured(tmp_path, fault):
     """results.db (with its -wal and -shm) deleted, its disk filled, or the files made immutable after the search's
     first trial: the search stops (it does not run its other trials into nowhere), prints no summary and no
