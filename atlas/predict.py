@@ -354,6 +354,11 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     installed = frozenset(p for k in all_knobs() for p in k.packages)  # the GPU box is assumed to have them
     n = memory._counts(spec_model.config)["N"]
     arch = spec_model.config.get("model_type")
+    from trainscout.trial.models import sizes
+    if sizes(spec_model.config).experts and not any(s.arch == arch for s in on_kind):
+        notes.append(f"a mixture of experts ({arch}), calibrated on dense models only: the roofline counts its active "
+                     "parameters but not its routing nor its grouped expert GEMMs (a 2.6B qwen3_moe measured 0.47x "
+                     "its prediction on the H200, docs/BENCHMARKS.md): measure it")
     cap = FIT_SHARE * capacity_gib * GiB
     rows: list[dict] = []
     for want in sorted({gpus, *[g for g in (2, 4, 8) if g > gpus]}):

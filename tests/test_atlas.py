@@ -142,6 +142,19 @@ def test_lookup_of_a_config_never_measured_prints_a_labelled_prediction(tmp_path
         assert r["error"] == predict.loo_summary(loo, r["level"])  # the error bar is the leave-one-out's
 
 
+def test_lookup_of_a_mixture_of_experts_says_it_was_calibrated_on_dense_models(tmp_path, capsys):
+    """No shipped row is a mixture of experts: its prediction (2.1x what the H200 measured for qwen3-moe-2b) says so."""
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 512, "intermediate_size": 1536, "moe_intermediate_size": 256,
+           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+           "num_experts": 16, "num_experts_per_tok": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
+    path = tmp_path / "small-moe.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["lookup", "--model", str(path), "--gpu", "H200"]) == 0
+    out = capsys.readouterr().out
+    assert "NOT MEASURED - PREDICTED" in out
+    assert "note: a mixture of experts (qwen3_moe), calibrated on dense models only" in out and "measure it" in out
+
+
 def test_leave_one_out_holds_out_the_model_and_is_what_the_docs_print():
     model = db.shipped_model()
     pool = predict.samples(list(db.shipped_rows()), model["features"])
