@@ -121,7 +121,7 @@ import os
 from trainscout.runtime import hf
 args = hf.training_arguments(".", output_dir=os.environ["OUT"], report_to="none")
 # one write per rank: print's pieces, unbuffered, interleaved across the two ranks ("rankrank 0 of 2 cpu")
-os.write(1, f"rank {os.environ.get('RANK', '0')} of {args.world_size} {args.device.type}\n".encode())
+os.write(1, f"rank {os.environ.get('RANK', '0')} of {args.world_size} {args.device.type}\\n".encode())
 """
 
 
@@ -156,8 +156,12 @@ def test_an_export_says_how_to_launch_it_and_its_folder_can_move(store_dir, tmp_
             assert hf.read_arguments(str(moved))["deepspeed"] == str(moved / "deepspeed.json")
     folder = tmp_path / "moved" / "k0"
     (folder / "ranks.py").write_text(RANKS)
+    import socket
+    with socket.socket() as sock:  # a free port: another run's ranks on this box may hold accelerate's 29500
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     res = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate.yaml",
-                          "ranks.py"], cwd=folder, capture_output=True, text=True, timeout=300,
+                          "--main_process_port", str(port), "ranks.py"], cwd=folder, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, OUT=str(tmp_path / "run")))
     ranks = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("rank"))
     assert res.returncode == 0 and ranks == ["rank 0 of 2 cpu", "rank 1 of 2 cpu"], (ranks, res.stderr[-2000:])
