@@ -20,7 +20,7 @@ from trainscout.trial.status import Status
 
 from . import cluster
 from .args import SEED_RANGE, SearchArgs
-from .halt import clear, store_failed, store_failure
+from .halt import clear_store_failure, store_failed, store_failure
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .space import Space
 from .start import first_points, start_points, store_points
@@ -169,7 +169,9 @@ def _interrupt_stopper(path: str | None = None, ident=None):
 
 
 def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream) -> dict:
-    clear()
+    """Run the search's Tune loop on its open store (run_search holds the folder and the lease); the summary. A
+    store that failed or was lost while it ran ends it in one line (StoreError: what was kept where)."""
+    clear_store_failure()
     keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
     try:
         summary = _run(args, store, name, space, hw, stream, keeper)

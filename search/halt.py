@@ -16,6 +16,6 @@ def store_failure() -> str | None:
     return _STORE_FAILED[0] if _STORE_FAILED else None
 
 
-def clear() -> None:
+def clear_store_failure() -> None:
     """Forget an earlier search's store failure (a new search starts in this process)."""
     _STORE_FAILED.clear()
