@@ -111,7 +111,7 @@ def played(row: dict, spec, on_step) -> Record:
 
 def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
     """search.service._trainable with trial.execute replaced by the recorded row of the configuration."""
-    from trainscout.search import service
+    from trainscout.search import trainable
     as_recorded(meta)
 
     def execute(spec, on_step=None, **_):
@@ -119,7 +119,7 @@ def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
         if row is None:
             raise LookupError("not in the grid: " + " ".join(f"{k}={fmt(v)}" for k, v in spec.config.items()))
         return played(row, spec, on_step)
-    service.execute = execute
+    trainable.execute = execute
     _trainable(config, base)
 
 

@@ -389,7 +389,7 @@ def trainable(tmp_path, monkeypatch):
             return Record(trial_id=f"x{len(calls)}", model=spec.model, config=spec.config, status=st,
                           error=None if st == "ok" else f"{st}!", wall_s=1.0,
                           metrics={"tokens_per_s": 100.0} if st == "ok" else None)
-        monkeypatch.setattr(service, "execute", fake_execute)
+        monkeypatch.setattr("trainscout.search.trainable.execute", fake_execute)  # read where _trainable runs
         base = {"model": "tiny", "workers": 2, "steps": 2, "warmup": 0, "hardware": hw, "seed": 0, "recipe": {},
                 "storage": url, "search": "s", "timeout": 5, "address": None, "trial_dir": str(tmp_path / "trials"),
                 "knob_names": list(service.space_knobs()), "max_failures": max_failures, "faults": {}, "offset": 0}

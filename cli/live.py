@@ -1,0 +1,72 @@
+"""The live table of `trainscout search`: one row per finished trial, and a progress line after each."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from trainscout.search.searcher import NUMBERS
+from trainscout.search.summary import clock, days_or_hours
+from trainscout.search.trainable import FREE, METRIC
+from trainscout.spaces import fmt
+from trainscout.store import one_line
+from trainscout.trial.status import Status
+
+if TYPE_CHECKING:
+    from trainscout.search.space import Space
+
+
+class Printer:
+    """The live table: one row per finished trial, with the best so far, and why a trial failed or did not run."""
+
+    def __init__(self, space: Space, stream=None, *, total: int | None = None, budget_s: float | None = None,
+                 ranks: int = 1, unit: str = "GPU"):
+        self.space, self.stream, self.best, self.n = space, stream, None, 0
+        self.counted = 0  # rows that count toward --trials (not refused or pruned before running)
+        self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
+        self.header = False
+        # the progress line: trials to go (None: until the budget), the budget, the ranks each trial holds
+        self.total, self.budget_s, self.ranks, self.unit = total, budget_s, ranks, unit
+        self.t0, self.device_s = time.time(), 0.0
+
+    def progress(self) -> str:
+        """One line: trials done of the total, elapsed and ETA, best so far, device-seconds the trials held."""
+        elapsed = time.time() - self.t0
+        eta = []
+        if self.total and self.counted:
+            eta.append(elapsed / self.counted * max(0, self.total - self.counted))
+        if self.budget_s:
+            eta.append(max(0.0, self.budget_s - elapsed))
+        left = f"ETA {clock(min(eta))}" if eta else "ETA -"
+        done = f"{self.counted}/{self.total}" if self.total else f"{self.counted}"
+        done += " trials" + (f" (+{self.n - self.counted} refused or pruned before running, not counted)"
+                             if self.n > self.counted else "")
+        best = f"{self.best:,.0f} tok/s" if self.best else "-"
+        return (f"    {done}, {clock(elapsed)} elapsed, {left}, best {best}, "
+                f"{self.device_s:,.0f} {self.unit}-s measured")
+
+    def __getstate__(self):  # Ray Tune pickles its callbacks; an open stream is not picklable
+        return dict(self.__dict__, stream=None)
+
+    def __call__(self, trial, r: dict):
+        out = self.stream or (sys.stderr if self.to_stderr else sys.stdout)
+        if not self.header:
+            print(f"{'#':>3} {'trial':10} {'status':8} {'tokens/s':>11} {'run':>11} {'best tok/s':>11}  config",
+                  file=out)
+            self.header = True
+        self.n += 1
+        self.counted += r.get("status") not in FREE
+        v = r.get(METRIC) or 0.0
+        if r.get("status") == Status.OK and (self.best is None or v > self.best):
+            self.best = v
+        days = r.get("projected_days")
+        days = days_or_hours(days) if days else "-"
+        searched = " ".join(f"{k}={fmt(trial.config[k])}" for k, vs in self.space.domains.items()
+                            if len(vs) > 1 and k in trial.config)
+        status = r.get("status", "?") + ("*" if r.get("cached") else "")
+        why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
+        why += f"  ({r['note']})" if r.get("note") else ""  # served from another search's measurement
+        self.device_s += (r.get("wall_s") or 0.0) * self.ranks
+        print(f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
+              f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
+        print(self.progress(), file=out, flush=True)

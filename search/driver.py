@@ -1,0 +1,311 @@
+"""One run of a search's Tune loop on the driver: the Tuner (trainable, searcher, ASHA, start points), the callback
+that records stopped trials and prints the live table's rows, the stopper, Ctrl-C, and the one line a search
+stopped by its store ends with."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from trainscout.cli.live import Printer
+from trainscout.spaces import fmt
+from trainscout.store import Store, StoreError, guard, open_store
+from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
+from trainscout.trial.status import Status
+
+from . import cluster
+from .args import SEED_RANGE, SearchArgs
+from .halt import clear_store_failure, store_failed, store_failure
+from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
+from .space import Space
+from .start import first_points, start_points, store_points
+from .summary import clock, summarize
+from .trainable import METRIC, TRIAL_ACTOR, _trainable, counted, fault_schedule, space_knobs
+
+
+def _cancel(tune_trial_id: str, stop: bool = False) -> None:
+    """End the worker group of a Tune trial whose actor ended before its trial did; stop: ASHA stopped it, and its
+    ranks leave at their next step boundary, keeping the group for the next trial (trial.pool.Pool.stop)."""
+    from trainscout.trial import pool
+    if stop:
+        pool.pool().stop.remote(owner=tune_trial_id)
+    else:
+        pool.pool().cancel.remote(owner=tune_trial_id)
+
+
+def _write(fn) -> bool:
+    """Run a store write of the driver inside Tune's loop; a storage failure is recorded, not raised into Tune
+    (which would print its traceback). False when it failed."""
+    try:
+        fn()
+        return True
+    except Exception as e:  # noqa: BLE001 - only a storage failure is caught
+        why = guard.failure_of(e)
+        if why is None:
+            raise
+        store_failed(why)
+        return False
+
+
+def _progress_callback(url: str, search: str, printer):
+    from ray.tune import Callback
+
+    class Progress(Callback):
+        """Records trials ASHA stopped early, and prints a row per finished trial."""
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            r = trial.last_result or {}
+            if r.get("store_failed"):  # the trial could not write its outcome: the search stops (run_search says)
+                store_failed(r["store_failed"])
+                return
+            if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
+                _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
+                if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
+                                                                r.get(METRIC), trial.config)):
+                    return
+                r = dict(r, status=str(Status.STOPPED))
+            printer(trial, r)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            _cancel(trial.trial_id)
+            try:  # a Tune error holds the traceback: its last line says what failed
+                lines = [ln.strip() for ln in str(trial.get_error() or "").splitlines() if ln.strip()]
+            except Exception:  # the error file may be gone; the row is what matters
+                lines = []
+            why = lines[-1][:2000] if lines else "the trial's actor failed"
+            if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0,
+                                                        trial.config, error=why)):
+                printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
+
+    return Progress()
+
+
+def _numbered(trial) -> str:
+    """Tune trial name "trial_N_ID", N counting the trials this driver created from 0 (the fault schedule's)."""
+    return f"trial_{int(trial.experiment_tag.split('_', 1)[0]) - 1}_{trial.trial_id}"
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------------------
+_INTERRUPTED = threading.Event()
+
+
+@contextlib.contextmanager
+def _catch_interrupt():
+    """Ctrl-C (SIGINT) while Tune runs: no trial is started, the running ones are stopped (a Tune stopper), what the
+    store holds is kept, and run_search says so. Tune's own handler stops the same way but tells nobody (the search
+    exited 0 with a normal summary), so it is switched off. A second Ctrl-C quits at once."""
+    _INTERRUPTED.clear()
+
+    def on_sigint(sig, frame):
+        _INTERRUPTED.set()
+        print("trainscout: interrupted: stopping the running trials (Ctrl-C again to quit at once)",
+              file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, previous)
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: no handler of ours (nor Tune's)
+        previous = None
+    env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        if env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
+
+
+@contextlib.contextmanager
+def _one_line_logs(*names: str):
+    """Records of these loggers as one line each, their traceback's last line kept: Tune's saving of its own
+    experiment state (OUT/tune) to a full disk logged a traceback beside the line that says what the store kept."""
+    class OneLine(logging.Filter):
+        def filter(self, record):
+            if record.exc_info:
+                last = next((ln for ln in reversed(logging.Formatter().formatException(record.exc_info).splitlines())
+                             if ln.strip()), "")
+                record.msg, record.args = f"{record.getMessage().strip()} {last.strip()}", ()
+                record.exc_info, record.exc_text = None, None
+            return True
+    loggers, f = [logging.getLogger(n) for n in names], OneLine()
+    for lg in loggers:
+        lg.addFilter(f)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(f)
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C ended the search running (or last run) in this process."""
+    return _INTERRUPTED.is_set()
+
+
+def _interrupt_stopper(path: str | None = None, ident=None):
+    from ray.tune import Stopper
+
+    class StopOnInterrupt(Stopper):
+        """Ends the whole experiment once Ctrl-C was pressed, or the store failed or is not the file the search
+        opened (path, ident: a SQLite store's; one stat per step) (Tune asks on every step of its loop)."""
+
+        def __call__(self, trial_id, result):
+            return False
+
+        def stop_all(self):
+            if (why := guard.lost(path, ident)) is not None:
+                store_failed(why)
+            # module functions: a pickled copy of the stopper reads the same flags
+            return interrupted() or store_failure() is not None
+    return StopOnInterrupt()
+
+
+def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream) -> dict:
+    """Run the search's Tune loop on its open store (run_search holds the folder and the lease); the summary. A
+    store that failed or was lost while it ran ends it in one line (StoreError: what was kept where)."""
+    clear_store_failure()
+    keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
+    try:
+        summary = _run(args, store, name, space, hw, stream, keeper)
+    except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
+        why = guard.failure_of(e)
+        if why is None and keeper.lost() is None:
+            raise
+        store_failed(why or keeper.lost())
+        summary = None
+    try:
+        if keeper.lost() or store_failure():
+            raise StoreError(_store_stop_line(args, store, name, keeper))
+    finally:
+        keeper.close()
+    return summary
+
+
+def _store_stop_line(args: SearchArgs, store: Store, name: str, keeper) -> str:
+    """The one line a search stopped by its store ends with: what failed, and what was kept where."""
+    resume = f"trainscout search --resume {args.out}"
+    if why := keeper.lost():
+        dest = keeper.rescue()
+        got = guard.counts(f"sqlite:///{dest}", name) if dest else None
+        if got is None:
+            return f"the results store {why} while the search ran: the search stopped; nothing could be rescued"
+        where = dest if dest == keeper.path else f"{dest} (the path now holds another file)"
+        return (f"the results store {why} while the search ran: the search stopped; its {_n(got[0], 'trial')} and "
+                f"{_n(got[1], 'measurement')} are rescued into {where}; continue with: {resume}")
+    got = guard.counts(store.url, name, store)
+    kept = (f"the {_n(got[0], 'trial')} and {_n(got[1], 'measurement')} recorded before are kept in {store.url}"
+            if got else f"what was recorded before is in {store.url}")
+    return (f"the results store failed ({store_failure()}): the search stopped; {kept} (the trials running then "
+            f"were not recorded); make room or make it writable, then continue with: {resume}")
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper) -> dict:
+    url = store.url
+    rows = store.trials(name)
+    done = [t for t in rows if t["status"] != Status.UNSCHEDULED]  # an unscheduled trial ran nothing: run it again
+    remaining = None if args.trials is None else args.trials - counted(done)
+    if remaining is not None and remaining <= 0:
+        print(f"search {name}: all {args.trials} trials done; give a larger --trials with --resume to run more",
+              file=stream)
+        return summarize(store, name, stream, out=args.out)
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's verbose=0 then prints nothing of its own
+    import optuna
+    from ray import tune
+
+    from trainscout.trial import pool
+    from trainscout.trial.runner import ensure_ray
+    ensure_ray(args.address)
+    pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
+    from trainscout.store import secrets, shared
+    secrets.publish(url)  # the storage's password, for the trials' processes wherever they run (in memory only)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ostorage = shared.optuna_storage(url, engine_kwargs=Store._engine_kwargs(url))  # its schema made once
+    guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
+    drawn = recover_interrupted(ostorage, name, store)
+    # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
+    sampler = make_sampler((args.seed + drawn) % SEED_RANGE, args.trials)
+    calibration = None  # the memory model fitted once on this GPU's stored peaks: pruning and the start point use it
+    if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
+        from trainscout.trial import memory
+        calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
+    notes: list[str] = []
+    ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
+    start = [] if done else first_points(start_points(args, space, hw, calibration, notes), ranker)
+    from trainscout.atlas.db import with_shipped  # the shipped H200 measurements beneath the store's
+    known = [] if done else store_points(args, space, hw, with_shipped(store.measurements()), start)
+    start += [p for p, _ in known]
+    searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
+                             ranker=ranker, target=remaining)
+    scheduler = make_scheduler(args.steps)
+    attached = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    concurrent, why_concurrent = cluster.concurrency(hw, args.gpus_per_trial, args.max_concurrent, attached)
+    base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
+            "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
+            "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
+            "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(rows),
+            "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs()),
+            "one_node": args.one_node,
+            # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
+            # filesystem numbers devices per host) does not compare it
+            "store_identity": store.identity, "driver_host": socket.gethostname()}
+    import psutil  # the driver's host: on one box (the common case) the trials' host too; on a cluster the nodes'
+    host = hw["host_memory_gib"] * 2**30 if hw.get("host_memory_gib") else psutil.virtual_memory().total
+    base["host"] = {"capacity": host, "margin": MEMORY_MARGIN}
+    if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
+        base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
+                          "calibration": calibration}
+    printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
+                      budget_s=args.time_budget_s, ranks=args.gpus_per_trial,
+                      unit="GPU" if hw["device"] == "cuda" else "worker")
+    printer.to_stderr = stream is sys.stderr
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(_trainable, base=base), TRIAL_ACTOR),
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                    num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
+                                    max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
+                                    trial_name_creator=_numbered if base["faults"] else None,
+                                    reuse_actors=True),  # one trial after another in the same actor process
+        run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
+                                  verbose=0, callbacks=[_progress_callback(url, name, printer)],
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident),
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
+    print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
+          f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial"
+          f"{'' if args.one_node else ' (may be split over nodes)'}, {concurrent} at once ({why_concurrent}); "
+          f"{counted(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
+          f"store {secrets.masked(url)}", file=stream, flush=True)
+    for note in notes:
+        print(f"  {note}", file=stream, flush=True)
+    for p, why in known:
+        print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
+              file=stream, flush=True)
+    with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"):
+        tuner.fit()
+    if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
+        return {}
+    recover_interrupted(ostorage, name, store)  # Ctrl-C or the time budget ended a trial Tune did not report
+    if searcher.stopped_why:
+        print(f"  {searcher.stopped_why}", file=stream, flush=True)
+    summary = summarize(store, name, stream, out=args.out)
+    if interrupted():
+        summary["interrupted"] = True
+    summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
+    if summary["ran"] == 0 and not interrupted():
+        summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}) ran out before a trial ended (the "
+                               "first trial of a run starts its worker processes): give a longer --time-budget"
+                               if args.time_budget_s else searcher.stopped_why or "the searcher proposed no trial")
+    return summary

@@ -1,0 +1,217 @@
+"""A search's start points: the configurations it measures first (the defaults at the largest micro-batch that
+fits, compiled twins on a GPU, the best MFU the store measured for other models), and the order they run in."""
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING
+
+from trainscout.spaces import ConfigError, fmt
+from trainscout.trial import prepare
+from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
+
+if TYPE_CHECKING:
+    from trainscout.trial.records import TrialSpec
+
+    from .args import SearchArgs
+    from .space import Space
+
+
+def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | None,
+                 notes: list[str] | None = None) -> list[dict]:
+    """The first trials, on every device, are the strong defaults a person would set by hand: every searched knob at
+    its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
+    probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
+    CPU the knob's default (auto) or the largest below it that fits the host's memory (a CPU step of a larger one
+    ran past the trial's time limit). On a GPU, where compile is searched, the same with compile on follows (the
+    yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that again
+    with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B shape on
+    an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults
+    do not fit even at the smallest micro-batch, the cheapest memory saver of the space that makes them fit is added
+    first (fits), and `notes` says which and why. A CPU search of a real model (pythia-14m, 3 trials) drew 1 invalid
+    and 2 pruned configurations and measured nothing; `--trials 1 --set micro_batch_size=...` drew random values for
+    the knobs left (eager attention, full checkpointing, FSDP on one GPU)."""
+    if not space.domains:
+        return []
+    from trainscout.spaces import get
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    defaults = fits(args, space, hw, calibration, space_defaults(space), notes)
+    if defaults is None:
+        return []
+    sizes = space.domains.get("micro_batch_size")
+    if sizes is None:  # fixed: the defaults as they are
+        point = defaults if spec_at(args, space, hw, defaults) is not None else None
+    elif gpu and "max" in sizes:  # probed in the trial, from the memory model's estimate up
+        point = dict(defaults, micro_batch_size="max")
+    else:
+        point = _largest_fit(args, space, hw, calibration, defaults)
+    if point is None:
+        return []
+
+    def applicable(p):  # a knob whose requirements do not hold keeps its default (compile_scope without compile)
+        return {k: v for k, v in p.items() if get(k).applies(p)}
+    compiled = []
+    if gpu and True in space.domains.get("compile", ()) and not point.get("compile"):
+        on = dict(point, compile=True)
+        if "compiled" in space.domains.get("loss_kernel", ()):  # the loss too, which per-layer compile leaves out
+            on["loss_kernel"] = "compiled"
+        compiled = [applicable(on)]
+        if "tensorwise" in space.domains.get("fp8", ()):  # FP8 matmuls on top, where the GPU and torchao have them
+            fp8 = applicable(dict(on, fp8="tensorwise"))  # (the knob's own check refuses other GPUs)
+            if spec_at(args, space, hw, fp8) is not None:
+                compiled.append(fp8)
+    return [applicable(point), *compiled]
+
+
+def space_defaults(space: Space) -> dict:
+    """Every searched knob at its default (its first value where the default is not in the domain)."""
+    from trainscout.spaces import get
+    return {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
+
+
+# memory savers, cheapest first (what each costs in speed): checkpoint every 4th .. every layer, then ZeRO offload of
+# the optimizer (its step on the CPU), then of the parameters too; a saver is tried only where the space has it
+SAVERS = ({"activation_checkpointing": 4}, {"activation_checkpointing": 3}, {"activation_checkpointing": 2},
+          {"activation_checkpointing": "full"},
+          {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"},
+          {"zero_stage": 3, "offload_optimizer": True, "offload_params": True, "activation_checkpointing": "full"})
+FIT_SHARE = 0.85  # a start point must be predicted to fit in this share of the GPU's memory
+
+
+def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,
+         notes: list[str] | None = None, host: float | None = None) -> dict | None:
+    """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the
+    cheapest memory saver (SAVERS) that fits the GPU and the host (host: its bytes; default this machine's);
+    None where none does (notes: why)."""
+    import psutil
+
+    from trainscout.trial import memory
+    searched = "micro_batch_size" in space.domains
+    sizes = [m for m in space.domains.get("micro_batch_size", ()) if m != "max"] or [1]
+    # fixed: as fixed, but max (probed from the largest candidate down) at micro-batch 1: predicted at its largest
+    # candidate, 128, Pythia-410M's defaults "needed" 385 GiB and had no start point
+    probed = space.fixed.get("micro_batch_size") == "max"
+    smallest = {"micro_batch_size": min(sizes)} if searched or probed else {}
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
+    host = host or psutil.virtual_memory().total
+
+    def need(p: dict) -> tuple[float, str | None] | None:
+        spec = spec_at(args, space, hw, p, **smallest)
+        if spec is None:
+            return None
+        return (memory.predict(spec, calibration) if gpu else 0.0), memory.host_refusal(spec, host, MEMORY_MARGIN)
+    first = need(point)
+    if first is None or (first[0] <= cap and first[1] is None):
+        return point
+    tried = []
+    for saver in SAVERS:
+        if any(v not in space.domains.get(k, ()) for k, v in saver.items()):
+            continue
+        got = need(dict(point, **saver))
+        if got is None:
+            continue
+        tried.append(f"{' '.join(f'{k}={fmt(v)}' for k, v in saver.items())}: {got[0] / memory.GiB:.1f} GiB"
+                     + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
+        if got[0] <= cap and got[1] is None:
+            if notes is not None:
+                over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
+                        f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
+                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}): the start point adds "
+                             + " ".join(f"{k}={fmt(v)}" for k, v in saver.items()))
+            return dict(point, **saver)
+    if notes is not None:
+        need_text = f"{first[0] / memory.GiB:.1f} GiB" if gpu else f"more than the host has ({first[1]})"
+        notes.append(f"no start point: the defaults need {need_text} at micro-batch {min(sizes)} "
+                     f"and no memory saver of the space fits ({'; '.join(tried) or 'the space has none'})")
+    return None
+
+
+STORE_POINTS = 2  # start points taken from the store: the best MFU measured on this GPU kind, other models
+
+
+def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: list[dict]) -> list[tuple[dict, str]]:
+    """Start points from what the store knows: the configurations with the highest MFU measured on the same GPU
+    kind and rank count for other models (MFU, not tokens/s, carries across model sizes), put into this search's
+    space (a knob outside its domain keeps the start point's value; the micro-batch is probed again where the space
+    has max, as it is this model's) and checked against this model (an invalid one is left out). [(point, why)]."""
+    if hw["device"] != "cuda" or not have:
+        return []
+    from trainscout.spaces import get
+    base = have[0]
+    me = spec_at(args, space, hw, base)
+    if me is None:
+        return []
+    same = [r for r in records if r.ok and r.m.get("mfu") and r.world_size == args.gpus_per_trial
+            and (r.hardware or {}).get("gpu") == hw.get("gpu") and r.model != me.model and r.device == "cuda"]
+    out, seen = [], [json.dumps(p, sort_keys=True, default=str) for p in have]
+    for r in sorted(same, key=lambda r: -r.m["mfu"]):
+        point = dict(base)
+        for k, dom in space.domains.items():
+            v = r.config.get(k)
+            if k != "micro_batch_size" and v in dom:
+                point[k] = v
+        point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
+        sizes = space.domains.get("micro_batch_size", ())
+        if "max" not in sizes and r.config.get("micro_batch_size") in sizes:
+            point["micro_batch_size"] = r.config["micro_batch_size"]  # no probe in this space: the measured one
+        k = json.dumps(point, sort_keys=True, default=str)
+        if k in seen or spec_at(args, space, hw, point) is None:
+            continue
+        seen.append(k)
+        out.append((point, f"{r.model}'s MFU {r.m['mfu']:.3f} on {hw.get('gpu')}"))
+        if len(out) == STORE_POINTS:
+            break
+    return out
+
+
+def spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -> TrialSpec | None:
+    """The trial a start point means, as the sampler would build it, with `override` set over it (None: this model
+    refuses it)."""
+    import optuna
+    try:
+        settings = dict(space.sample(optuna.trial.FixedTrial(point)), **override)
+        return prepare(args.model, settings, workers=args.gpus_per_trial, hw=hw, **args.recipe)
+    except ConfigError:
+        return None
+
+
+def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
+    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU; on the CPU,
+    at the largest no larger than the knob's default (auto) that fits the host's memory (None: none)."""
+    import psutil
+
+    from trainscout.trial import memory
+    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    sizes = sorted((m for m in space.domains["micro_batch_size"] if m != "max"), reverse=True)
+    if not gpu:
+        auto = spec_at(args, space, hw, dict(defaults, micro_batch_size=min(sizes)), micro_batch_size="auto")
+        sizes = [m for m in sizes if auto is None or m <= auto.plan["micro_batch_size"]]
+    for mbs in sizes:
+        point = dict(defaults, micro_batch_size=mbs)
+        spec = spec_at(args, space, hw, point)
+        if spec is None:
+            continue
+        if gpu and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
+            return point
+        if not gpu and memory.host_refusal(spec, psutil.virtual_memory().total, MEMORY_MARGIN) is None:
+            return point
+    return None
+
+
+def first_points(points: list[dict], ranker) -> list[dict]:
+    """The start points the search runs first: the fastest predicted first, less those predicted more than
+    ranked.MARGIN slower than it. On the H200 Pythia-160M grid the defaults (loss and layers eager) cost 2.4 % of
+    the grid's GPU-seconds before their compiled twin, which the step-time model ranks 37 % faster and the grid
+    measured 55 % faster; the ranked neighbours of the fastest come next (docs/BENCHMARKS.md). All of them where no
+    ranker or no prediction is at hand."""
+    if ranker is None or len(points) < 2:
+        return points
+    params = [ranker.params(p) for p in points]
+    predicted = [None if q is None else ranker.step_s(q) for q in params]
+    if None in predicted:
+        return points
+    fastest = min(predicted)
+    order = sorted(range(len(points)), key=lambda i: predicted[i])
+    from .ranked import MARGIN
+    return [points[i] for i in order if fastest / predicted[i] >= 1 - MARGIN]

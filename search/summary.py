@@ -1,0 +1,118 @@
+"""A search's summary: trials by status, per-trial overhead, the fastest distinct configurations and their quality."""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from trainscout.spaces import fmt
+from trainscout.trial.metrics import median
+from trainscout.trial.status import Status
+
+from .trainable import counted
+
+if TYPE_CHECKING:
+    from trainscout.store import Store
+
+
+def clock(seconds: float) -> str:
+    """4m12s, 1h05m, 37s."""
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def days_or_hours(d: float) -> str:
+    """1.5 days, 3.00 hours."""
+    return f"{d:.1f} days" if d >= 1 else f"{d * 24:.2f} hours"
+
+
+def _verify_hint(b: dict, out: str) -> str:
+    """What to run where a best's numerics differ and no training run has compared it with its reference."""
+    if b["quality"] in ("same", "verified"):
+        return ""
+    return f"; train both to compare: trainscout verify {out} --trial {b['key'][:12]} --quality 500"
+
+
+def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
+    """Print a search's outcome to stream: trials by status, per-trial overhead, the `top` fastest distinct
+    configurations, each with its quality status (trial/quality.py: the same model as its reference, or not, or
+    not known); a search run with --quality strict calls best only those that train the same model (same, passed,
+    verified) and names the faster ones it passed over. Returns the same as a dict."""
+    from trainscout.trial import quality
+    store.checkpoint()
+    strict = (store.search_args(name) or {}).get("quality") == "strict"
+    verified = store.verified()
+    trials = store.trials(name)
+    by_status: dict[str, int] = {}
+    for t in trials:
+        by_status[t["status"]] = by_status.get(t["status"], 0) + 1
+    best = []
+    seen, records = set(), []
+    for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
+        if t["key"] in seen:
+            continue
+        seen.add(t["key"])
+        rec = store.get(t["key"])
+        rec.key = t["key"]
+        records.append(rec)
+        status, why = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)
+        best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
+                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
+                     "quality": status, "quality_why": why, "notes": (rec.plan or {}).get("notes", [])})
+    passed_over = []
+    if strict:  # the faster configurations not shown to train the same model are named, not called best
+        good = [b for b in best if b["quality"] in quality.GOOD]
+        line = good[0]["tokens_per_s"] if good else 0.0
+        passed_over = [b for b in best if b["quality"] not in quality.GOOD and b["tokens_per_s"] > line][:top]
+        best = good
+    # the best of those: the fastest, or the simplest within its measured noise (analysis.ties; rule: README)
+    from trainscout.analysis.ties import choose
+    called = {b["key"] for b in best}
+    choice = choose([r for r in records if r.key in called])
+    if choice is not None and choice.is_tie:
+        best.sort(key=lambda b: b["key"] != choice.best.key)  # the chosen first, the others fastest first
+    tie = None if choice is None or len(choice.tied) < 2 else {
+        "best": choice.best.key, "fastest": choice.fastest.key, "tied": [r.key for r in choice.tied],
+        "noise": choice.noise, "why": choice.line()}
+    # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
+    # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
+    overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0)
+                for r in (store.get(t["key"]) for t in trials
+                          if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
+    summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
+               "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
+               "passed_over": passed_over}
+    free = len(trials) - counted(trials)
+    print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
+          + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
+          file=stream)
+    summary["unscheduled"] = by_status.get(Status.UNSCHEDULED, 0)
+    if summary["unscheduled"]:
+        print(f"{summary['unscheduled']} trial{'s were' if summary['unscheduled'] != 1 else ' was'} unscheduled: the "
+              "cluster gave their ranks no room within the time limit (other searches or jobs held it; nothing ran "
+              f"and the sampler learnt nothing): `trainscout search --resume {out}` runs them again; a smaller "
+              "--max-concurrent leaves room", file=stream)
+    if overhead:
+        later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
+        print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
+              f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
+    tied = set(tie["tied"]) if tie else set()
+    for i, b in enumerate(best[:top], 1):
+        mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
+        cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
+        mark = " (tie)" if b["key"] in tied else ""
+        print(f"best #{i}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
+              f"{days_or_hours(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+        for note in b["notes"]:
+            print(f"         note: {note}", file=stream)
+    if tie:
+        why = tie["why"] or (f"the fastest is also the simplest of the {len(tied)} configurations within the measured "
+                             f"noise ({tie['noise']:.1%}) of it, marked (tie): it is the best (rule: README, ties)")
+        print(f"  {why}", file=stream)
+    for b in passed_over:  # --quality strict: faster, but not shown to train the same model
+        print(f"not best (--quality strict): {b['tokens_per_s']:,.0f} tokens/s, quality {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+    if strict and not best and trials:
+        print("no configuration shown to train the same model as its reference: none is called best", file=stream)
+    print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
+    return summary

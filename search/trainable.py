@@ -1,0 +1,186 @@
+"""One Tune trial of a search: measure (or look up) one configuration and report it to Tune.
+
+It runs in a Ray actor that Tune reuses for the next trial (its ranks run in a warm worker group of the driver's
+pool, trial.pool; a trial stopped early has its group killed), reports rank 0's throughput after every timed step
+(ASHA's signal), stores the record the moment it exists, and reports infeasible outcomes (oom, invalid) as a value
+of 0 so the sampler learns to avoid them (an exception would be a FAIL, which TPE ignores).
+"""
+from __future__ import annotations
+
+import json
+import socket
+
+from trainscout.spaces import ConfigError
+from trainscout.store import StoreLost, claims, guard, measurement_key, open_store
+from trainscout.trial import execute, hardware, prepare
+from trainscout.trial.runner import Cancelled
+from trainscout.trial.status import DETERMINISTIC, Status
+
+from . import cluster
+
+METRIC = "tokens_per_s"
+# outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
+# not count toward --trials (an unscheduled trial waited its time limit: it counts); searcher.FREE_RUN of them in a
+# row end the search's drawing
+FREE = (Status.INVALID, Status.PRUNED)
+TRIAL_ACTOR = {"CPU": cluster.TRIAL_CPU}  # what a search's Tune trial actor holds beside its ranks (search/cluster.py)
+
+
+def _trainable(config: dict, base: dict) -> None:
+    """One Tune trial: measure (or look up) one configuration and report it. A store that failed (deleted, full,
+    read-only) is reported as `store_failed`, which stops the search (its driver says what was kept)."""
+    from ray import tune
+    try:
+        _measure(config, base)
+    except Exception as e:  # noqa: BLE001 - only a storage failure is caught; anything else is Tune's error
+        why = guard.failure_of(e)
+        if why is None:
+            raise
+        tune.report({METRIC: 0.0, "status": str(Status.CRASH), "store_failed": why, "cached": False})
+
+
+def _measure(config: dict, base: dict) -> None:
+    from ray import tune
+    ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None
+    store = open_store(base["storage"], expect=ident)
+    trial_id = tune.get_context().get_trial_id()
+    settings = {k: v for k, v in config.items() if k in base["knob_names"]}
+    fault = None
+    if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
+        fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
+    try:
+        spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
+                       hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
+    except ConfigError as e:
+        store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
+        tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
+        return
+    host = base.get("host")  # predicted over the host's memory (offload states, CPU runs): not launched, why recorded
+    if host and not spec.plan["micro_batch_probe"]:
+        from trainscout.trial import memory
+        why = memory.host_refusal(spec, host["capacity"], host["margin"])
+        if why:
+            store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
+            tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why})
+            return
+    mem = base.get("memory")
+    # predicted clearly over the GPU's memory: not launched, recorded with the prediction (max finds its own fit)
+    if mem and not spec.plan["micro_batch_probe"]:
+        from trainscout.trial import memory
+        predicted = memory.predict(spec, mem["calibration"])
+        if predicted > mem["capacity"] * (1 + mem["margin"]):
+            gib = predicted / memory.GiB
+            why = f"predicted {gib:.1f} GiB per rank > {mem['capacity'] / memory.GiB:.0f} GiB"
+            store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0,
+                            dict(spec.config, predicted_gib=round(gib, 2)), error=why)
+            tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "predicted_gib": gib,
+                         "error": why})
+            return
+    key = measurement_key(spec, base["hardware"], hardware.versions())
+    record = store.get(key)
+    cached = record is not None and record.status in DETERMINISTIC
+    if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
+        # ASHA ended this configuration earlier in the search: TPE proposed it again; it gets the same answer
+        store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
+        tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
+        return
+    claim, note = None, None
+    if not cached:  # measured by another search right now: wait for it and be served its record (store.claims)
+        claim = store.claim(key, {"search": base["search"], "trial": trial_id})
+        if claim.served is not None:
+            record, cached = claim.served, True
+            note = f"measured by another search ({claims.describe(claim.other or {})}) while this trial waited " \
+                   f"{claim.waited_s:.0f} s"
+    gate = None
+    if not cached:
+        if why := guard.lost(store.path, ident):  # no device time for a store that is gone
+            raise StoreLost(f"the results store {why} while the search ran")
+        try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
+            if spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
+                from trainscout.trial import quality
+                gate = quality.gate_key(spec)
+                known = store.quality(gate, "gate")
+                if known is not None:
+                    spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
+            record = _run_trial(spec, base, trial_id)
+        finally:
+            claim.release()
+        if record is None:  # ASHA stopped it: the driver recorded it as stopped
+            return
+        if record.status == Status.UNSCHEDULED:  # nothing ran: no measurement, and the sampler is told nothing
+            store.add_trial(base["search"], trial_id, None, Status.UNSCHEDULED, False, 0.0, spec.config,
+                            error=record.error)
+            tune.report({METRIC: 0.0, "status": str(Status.UNSCHEDULED), "cached": False, "error": record.error})
+            return
+        if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
+            key = measurement_key(spec, base["hardware"], hardware.versions(), placement=record.placement)
+        store.add_measurement(key, record)  # a second measurement of a key is kept beside the first (store.samples)
+        verdict = record.m.get("quality") or {}
+        if gate and verdict.get("gate") and not verdict.get("cached"):
+            store.put_quality(gate, "gate", verdict)
+    m = record.m
+    value = m.get(METRIC, 0.0) if record.ok else 0.0
+    store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
+    tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
+                 "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
+                 "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
+                 "note": note})
+
+
+def _run_trial(spec, base: dict, trial_id: str):
+    """Measure a trial (a crash again, up to max_failures times), reporting each timed step to Tune; None when
+    ASHA stopped it."""
+    from ray import tune
+    seen = []
+
+    def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
+        seen.append(m["tokens_per_s"])
+        tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
+    for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
+        try:
+            record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
+                             on_step=on_step, owner=trial_id, one_node=base.get("one_node", True))
+        except Cancelled:
+            return None
+        record = record.replace(attempt=attempt + 1, fault=spec.fault or None)
+        if record.status != Status.CRASH:
+            break
+    return record
+
+
+def counted(rows: list[dict]) -> int:
+    """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE)."""
+    return sum(1 for t in rows if t["status"] not in FREE)
+
+
+def _stopped_before(store, search: str, settings: dict) -> float | None:
+    """The best step of an earlier trial of this search that ASHA stopped with the same settings (None: none)."""
+    same = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    for t in store.trials(search):
+        if t["status"] == Status.STOPPED and {k: t["config"].get(k) for k in same} == same:
+            return t["tokens_per_s"] or 0.0
+    return None
+
+
+def fault_schedule(text: str | None) -> dict[int, str]:
+    """TRAINSCOUT_FAULT_SCHEDULE (tests): "N:KIND[@RANK],..." injects a fault into the search's trial number N
+    (0-based, counted over the whole search, resumes included). Off when unset."""
+    from trainscout.trial import faults
+    out: dict[int, str] = {}
+    for item in filter(None, (i.strip() for i in (text or "").split(","))):
+        n, _, kind = item.partition(":")
+        try:
+            faults.parse(kind)
+            if not n.strip().isdigit() or not kind:
+                raise ValueError
+        except ValueError:
+            raise ConfigError("TRAINSCOUT_FAULT_SCHEDULE", f"TRAINSCOUT_FAULT_SCHEDULE item {item!r} is not "
+                              f"N:KIND[@RANK] with KIND one of {'|'.join(faults.KINDS)}: e.g. 3:oom,5:crash@1")
+        out[int(n)] = kind
+    return out
+
+
+def space_knobs():
+    """The names of all registered knobs, in all_knobs() order (a generator)."""
+    from trainscout.spaces import all_knobs
+    return (k.name for k in all_knobs())
