@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from trainscout.cli.live import Printer
+from trainscout.search.live import Printer
 from trainscout.spaces import fmt
 from trainscout.store import Store, StoreError, guard, open_store
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from trainscout.cli.live import Printer
+from trainscout.search.live import Printer
 from trainscout.store import default_url, guard, open_store
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN
 
