@@ -45,7 +45,7 @@ def prepare_model(model, plan: Plan, *, after_sharding: bool = False):
 def plan_of(exported: dict, *, world_size: int | None = None, device: str = "cuda") -> Plan:
     """The plan of an exported configuration (trainscout.json: model config, knob config, recipe, hardware)."""
     from trainscout.spaces import Context, resolve
-    from trainscout.trial.models import sizes
+    from trainscout.spaces.model_config import sizes
     mc = exported.get("model_config") or {}
     recipe, hw = exported.get("recipe") or {}, exported.get("hardware") or {}
     ctx = Context(world_size=world_size or hw.get("world_size") or 1, device=device,

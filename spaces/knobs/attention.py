@@ -2,15 +2,15 @@ import sys
 
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..model_config import model_attentions, model_class_name
 
 _noted: set[str] = set()
 
 
 def _attentions(ctx) -> frozenset | None:
-    """The attention values the context's model implements (None: not known here, trial.models.model_attentions)."""
+    """The attention values the context's model implements (None: not known here, spaces.model_config.model_attentions)."""
     if not ctx.model_config or "model_type" not in ctx.model_config:
         return None
-    from trainscout.trial.models import model_attentions
     return model_attentions(ctx.model_config)
 
 
@@ -29,7 +29,6 @@ class Attention(Knob):
         has = _attentions(ctx)
         if has is None or self.default in has:
             return self.default
-        from trainscout.trial.models import model_class_name
         name = model_class_name(ctx.model_config)
         if name not in _noted:
             _noted.add(name)
@@ -40,7 +39,6 @@ class Attention(Knob):
     def check(self, value, cfg, ctx):
         has = _attentions(ctx)
         if has is not None and value not in has:
-            from trainscout.trial.models import model_class_name
             raise ConfigError(self.name, f"attention={value}: {model_class_name(ctx.model_config)} has no {value} "
                                          f"attention in this transformers: set attention={'|'.join(sorted(has))}")
         if value == "flash" and (ctx.device != "cuda" or "flash_attn" not in ctx.installed):

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..model_config import sizes
 
 
 @register
@@ -31,7 +32,6 @@ class Experts(Knob):
     def check(self, value, cfg, ctx):
         if value == "auto" or not ctx.model_config:
             return
-        from trainscout.trial.models import sizes
         if not sizes(ctx.model_config).experts:
             raise ConfigError(self.name, f"experts={value}: the model has no mixture-of-experts layers: leave "
                                          "experts=auto")

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..model_config import sizes
 
 
 @register
@@ -36,7 +37,6 @@ class Fp8(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
             plan.extra[self.name] = value
-            from trainscout.trial.models import sizes
             if ctx.model_config and sizes(ctx.model_config).experts:
                 # checked on the H200 (torch 2.11, torchao 0.18, transformers 5.17): torchao's float8 grouped GEMM
                 # (prototype.moe_training) hit the grouped kernel's 16-byte alignment assert on transformers' call,

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..model_config import sizes
 
 # config fields of models whose logits are more than the head's product: a fused linear cross-entropy would skip them
 _LOGIT_EXTRAS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -56,7 +57,6 @@ class LossKernel(Knob):
         return model
 
     def memory(self, terms, plan, spec):
-        from trainscout.trial.models import sizes
         b, s, V = plan["micro_batch_size"], spec["recipe"]["seq_len"], sizes(spec["model_config"]).vocab
         if plan.get("loss_kernel") == "compiled":  # no fp32 copy of the logits: 8·b·s·V bytes fewer (measured)
             terms["logits"] -= 8 * b * s * V

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..model_config import sizes
 
 
 @register
@@ -43,7 +44,6 @@ def _refuse_grouped_query(name: str, model_config: dict) -> None:
     bench/sdpa_gqa_gpu.py): transformers calls SDPA with enable_gqa and no mask, which the memory-efficient kernel
     cannot run ("No available kernel"); flash, cuDNN and math can. A model compiled whole passes a mask, and
     transformers repeats the key/value heads itself there (the caller leaves that case out)."""
-    from trainscout.trial.models import sizes
     z = sizes(model_config)
     if z.heads and z.kv_heads < z.heads:
         raise ConfigError(name, f"sdpa_backend=efficient cannot run grouped-query attention ({z.heads} query heads "
