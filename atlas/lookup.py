@@ -2,7 +2,7 @@
 
 Measured first: the best measured configurations of the model (by name, or a config.json of the same shape) on that
 GPU kind and count, at the recipe's global batch (the model's own unless --global-batch), repeats of one
-configuration as their median, each with tokens/s, MFU (recomputed, trainscout.atlas.mfu), peak memory, the days of
+configuration as their median, each with tokens/s, MFU (recomputed, trainscout.trial.mfu), peak memory, the days of
 its recipe and the rent (analysis/prices.json), its labels and its provenance. Where nothing was measured there: a
 prediction (atlas/predict.py), labelled as such, with its leave-one-out error over the shipped rows, and the
 `trainscout search` command that would measure it. The shipped set is answered from its files alone (no torch, no

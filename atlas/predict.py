@@ -19,36 +19,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainscout.trial.metrics import gpu_facts, gpu_kind  # a GPU kind's memory and capability
+
 GiB = 2**30
 NEAREST_MODELS = 2  # model shapes whose rows calibrate a prediction
 # the farthest a leave-one-model-out prediction reaches over the shipped shapes: log(6.9B / 2.8B) = 0.9 (the next
 # shape's), and another architecture at log(1.24B / 1.01B) + 1 = 1.2 (the Llama-1B shape from Pythia-1B)
 REACH = 1.25
 CANDIDATES = 4      # distinct configurations tried for a model never measured
-# GPU memory (GiB, as torch reports it) and compute capability, from datasheets: what a prediction for a GPU kind
-# never measured assumes; a measured kind uses its records' own figures. Matched like metrics.GPU_BF16_TFLOPS.
-GPUS: list[tuple[str, float, str]] = [
-    ("GH200", 94.5, "9.0"), ("H200", 139.8, "9.0"), ("H100 NVL", 87.5, "9.0"), ("H100", 79.1, "9.0"),
-    ("H800", 79.1, "9.0"), ("B200", 178.4, "10.0"), ("B100", 178.4, "10.0"), ("A100-SXM4-40GB", 39.4, "8.0"),
-    ("A100 40GB", 39.4, "8.0"), ("A100", 79.1, "8.0"), ("A800", 79.1, "8.0"), ("L40S", 44.4, "8.9"),
-    ("L40", 44.4, "8.9"), ("L4", 22.0, "8.9"), ("A10G", 22.0, "8.6"), ("A10", 22.0, "8.6"),
-    ("RTX 6000 Ada", 47.5, "8.9"), ("A6000", 47.5, "8.6"), ("RTX 4090", 23.6, "8.9"), ("RTX 3090", 23.6, "8.6"),
-    ("V100", 31.7, "7.0"),
-]
-
-
-def gpu_kind(name: str | None) -> str | None:
-    """The kind of a GPU name ("NVIDIA H200" -> "H200"): the first GPUS entry found in it, case-insensitive."""
-    for key, _, _ in GPUS:
-        if name and key.lower() in name.lower():
-            return key
-    return None
-
-
-def gpu_facts(name: str) -> tuple[float, str] | None:
-    """(memory GiB, capability) of a GPU kind from GPUS; None for one not listed."""
-    kind = gpu_kind(name)
-    return next(((mem, cap) for key, mem, cap in GPUS if key == kind), None)
 
 
 # --- configuration families -------------------------------------------------------------------------------
@@ -155,7 +133,7 @@ class Sample:
     states: float
     acts: float
     peak: float | None  # measured peak bytes (the fullest rank), None where not recorded
-    mfu: float | None   # recomputed (trainscout.atlas.mfu), from the row's derived values
+    mfu: float | None   # recomputed (trainscout.trial.mfu), from the row's derived values
 
     @property
     def ratio(self) -> float:
@@ -326,15 +304,15 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     """Predicted best configurations of a model on `gpus` GPUs of a kind. Candidates: the configurations of the
     CANDIDATES fastest rows (against their roofline) of the nearest measured models on that kind and count (any
     count where that one was not measured), each at the largest micro-batch the calibrated memory model fits in
-    the share of the GPU a search's start point uses (search.service.FIT_SHARE); where none fits, with the
-    cheapest memory saver that does (search.service.SAVERS); where nothing fits, on 2, 4, 8 GPUs, with FSDP2
+    the share of the GPU a search's start point uses (trial.memory.FIT_SHARE); where none fits, with the
+    cheapest memory saver that does (trial.memory.SAVERS); where nothing fits, on 2, 4, 8 GPUs, with FSDP2
     full_shard + full checkpointing too. Each one's roofline step is calibrated (calibrate). Returns {"model",
     "gpu", "gpus", "rows": [{config, describe, tokens_per_s, step_s, peak_memory_gib, level, calibrated_on,
     projected_days, ...}], "notes", "n_params", "capacity_gib"}; ConfigError for a GPU kind whose memory is not
     known without capacity_gib."""
-    from trainscout.search.service import FIT_SHARE, SAVERS
     from trainscout.spaces import ConfigError, all_knobs
     from trainscout.trial import memory
+    from trainscout.trial.memory import FIT_SHARE, SAVERS
     from trainscout.trial.models import resolve_model
     spec_model = resolve_model(model)
     notes: list[str] = []
@@ -378,7 +356,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind)
         step = r.pop("_roofline_s") * ratio
         tps = r["tokens_per_step"] / step
-        fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (atlas/mfu.py)
+        fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (trial/mfu.py)
         r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),
                  projected_days=r["total_steps"] * step / 86400, mfu=metrics.mfu(tps, fpt, peak_tflops, r["gpus"]),
                  mfu_convention=f"{flops.CONVENTION} (predicted)")

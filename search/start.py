@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, fmt
 from trainscout.trial import prepare
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
+from trainscout.trial.memory import FIT_SHARE, SAVERS  # a start point's share of the GPU, the savers that make it fit
 
 if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
@@ -67,15 +68,6 @@ def space_defaults(space: Space) -> dict:
     """Every searched knob at its default (its first value where the default is not in the domain)."""
     from trainscout.spaces import get
     return {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
-
-
-# memory savers, cheapest first (what each costs in speed): checkpoint every 4th .. every layer, then ZeRO offload of
-# the optimizer (its step on the CPU), then of the parameters too; a saver is tried only where the space has it
-SAVERS = ({"activation_checkpointing": 4}, {"activation_checkpointing": 3}, {"activation_checkpointing": 2},
-          {"activation_checkpointing": "full"},
-          {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"},
-          {"zero_stage": 3, "offload_optimizer": True, "offload_params": True, "activation_checkpointing": "full"})
-FIT_SHARE = 0.85  # a start point must be predicted to fit in this share of the GPU's memory
 
 
 def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,

@@ -1,7 +1,7 @@
 """Contributions that can be trusted: what `trainscout results DIR --export FILE --share` writes, and what every
 import checks before a record joins a store (or a lookup, `trainscout lookup --db FILE`).
 
-A share file holds atlas rows (trainscout.atlas.schema, schema 1): only what a measurement needs (no stderr tail,
+A share file holds atlas rows (store/row_format.py, schema 1): only what a measurement needs (no stderr tail,
 no attempt, no source), a config.json model named by its file, paths and this host's name out of the error, the
 provenance (versions, GPU, date, the search command that measured it), and a content hash per row.
 
@@ -27,6 +27,9 @@ from typing import NamedTuple
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.status import MEASURED, Status
+
+from . import row_format
+from .row_format import UNKNOWN
 
 # Two measurements of one key farther apart than this are different numbers, not noise. Measured on the H200:
 # the same configuration on other leases 0.1-3.1 % apart (15 keys measured twice or three times in bench/data), up
@@ -89,12 +92,11 @@ def malformed(rec) -> str | None:
 
 def row_of_line(d) -> tuple[dict | None, str | None]:
     """(an atlas row, None) of one line of an export or share file, or (None, what is malformed). A bare record
-    (schema 0, a plain --export) becomes a row by schema.migrate; the row keeps the line as "_line"."""
-    from trainscout.atlas import schema
+    (schema 0, a plain --export) becomes a row by row_format.migrate; the row keeps the line as "_line"."""
     if isinstance(d, dict) and "schema" in d:
         try:
-            row = schema.migrate(d)
-        except schema.SchemaError as e:
+            row = row_format.migrate(d)
+        except row_format.SchemaError as e:
             return None, str(e)
         problem = malformed(dict(row["record"], key=row.get("key")))
         return (None, problem) if problem else (row, None)
@@ -102,8 +104,8 @@ def row_of_line(d) -> tuple[dict | None, str | None]:
     if problem:
         return None, problem
     try:
-        return dict(schema.migrate(d), _line=d), None
-    except (schema.SchemaError, TypeError, ValueError) as e:
+        return dict(row_format.migrate(d), _line=d), None
+    except (row_format.SchemaError, TypeError, ValueError) as e:
         return None, str(e)
 
 
@@ -111,8 +113,7 @@ def row_of_line(d) -> tuple[dict | None, str | None]:
 def refusal(row: dict) -> str | None:
     """Why an atlas row cannot be trusted (None: it can): the checks of this module's docstring, except
     duplicates (import_file's)."""
-    from trainscout.atlas import schema
-    if row.get("content_hash") and row["content_hash"] != schema.content_hash(row):
+    if row.get("content_hash") and row["content_hash"] != row_format.content_hash(row):
         return "its content hash does not match its content (the row was changed after it was exported)"
     rec = row["record"]
     return provenance_missing(row) or implausible(rec) or cannot_run(rec)
@@ -120,7 +121,6 @@ def refusal(row: dict) -> str | None:
 
 def provenance_missing(row: dict) -> str | None:
     """Missing provenance: the fields a measurement cannot be judged without."""
-    from trainscout.atlas.schema import UNKNOWN
     prov, rec = row.get("provenance") or {}, row["record"]
     need = ["date", "torch", "transformers", "trainscout"]
     if rec.get("device") == "cuda":
@@ -137,7 +137,7 @@ def implausible(rec: dict) -> str | None:
     """Numbers that cannot be: tokens/s against the step and batch, MFU above 1, a peak above the GPU's memory."""
     if rec.get("status") != Status.OK:
         return None
-    from trainscout.atlas.mfu import mfu
+    from trainscout.trial.mfu import mfu
     from trainscout.trial.records import Record
     m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
     expected = recipe["global_batch"] * recipe["seq_len"] / m["step_s"]
@@ -153,12 +153,12 @@ def implausible(rec: dict) -> str | None:
         if isinstance(e, ConfigError):
             return f"its model cannot be read here ({why[:160]})"
     if value is not None and value > 1:
-        return (f"implausible: MFU {value:.2f} under the honest count (trainscout.atlas.mfu) is above the GPU's "
+        return (f"implausible: MFU {value:.2f} under the honest count (trainscout.trial.mfu) is above the GPU's "
                 "peak: tokens/s beyond what the GPU can compute")
     hw = rec.get("hardware") or {}
     peak = m.get("peak_memory_gib")
     if rec.get("device") == "cuda" and isinstance(peak, (int, float)):
-        from trainscout.atlas.predict import gpu_facts
+        from trainscout.trial.metrics import gpu_facts
         caps = [c for c in (hw.get("gpu_memory_gib"), (gpu_facts(hw.get("gpu") or "") or (None,))[0])
                 if isinstance(c, (int, float)) and c > 0]
         if caps and peak > min(caps) * MEMORY_TOLERANCE:
@@ -329,13 +329,12 @@ def share_rows(store) -> tuple[list[dict], dict[str, int]]:
     """The store's measurements as share rows (SHARED outcomes without an injected fault), and what was left out
     ({why: count}). A record that came with provenance (a contribution) keeps it; another gets it from its record
     and its search's saved arguments (the command)."""
-    from trainscout.atlas import schema
     commands: dict[str, str] = {}
     for name in store.searches():
         args = store.search_args(name) or {}
         for t in store.trials(name):
             if t["key"] and t["key"] not in commands and not t["cached"]:
-                commands[t["key"]] = schema.search_command(args)
+                commands[t["key"]] = row_format.search_command(args)
     rows, left = [], {}
     for rec in store.measurements():
         if rec.status not in SHARED or rec.fault:
@@ -344,11 +343,11 @@ def share_rows(store) -> tuple[list[dict], dict[str, int]]:
             continue
         d = rec.to_dict()
         carried = d.get("provenance") if isinstance(d.get("provenance"), dict) else None
-        prov = dict(carried) if carried else schema.provenance_of(d, command=commands.get(rec.key))
+        prov = dict(carried) if carried else row_format.provenance_of(d, command=commands.get(rec.key))
         prov["origin"] = prov.get("origin") if carried else "contributed"
-        prov["source"] = schema.scrub(prov.get("source") if carried else schema.UNKNOWN)
+        prov["source"] = row_format.scrub(prov.get("source") if carried else row_format.UNKNOWN)
         labels = d.get("labels") if isinstance(d.get("labels"), list) else None
-        rows.append(schema.make_row(d, rec.key, prov, labels))
+        rows.append(row_format.make_row(d, rec.key, prov, labels))
     rows.sort(key=lambda r: (r["record"]["model"], r["provenance"]["date"], r["key"]))
     return rows, left
 
