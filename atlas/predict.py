@@ -313,7 +313,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     from trainscout.spaces import ConfigError, all_knobs
     from trainscout.trial import memory
     from trainscout.trial.memory import FIT_SHARE, SAVERS
-    from trainscout.trial.models import resolve_model
+    from trainscout.trial.models import resolve_model, sizes
     spec_model = resolve_model(model)
     notes: list[str] = []
     kind = gpu_kind(gpu) or gpu
@@ -332,7 +332,6 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     installed = frozenset(p for k in all_knobs() for p in k.packages)  # the GPU box is assumed to have them
     n = memory._counts(spec_model.config)["N"]
     arch = spec_model.config.get("model_type")
-    from trainscout.trial.models import sizes
     if sizes(spec_model.config).experts and not any(s.arch == arch for s in on_kind):
         notes.append(f"a mixture of experts ({arch}), calibrated on dense models only: the roofline counts its active "
                      "parameters but not its routing nor its grouped expert GEMMs (a 2.6B qwen3_moe measured 0.47x "

@@ -105,12 +105,11 @@ GROUPS = {
     # experts (the fastest kernel, bench/data/gpu-2026-12-02-s11/moe_probe_ABC.log), each layer and the loss compiled
     # at two micro-batches, and FSDP2 (bf16 compute) at one; no fp8 (it leaves the experts bf16)
     **{f"handset_{name.split('-')[0]}": [
-        (f"{name} mbs{mbs} {label}", os.path.join(MODELS, f"{name}.json"), {"micro_batch_size": mbs, "experts": "grouped_mm", **s},
-         {"global_batch": 256})
-        for mbs, label, s in [(16, "layers compiled", {"compile": True, "compile_scope": "layers", "loss_kernel": "compiled"}),
-                              (32, "layers compiled", {"compile": True, "compile_scope": "layers", "loss_kernel": "compiled"}),
-                              (16, "fsdp layers compiled", {"compile": True, "compile_scope": "layers",
-                                                            "loss_kernel": "compiled", "fsdp": "full_shard"})]
+        (f"{name} mbs{mbs} {label}", os.path.join(MODELS, f"{name}.json"),
+         {"micro_batch_size": mbs, "experts": "grouped_mm", "compile": True, "compile_scope": "layers",
+          "loss_kernel": "compiled", **s}, {"global_batch": 256})
+        for mbs, label, s in [(16, "layers compiled", {}), (32, "layers compiled", {}),
+                              (16, "fsdp layers compiled", {"fsdp": "full_shard"})]
     ] for name in ("qwen3-moe-2b", "mixtral-1.5b")},
     "multi": [  # Pythia-1B over every GPU of the box (workers = GPU count)
         (f"1b x{{n}} {name}", "pythia-1b", s, {"workers": "all"}) for name, s in [

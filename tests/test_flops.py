@@ -118,7 +118,8 @@ def test_a_mixture_of_experts_is_first_class(tmp_path):
     for compute in ("autocast", "16-bit", "fp32"):
         saved = model_tree.saved(MODELS["moe"], "sdpa", compute)
         assert saved.measured, saved.why
-    # fp32 expert GEMMs under autocast save their fp32 inputs: more than the 16-bit model's
+    # autocast over fp32 weights saves more than the 16-bit model (its fp32 residual stream and norms; the expert
+    # GEMMs themselves take 16-bit copies: the experts knob's transform)
     assert model_tree.saved(MODELS["moe"], "sdpa", "autocast").per_layer > \
         model_tree.saved(MODELS["moe"], "sdpa", "16-bit").per_layer
 

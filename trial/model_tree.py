@@ -377,8 +377,10 @@ def _cuda_like(low, fused):
                 # passes a transposed view of the parameter: its copy is a weight's, not an activation)
                 x, w, *rest = args
                 base = w._base if w._base is not None else w
-                w = self.cast(base, low).as_strided(w.shape, w.stride(), w.storage_offset()) if base.is_leaf and base.requires_grad \
-                    else self.cast(w, low)
+                if base.is_leaf and base.requires_grad:
+                    w = self.cast(base, low).as_strided(w.shape, w.stride(), w.storage_offset())
+                else:
+                    w = self.cast(w, low)
                 args = (self.cast(x, low), w, *rest)
             if low is not None and func in lows:
                 args, kwargs = _map(lambda x: self.cast(x, low), args, kwargs)
