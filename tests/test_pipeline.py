@@ -41,17 +41,19 @@ def _rank(rank: int, world: int, port: int, out: dict, save_dir: str) -> None:
                           Context(world_size=world, num_layers=4, global_batch=8))
         engine = engines.build(plan, model, recipe, torch.device("cpu"), world, plan.grad_accum)
         loss = engine.micro_step(batch, is_last=True, scale=1.0)
-        engine.optimizer_step()
-
         ref_loss = ref(input_ids=batch, labels=batch).loss  # the unsplit model: one full batch, one step
         ref_loss.backward()
+        ref_params = dict(ref.named_parameters())
+        grad_diff = max(((p.grad - ref_params[names[id(p)]].grad).abs().max()
+                         / ref_params[names[id(p)]].grad.abs().max().clamp_min(1e-12)).item() for p in engine.params)
+        engine.optimizer_step()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), recipe["grad_clip"])
         opt = engines.adamw(list(ref.parameters()), recipe, torch.device("cpu"))
         opt.step()
-        ref_params = dict(ref.named_parameters())
         diff = max((p.detach() - ref_params[names[id(p)]].detach()).abs().max().item() for p in engine.params)
         out[(schedule, rank)] = {"loss": None if loss is None else loss.item(), "ref_loss": ref_loss.item(),
-                                 "max_param_diff": diff, "n_params": len(engine.params)}
+                                 "max_grad_rel_diff": grad_diff, "max_param_diff": diff,
+                                 "n_params": len(engine.params)}
         if schedule == "1f1b":  # `trainscout train`'s checkpoint: rank 0 gathers every stage's parameters
             engines.save(engine, model, names, save_dir, rank)
             if rank == 0:
@@ -71,7 +73,7 @@ def two_stage_results(tmp_path_factory):
 
 
 def test_pipeline_checkpoint_gathers_every_stage(two_stage_results):
-    assert two_stage_results["saved_vs_unsplit"] < 1e-6  # the saved model is the unsplit model after the same step
+    assert two_stage_results["saved_vs_unsplit"] < 5e-6  # the unsplit model after the same step (bound: see below)
 
 
 @pytest.mark.parametrize("schedule", list(CHUNKS))
@@ -80,7 +82,11 @@ def test_two_stage_pipeline_matches_unsplit_model(two_stage_results, schedule):
     losses = [r["loss"] for r in out.values() if r["loss"] is not None]
     assert len(losses) == 1  # the loss lives on the rank holding the last stage
     assert losses[0] == pytest.approx(out[0]["ref_loss"], rel=1e-5)
-    assert all(r["max_param_diff"] < 1e-6 for r in out.values()), out  # same AdamW step, globally clipped
+    assert all(r["max_grad_rel_diff"] < 1e-5 for r in out.values()), out  # same gradients, every stage
+    # Same AdamW step, globally clipped. Adam's first step moves a weight by lr * g / (|g| + eps), at most lr (1e-4):
+    # for a gradient element near eps the float noise of a different summation order grows to ~1 % of lr (1.0e-6
+    # measured), so the bound is 5 % of lr; a missed or stale stage moves its weights by up to lr.
+    assert all(r["max_param_diff"] < 5e-6 for r in out.values()), out
     assert sum(r["n_params"] for r in out.values()) == len(list(build_model(CONFIG, "sdpa", SEQ).parameters()))
 
 
