@@ -296,7 +296,7 @@ def test_draws_refused_or_pruned_before_running_do_not_use_up_the_trials(tmp_pat
         searcher = service.make_searcher(space, f"s{int(refuse_all)}", optuna.storages.RDBStorage(storage),
                                          make_sampler(0, 2), seed=0, target=2)
         tuner = tune.Tuner(tune.with_parameters(trainable, refuse_all=refuse_all), tune_config=tune.TuneConfig(
-            search_alg=searcher, num_samples=-1, max_concurrent_trials=1),
+            search_alg=searcher, num_samples=-1, max_concurrent_trials=1, reuse_actors=True),  # as driver.py
             run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0))
         results = tuner.fit()
         statuses = [r.metrics["status"] for r in results]
