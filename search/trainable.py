@@ -103,21 +103,20 @@ def _measure(config: dict, base: dict) -> None:
                 if known is not None:
                     spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
             record = _run_trial(spec, base, trial_id)
-            if record is not None and record.status != Status.UNSCHEDULED:
-                if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node key
-                    key = measurement_key(spec, base["hardware"], hardware.versions(), placement=record.placement)
-                # written while the claim is held, so that a search waiting on it is served this record (released
-                # first, the waiter found no record and measured the key again: 2026-12-03, test_shared_store)
-                store.add_measurement(key, record)  # a second measurement of a key is kept beside the first
+            if record is None:  # ASHA stopped it: the driver recorded it as stopped
+                return
+            if record.status == Status.UNSCHEDULED:  # nothing ran: no measurement, and the sampler is told nothing
+                store.add_trial(base["search"], trial_id, None, Status.UNSCHEDULED, False, 0.0, spec.config,
+                                error=record.error)
+                tune.report({METRIC: 0.0, "status": str(Status.UNSCHEDULED), "cached": False, "error": record.error})
+                return
+            if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
+                key = measurement_key(spec, base["hardware"], hardware.versions(), placement=record.placement)
+            # written while the claim is held, so that a search waiting on it is served this record (released
+            # first, the waiter found no record and measured the key again: 2026-12-03, test_shared_store)
+            store.add_measurement(key, record)  # a second measurement of a key is kept beside the first
         finally:
             claim.release()
-        if record is None:  # ASHA stopped it: the driver recorded it as stopped
-            return
-        if record.status == Status.UNSCHEDULED:  # nothing ran: no measurement, and the sampler is told nothing
-            store.add_trial(base["search"], trial_id, None, Status.UNSCHEDULED, False, 0.0, spec.config,
-                            error=record.error)
-            tune.report({METRIC: 0.0, "status": str(Status.UNSCHEDULED), "cached": False, "error": record.error})
-            return
         verdict = record.m.get("quality") or {}
         if gate and verdict.get("gate") and not verdict.get("cached"):
             store.put_quality(gate, "gate", verdict)
