@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("analysis", "cli", "runtime", "search", "spaces", "trial")
+PACKAGES = ("analysis", "atlas", "cli", "runtime", "search", "spaces", "store", "trial")  # every folder of LAYERS
 LAYERS = ("spaces", "runtime", "trial", "store", "analysis", "atlas", "search", "cli")  # lowest first: the docstring's
 
 
