@@ -40,8 +40,8 @@ from .store import Store, one_line, open_store
 from .urls import DRIVER_PACKAGES, check_folder, default_url, driver_missing, storage_url
 
 __all__ = ["DRIVER_PACKAGES", "JSON_COLUMNS", "KEY_COLUMNS", "MEASUREMENTS", "META", "QUALITY", "SEARCHES",
-           "SEARCH_TRIALS", "Store", "StoreError", "StoreLost", "check_folder", "claims", "default_url", "driver_missing",
-           "guard", "measurement_key", "now", "one_line", "open_store", "repair_sqlite", "samples", "schema", "secrets",
-           "shared", "storage_url"]
+           "SEARCH_TRIALS", "Store", "StoreError", "StoreLost", "check_folder", "claims", "default_url",
+           "driver_missing", "guard", "measurement_key", "now", "one_line", "open_store", "repair_sqlite", "samples",
+           "schema", "secrets", "shared", "storage_url"]
 
 secrets.install()  # a stripped URL's password reaches every connection of this process, never the URL
