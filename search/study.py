@@ -38,8 +38,8 @@ STEP = "training_iteration"  # Tune's count of a trial's reports: the step of an
 class DistinctSearcher(Searcher):
     """Tune's searcher over the Optuna study `name` of `storage`, drawing with `sampler` on `space` (define-by-run,
     Space.sample); searcher.make_searcher says what it does and why. start: configurations drawn first (enqueued).
-    drawn: Tune trial id -> the Optuna trial asked for it (optuna.Trial). counted, stopped_why: what ended the
-    drawing (target)."""
+    drawn: Tune trial id -> the Optuna trial asked for it (optuna.Trial); counted: the ended trials that count toward
+    target; stopped_why: why the drawing ended before target (FREE_RUN free draws in a row), else None."""
 
     def __init__(self, space: Space, name: str, storage, sampler, start: list[dict] | None = None, seed: int = 0,
                  ranker=None, target: int | None = None):
