@@ -3,9 +3,10 @@ clearly slower, and the store answers every configuration that was already measu
 
 This module is the entry (run_search, SearchArgs, resumed, summarize: what cli/main.py calls); the jobs live in
 their own modules: args.py (what a search is started with, validate), resume.py (--resume, one search per folder),
-trainable.py (one Tune trial), searcher.py (Optuna/Tune wiring), start.py (start points), driver.py (the Tune loop,
-Ctrl-C, a failing store), summary.py (the summary); the live table is the CLI's (cli/live.py). The names other code
-and the tests read from here are imported here (__all__).
+trainable.py (one Tune trial), searcher.py (Optuna/Tune wiring; study.py: Tune's Searcher over the Optuna study,
+outcomes.py: what an Optuna trial carries of its outcome), start.py (start points), driver.py (the Tune loop, Ctrl-C,
+a failing store), halt.py (a store that failed ends the search), summary.py (the summary); the live table:
+live.py. The names other code and the tests read from here are imported here (__all__).
 """
 from __future__ import annotations
 
