@@ -17,7 +17,8 @@ from .knob import REGISTRY, Knob, fmt, register
 from . import plugins
 from .plan import Context, Plan
 
-__all__ = ["ConfigError", "Context", "Knob", "Plan", "REGISTRY", "all_knobs", "get", "register", "resolve", "fmt"]
+__all__ = ["ConfigError", "Context", "Knob", "Plan", "REGISTRY", "all_knobs", "get", "memory_savers", "micro_batch",
+           "register", "resolve", "fmt"]
 
 _loaded = False
 _lock = threading.RLock()
@@ -51,6 +52,16 @@ def all_knobs() -> list[Knob]:
         done += ready
         pending = [k for k in pending if k not in ready]
     return done
+
+
+def micro_batch() -> Knob:
+    """The knob that sets the micro-batch (Knob.micro_batch)."""
+    return next(k for k in all_knobs() if k.micro_batch)
+
+
+def memory_savers() -> list[dict]:
+    """Every knob's memory savers (Knob.savers), cheapest first: the settings each adds."""
+    return [settings for _, settings in sorted((s for k in all_knobs() for s in k.savers), key=lambda s: s[0])]
 
 
 def get(name: str) -> Knob:

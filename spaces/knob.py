@@ -46,6 +46,21 @@ class Knob:
     trainscout.runtime.STAGES, the order transforms are applied in) and implements `transform`, which reads what
     `apply` wrote into the plan; `memory` adjusts the memory model's terms. `packages` lists the optional
     packages it needs (Context.installed says which are present).
+
+    The roles search/, analysis/ and cli/ read (they name no knob; tests/test_knob_roles.py holds them to it):
+    - `start` (step, value): on a GPU the start points after the defaults set, step by step and cumulatively, each
+      searched knob's value of that step (1: compile, the loss compiled; 2: FP8 on top); a step is taken where a
+      knob of it that does not `start_follows` changes the point, and past the first only where the model accepts it.
+    - `savers` ((rank, settings), ...): memory savers a start point adds where the defaults do not fit, with the
+      other knobs they need; every knob's are tried in rank order (lower: cheaper in speed), where the space has them.
+    - `micro_batch`: this knob sets the micro-batch (one knob): the search sizes it to the memory, `measured` gives
+      the value a measurement ran (a probed `max`: the one the probe settled on).
+    - `export(fmt, plan, device)`: the fields of an export format ("hf": TrainingArguments, "accelerate": its
+      config) that carry this knob's setting; `hook_only` the setting no format carries, which only trainscout's
+      runtime hook applies (its list ordered by `hook_rank`), and `without_hook` the value a stock Trainer runs
+      instead.
+    - `column`: its place among the knob columns `trainscout results` prints (0: only in csv/json); `demo`: the
+      value the CPU demo search fixes (None: searched).
     """
 
     name: ClassVar[str]
@@ -55,6 +70,15 @@ class Knob:
     stage: ClassVar[str | None] = None
     packages: ClassVar[tuple[str, ...]] = ()
     reference: ClassVar[Any] = None  # the value the quality gate's reference runs (None: the default)
+    # roles (the docstring's last paragraph)
+    start: ClassVar[tuple[int, Any] | None] = None
+    start_follows: ClassVar[bool] = False
+    savers: ClassVar[tuple[tuple[int, dict], ...]] = ()
+    micro_batch: ClassVar[bool] = False
+    without_hook: ClassVar[Any] = None
+    hook_rank: ClassVar[int] = 0
+    column: ClassVar[int] = 0
+    demo: ClassVar[Any] = None
 
     @property
     def description(self) -> str:
@@ -125,11 +149,7 @@ class Knob:
         """The value the quality gate's reference configuration runs."""
         return self.default if self.reference is None else self.reference
 
-    # --- search and plan ----------------------------------------------------------------------------------
-    def suggest(self, trial, cfg: dict, ctx: Context) -> Any:
-        """Sample a value with an Optuna trial (define-by-run). The domain never changes between trials."""
-        return trial.suggest_categorical(self.name, list(self.choices))
-
+    # --- plan -------------------------------------------------------------------------------------------
     def apply(self, plan: Plan, value: Any, cfg: dict, ctx: Context) -> None:
         """Write this knob's value into the plan."""
         raise NotImplementedError
@@ -141,3 +161,21 @@ class Knob:
 
     def memory(self, terms: dict, plan: dict, spec: dict) -> None:
         """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place."""
+
+    # --- roles --------------------------------------------------------------------------------------------
+    def measured(self, value: Any, plan: dict | None) -> Any:
+        """The value a measurement with this setting ran (its record's plan says what an open value became)."""
+        return value
+
+    def export(self, fmt: str, plan: Plan, device: str) -> dict:
+        """The fields of export format `fmt` ("hf": TrainingArguments, "accelerate": accelerate's config) that carry
+        this knob's setting ({}: that format has none)."""
+        return {}
+
+    def hook_only(self, value: Any, plan: dict, stock) -> str | None:
+        """The setting, as knob=value, where no export format carries it and only trainscout's runtime hook applies
+        it (None: carried, or off); `stock` is trainscout.runtime.hf, which says what the installed transformers does
+        itself. By default: any value but `without_hook`, for a knob that has one."""
+        if self.without_hook is None or value == self.without_hook:
+            return None
+        return f"{self.name}={value}"

@@ -49,14 +49,9 @@ GiB = 2**30
 # A configuration predicted over the GPU's memory by more than this share is not launched by a search, and
 # micro_batch_size=max does not probe such a micro-batch (trial/probe.py).
 MARGIN = 0.10
-# How a search's start points (search.start.fits) and the atlas' predictions make a configuration fit.
-# memory savers, cheapest first (what each costs in speed): checkpoint every 4th .. every layer, then ZeRO offload of
-# the optimizer (its step on the CPU), then of the parameters too; a saver is tried only where the space has it
-SAVERS = ({"activation_checkpointing": 4}, {"activation_checkpointing": 3}, {"activation_checkpointing": 2},
-          {"activation_checkpointing": "full"},
-          {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"},
-          {"zero_stage": 3, "offload_optimizer": True, "offload_params": True, "activation_checkpointing": "full"})
-FIT_SHARE = 0.85  # a start point must be predicted to fit in this share of the GPU's memory
+# A search's start point (search.start.fits) and the atlas' predictions must be predicted to fit in this share of
+# the GPU's memory; where the defaults do not, they add the knobs' memory savers (spaces.memory_savers), cheapest first.
+FIT_SHARE = 0.85
 
 
 def _counts(config: dict) -> dict:
