@@ -33,10 +33,17 @@ class TorchEngine(Engine):
     def shard(self, model, plan, device, world):
         """The model as this engine distributes it: DDP over the ranks that hold the same weights (every rank
         without a mesh), as it is on one."""
-        self.ddp = None
+        self.ddp = self.replicated = None
         if self.dims.replicas > 1:
-            from torch.nn.parallel import DistributedDataParallel
+            from torch.distributed.tensor import DTensor
             mesh = self.dims.gradient_mesh(device.type)  # None: the whole world, the default group
+            if any(isinstance(p, DTensor) for p in model.parameters()):
+                # a transform sharded the weights (tensor parallel): DDP takes no DTensors; FSDP2's replicate does
+                # (gradients all-reduced over the data ranks, torchtitan's DDP + TP)
+                from torch.distributed._composable.replicate_with_fsdp import replicate
+                self.replicated = replicate(model, mesh=mesh if mesh is not None else self.dims.mesh(device.type)["dp"])
+                return model
+            from torch.nn.parallel import DistributedDataParallel
             model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                        process_group=None if mesh is None else mesh.get_group())
         return model
@@ -50,6 +57,8 @@ class TorchEngine(Engine):
         return loss
 
     def micro_step(self, batch, is_last: bool, scale: float):
+        if self.replicated is not None:
+            self.replicated.set_requires_gradient_sync(is_last)
         sync = contextlib.nullcontext() if (self.ddp is None or is_last) else self.ddp.no_sync()
         with sync:
             return self.step(self.model, batch, scale)
