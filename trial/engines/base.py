@@ -33,8 +33,19 @@ def adamw(params, recipe: dict, device):
     """torch AdamW over params with the recipe's lr, betas and weight decay: fused on CUDA, foreach otherwise."""
     import torch
     fused = device.type == "cuda"
-    return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
+    return torch.optim.AdamW(_homogeneous_groups(params), lr=recipe["lr"], betas=tuple(recipe["betas"]),
                              weight_decay=recipe["weight_decay"], fused=fused, foreach=None if fused else True)
+
+
+def _homogeneous_groups(params):
+    """params as one group per kind (plain tensors; DTensors of one mesh and placement): the fused and foreach
+    kernels refuse a list that mixes them ("got mixed torch.Tensor and DTensor": tensor parallel's shards beside the
+    replicated norms and embeddings). One kind: the list itself, as before meshes."""
+    from torch.distributed.tensor import DTensor
+    groups: dict = {}
+    for p in params:
+        groups.setdefault((p.device_mesh, p.placements) if isinstance(p, DTensor) else None, []).append(p)
+    return list(params) if len(groups) <= 1 else [{"params": ps} for ps in groups.values()]
 
 
 def causal_lm_loss(model, batch, **loss_kwargs):
