@@ -10,7 +10,7 @@ import shlex
 
 import yaml
 
-from trainscout.spaces import ConfigError, Plan, all_knobs, get
+from trainscout.spaces import ConfigError, Plan, all_knobs, fmt, get
 from trainscout.trial import engines
 from trainscout.trial.records import Record
 
@@ -145,6 +145,23 @@ def check_accelerate(path: str) -> None:
                 DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
 
 
+def set_knobs(rec: Record) -> list:
+    """The registered knobs the measured configuration sets away from their defaults."""
+    cfg = rec.config or {}
+    return [k for k in all_knobs() if k.name in cfg and k.is_set(cfg[k.name])]
+
+
+def carried(rec: Record) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The formats that carry the measurement (its engine's, less those a knob it sets cannot go in), and why each
+    other format is refused (format -> the engine's or the knob's reason, with the fix)."""
+    engine = engines.get(Plan.from_dict(rec.plan).engine)
+    why = {f: engine.not_carried for f in FORMATS if f not in engine.formats}
+    for knob in set_knobs(rec):
+        if knob.formats is not None:
+            why.update({f: knob.not_carried for f in FORMATS if f not in knob.formats and f not in why})
+    return tuple(f for f in FORMATS if f not in why), why
+
+
 def launch(rec: Record) -> dict:
     """How to launch the export with a training script of your own (HF Trainer + trainscout.runtime.hf), from the
     export folder: {"launcher", "command"}. The rule: one rank of an engine a plain process runs (plain PyTorch):
@@ -153,7 +170,7 @@ def launch(rec: Record) -> dict:
     accelerate.yaml`; an engine no stock trainer has (the pipeline): `trainscout train` alone."""
     engine = engines.get(Plan.from_dict(rec.plan).engine)
     n = rec.world_size or 1
-    kind = engine.launcher
+    kind = max([engine.launcher] + [k.launcher for k in set_knobs(rec) if k.launcher], key=engines.LAUNCHERS.index)
     if kind == "python" and n > 1:
         kind = "accelerate" if rec.device != "cuda" else "torchrun"
     command = {"python": "python your_train.py",
@@ -194,10 +211,13 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     plan = Plan.from_dict(rec.plan)
     engine = engines.get(plan.engine)
     notes: list[str] = []
-    refused = [f for f in formats if f not in engine.formats]
+    ok, why = carried(rec)  # the engine's formats, less those a set knob (tensor_parallel, ...) cannot go in
+    refused = [f for f in formats if f not in ok]
     if refused and tuple(formats) != FORMATS:
-        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {plan.engine} measurement: {engine.not_carried}")
-    formats = [f for f in formats if f in engine.formats]
+        what = plan.engine if refused[0] not in engine.formats else \
+            ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec) if k.not_carried == why[refused[0]])
+        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {what} measurement: {why[refused[0]]}")
+    formats = [f for f in formats if f in ok]
     os.makedirs(out_dir, exist_ok=True)
     written = []
     files = engine.files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
@@ -232,7 +252,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook, "launch": how,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
-                  "not_exported": {f: engine.not_carried for f in refused},
+                  "not_exported": {f: why[f] for f in refused},
                   "notes": [*(rec.plan or {}).get("notes", []), *notes],
                   "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device)))}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (

@@ -425,11 +425,11 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
     """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes, or (None,
     None, why not, refused): refused=True where a knob rule refuses the configuration on this model and GPU, False
     where the smallest micro-batch is predicted over cap. calibration(fam): the memory calibration of a family."""
-    from trainscout.spaces import ConfigError
+    from trainscout.spaces import ConfigError, Context
     from trainscout.trial import memory, prepare
     batch = global_batch or model.recipe.global_batch
-    stages = int(settings.get("pipeline_stages") or 1)
-    per_rank = batch // max(1, gpus // stages) if batch % max(1, gpus // stages) == 0 else batch
+    dp = Context(world_size=gpus).data_parallel_ranks(settings)  # the world over pipeline, tensor, context degrees
+    per_rank = batch // dp if batch % dp == 0 else batch
     smallest = None
     for mbs in [d for d in range(min(per_rank, 256), 0, -1) if per_rank % d == 0]:
         try:

@@ -8,9 +8,10 @@ from .errors import ConfigError
 from .plan import Context, Plan
 
 REGISTRY: dict[str, "Knob"] = {}
-# where a knob's model transform runs, in the order trainscout.runtime applies them: process settings, module swaps,
-# the loss, activation checkpointing, per-layer compile, then (after the engine shards the model) whole-model compile
-STAGES = ("process", "modules", "loss", "checkpoint", "compile_layers", "sharded")
+# where a knob's model transform runs, in the order trainscout.runtime applies them (torchtitan's): process settings,
+# module swaps, tensor then context parallel, the loss, activation checkpointing, per-layer compile, then (after the
+# engine shards the model with FSDP/DDP over the data ranks) whole-model compile
+STAGES = ("process", "modules", "tensor_parallel", "context_parallel", "loss", "checkpoint", "compile_layers", "sharded")
 
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
@@ -61,6 +62,13 @@ class Knob:
       instead.
     - `column`: its place among the knob columns `trainscout results` prints (0: only in csv/json); `demo`: the
       value the CPU demo search fixes (None: searched).
+
+    Parallelism: a knob whose value is the degree of a device-mesh dimension names it in `mesh_dim` (one of
+    spaces.parallel.DIMS: "pp", "cp", "tp"); resolve() writes the degrees into Plan.mesh, the batch splits over what
+    the degrees leave of the world, and transforms that take a `dims` keyword get the trial's ParallelDims (its
+    DeviceMesh). `wrap_step` may change one micro-batch's forward and backward (context parallel shards the tokens).
+    Exports: `formats` (None: the engine's) are the formats that carry the knob set away from its default,
+    `not_carried` why the others cannot, `launcher` the least launcher it needs (trial.engines.LAUNCHERS).
     """
 
     name: ClassVar[str]
@@ -79,6 +87,10 @@ class Knob:
     hook_rank: ClassVar[int] = 0
     column: ClassVar[int] = 0
     demo: ClassVar[Any] = None
+    mesh_dim: ClassVar[str | None] = None  # the device-mesh dimension this knob's value is the degree of
+    formats: ClassVar[tuple[str, ...] | None] = None  # export formats that carry it when set (None: the engine's)
+    not_carried: ClassVar[str] = ""  # why the other formats cannot, with the fix
+    launcher: ClassVar[str | None] = None  # the least launcher an export needs when set (None: the engine's)
 
     @property
     def description(self) -> str:
@@ -156,11 +168,19 @@ class Knob:
 
     # --- runtime ------------------------------------------------------------------------------------------
     def transform(self, model, plan: Plan):
-        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one)."""
+        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one). A
+        knob that declares `transform(self, model, plan, dims=None)` is given the trial's spaces.parallel.ParallelDims."""
         return model
 
+    def wrap_step(self, step, plan: Plan, dims):
+        """One micro-batch's forward and backward as this knob runs it: `step(model, batch, scale, **loss_kwargs)`
+        returns the loss (loss_kwargs go to the model's forward and loss); return `step` itself to change nothing."""
+        return step
+
     def memory(self, terms: dict, plan: dict, spec: dict) -> None:
-        """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place."""
+        """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place; the rank's
+        parameters are there too ("params" held, "layer_params" of one decoder layer, "layers" held; the model
+        states follow them) and what the activations hold of the decoder layers ("layer_activations")."""
 
     # --- roles --------------------------------------------------------------------------------------------
     def measured(self, value: Any, plan: dict | None) -> Any:
