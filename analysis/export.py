@@ -10,11 +10,31 @@ import shlex
 
 import yaml
 
-from trainscout.spaces import ConfigError, Plan
+from trainscout.spaces import ConfigError, Plan, all_knobs, fmt, get
 from trainscout.trial import engines
 from trainscout.trial.records import Record
 
 FORMATS = ("hf", "deepspeed", "accelerate", "command")
+# The order of training_args.json's and accelerate.yaml's fields (the knobs' among them: Knob.export), as they were
+# always written; then the engine's fields, then any other field a knob adds.
+HF_ORDER = ("output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate",
+            "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "bf16",
+            "fp16", "activation_checkpointing", "torch_compile", "optim", "report_to", "save_strategy", "save_steps",
+            "save_total_limit", "activation_checkpointing_kwargs", "tf32", "use_cpu")
+ACCELERATE_ORDER = ("compute_environment", "num_machines", "machine_rank", "num_processes", "mixed_precision",
+                    "use_cpu", "distributed_type")
+
+
+def _knob_fields(fmt: str, plan: Plan, device: str) -> dict:
+    """Every knob's fields of export format fmt (Knob.export)."""
+    return {f: v for k in all_knobs() for f, v in k.export(fmt, plan, device).items()}
+
+
+def _ordered(fields: dict, order: tuple, engine: dict) -> dict:
+    """fields in `order`, then the engine's (which win over a field of the same name), then the rest."""
+    out = {f: fields[f] for f in order if f in fields}
+    out.update(engine)
+    return out | {f: v for f, v in fields.items() if f not in out}
 
 
 def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
@@ -22,28 +42,20 @@ def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     plan, recipe = Plan.from_dict(rec.plan), rec.recipe
     args = {
         "output_dir": output_dir,
-        "per_device_train_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": rec.grad_accum,
         "max_steps": recipe["total_steps"],
         "learning_rate": recipe["lr"], "adam_beta1": recipe["betas"][0], "adam_beta2": recipe["betas"][1],
         "weight_decay": recipe["weight_decay"], "max_grad_norm": recipe["grad_clip"],
         "lr_scheduler_type": "cosine", "warmup_steps": max(1, recipe["total_steps"] // 100),
-        "bf16": plan.precision == "bf16-mixed", "fp16": plan.precision == "fp16-mixed",
-        "activation_checkpointing": bool(plan.checkpoint_every),
-        "torch_compile": plan.compile,
         "optim": "adamw_torch_fused" if rec.device == "cuda" else "adamw_torch",
         "report_to": "none",
         # a checkpoint about every hour of the measured step time, the last two kept
         "save_strategy": "steps", "save_steps": max(1, round(3600 / rec.m["step_s"])), "save_total_limit": 2,
+        **_knob_fields("hf", plan, rec.device),
     }
-    if plan.checkpoint_every > 1:  # transformers 5.2x; for_installed leaves it to the hook before that
-        args["activation_checkpointing_kwargs"] = {"every_n_layers": plan.checkpoint_every}
-    if rec.device == "cuda":
-        args["tf32"] = plan.tf32
-    else:
+    if rec.device != "cuda":
         args["use_cpu"] = True
-    args.update(engines.get(plan.engine).hf_args(rec.to_dict(), paths))  # the engines read it by key
-    return args
+    return _ordered(args, HF_ORDER, engines.get(plan.engine).hf_args(rec.to_dict(), paths))  # engines read it by key
 
 
 def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str],
@@ -73,35 +85,23 @@ def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str],
     return args, notes
 
 
-# what a stock Trainer runs instead of a hook-only setting (training_args.json alone)
-WITHOUT_HOOK = {"compile_scope": "model", "activation_checkpointing": "none", "loss_kernel": "eager",
-                "sdpa_backend": "auto", "fp8": "off"}
-
-
 def hook_only(rec: Record) -> list[str]:
-    """The measured knob settings that TrainingArguments cannot express: trainscout.runtime.hf.prepare applies them
-    (without it a stock Trainer runs without them)."""
+    """The measured knob settings that TrainingArguments cannot express (Knob.hook_only, in Knob.hook_rank order):
+    trainscout.runtime.hf.prepare applies them (without it a stock Trainer runs without them)."""
     from trainscout.runtime import hf
-    plan, cfg = rec.plan, rec.config
-    out = []
-    if plan.get("compile") and plan.get("compile_scope") == "layers":
-        out.append("compile_scope=layers")
-    if plan.get("checkpoint_every", 0) > 1 and not hf.native_every_n():
-        out.append(f"activation_checkpointing={plan['checkpoint_every']}")
-    for knob in ("loss_kernel", "sdpa_backend", "fp8"):
-        if cfg.get(knob, WITHOUT_HOOK[knob]) != WITHOUT_HOOK[knob]:
-            out.append(f"{knob}={cfg[knob]}")
-    return out
+    plan = rec.plan or {}
+    knobs = sorted(all_knobs(), key=lambda k: k.hook_rank)
+    return [s for k in knobs if (s := k.hook_only(rec.config.get(k.name, k.without_hook), plan, hf))]
 
 
 def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict:
     """For each setting only the hook applies: the measurement of the same configuration with what a stock
-    Trainer runs instead (WITHOUT_HOOK), on the same model, recipe and GPU, where the store holds one; its tokens/s
-    and the ratio to this measurement (None: not measured)."""
+    Trainer runs instead (Knob.without_hook), on the same model, recipe and GPU, where the store holds one; its
+    tokens/s and the ratio to this measurement (None: not measured)."""
     out = {}
     for item in hook:
         knob = item.split("=", 1)[0]
-        instead = dict(rec.config, **{knob: WITHOUT_HOOK.get(knob)})
+        instead = dict(rec.config, **{knob: get(knob).without_hook})
         twin = next((m for m in measurements if m.ok and m.config == instead and m.model == rec.model
                      and m.recipe == rec.recipe and m.hardware.get("gpu") == rec.hardware.get("gpu")
                      and m.world_size == rec.world_size), None)
@@ -114,18 +114,16 @@ def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict
 def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
     """The accelerate config (accelerate.yaml) of the measured run: processes, precision, the engine's section."""
     plan = Plan.from_dict(rec.plan)
-    mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")
     # several CPU ranks: accelerate's MULTI_CPU launches one process without mpirun (a 2-rank export ran one), its
     # MULTI_GPU launcher starts num_processes (torch elastic); the exported TrainingArguments' use_cpu=True makes
     # them CPU ranks (gloo); a script of your own passes Accelerator(cpu=True)
     cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
-           "num_processes": rec.world_size, "mixed_precision": mp, "use_cpu": rec.device != "cuda" and rec.world_size == 1,
-           "distributed_type": "NO" if rec.world_size == 1 else "MULTI_GPU"}
-    cfg.update(engines.get(plan.engine).accelerate(rec.to_dict(), paths))
+           "num_processes": rec.world_size, "use_cpu": rec.device != "cuda" and rec.world_size == 1,
+           "distributed_type": "NO" if rec.world_size == 1 else "MULTI_GPU",
+           **_knob_fields("accelerate", plan, rec.device)}  # the precision; whole-model compile (per layer: the hook's)
+    cfg = _ordered(cfg, ACCELERATE_ORDER, engines.get(plan.engine).accelerate(rec.to_dict(), paths))
     if "deepspeed_config_file" in (cfg.get("deepspeed_config") or {}):
-        del cfg["mixed_precision"]  # accelerate refuses it beside a DeepSpeed file, which sets the precision itself
-    if plan.compile and plan.compile_scope == "model":  # per-layer compile is the hook's (runtime.hf.prepare)
-        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+        cfg.pop("mixed_precision", None)  # accelerate refuses it beside a DeepSpeed file, which sets the precision
     return cfg
 
 
@@ -147,6 +145,23 @@ def check_accelerate(path: str) -> None:
                 DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
 
 
+def set_knobs(rec: Record) -> list:
+    """The registered knobs the measured configuration sets away from their defaults."""
+    cfg = rec.config or {}
+    return [k for k in all_knobs() if k.name in cfg and k.is_set(cfg[k.name])]
+
+
+def carried(rec: Record) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The formats that carry the measurement (its engine's, less those a knob it sets cannot go in), and why each
+    other format is refused (format -> the engine's or the knob's reason, with the fix)."""
+    engine = engines.get(Plan.from_dict(rec.plan).engine)
+    why = {f: engine.not_carried for f in FORMATS if f not in engine.formats}
+    for knob in set_knobs(rec):
+        if knob.formats is not None:
+            why.update({f: knob.not_carried for f in FORMATS if f not in knob.formats and f not in why})
+    return tuple(f for f in FORMATS if f not in why), why
+
+
 def launch(rec: Record) -> dict:
     """How to launch the export with a training script of your own (HF Trainer + trainscout.runtime.hf), from the
     export folder: {"launcher", "command"}. The rule: one rank of an engine a plain process runs (plain PyTorch):
@@ -155,7 +170,7 @@ def launch(rec: Record) -> dict:
     accelerate.yaml`; an engine no stock trainer has (the pipeline): `trainscout train` alone."""
     engine = engines.get(Plan.from_dict(rec.plan).engine)
     n = rec.world_size or 1
-    kind = engine.launcher
+    kind = max([engine.launcher] + [k.launcher for k in set_knobs(rec) if k.launcher], key=engines.LAUNCHERS.index)
     if kind == "python" and n > 1:
         kind = "accelerate" if rec.device != "cuda" else "torchrun"
     command = {"python": "python your_train.py",
@@ -196,10 +211,13 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     plan = Plan.from_dict(rec.plan)
     engine = engines.get(plan.engine)
     notes: list[str] = []
-    refused = [f for f in formats if f not in engine.formats]
+    ok, why = carried(rec)  # the engine's formats, less those a set knob (tensor_parallel, ...) cannot go in
+    refused = [f for f in formats if f not in ok]
     if refused and tuple(formats) != FORMATS:
-        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {plan.engine} measurement: {engine.not_carried}")
-    formats = [f for f in formats if f in engine.formats]
+        what = plan.engine if refused[0] not in engine.formats else \
+            ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec) if k.not_carried == why[refused[0]])
+        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {what} measurement: {why[refused[0]]}")
+    formats = [f for f in formats if f in ok]
     os.makedirs(out_dir, exist_ok=True)
     written = []
     files = engine.files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
@@ -234,7 +252,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook, "launch": how,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
-                  "not_exported": {f: engine.not_carried for f in refused},
+                  "not_exported": {f: why[f] for f in refused},
                   "notes": [*(rec.plan or {}).get("notes", []), *notes],
                   "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device)))}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (

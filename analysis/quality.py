@@ -21,9 +21,9 @@ import json
 import math
 import os
 
-from trainscout.spaces import ConfigError
+from trainscout.spaces import ConfigError, micro_batch
 
-from .table import measurement, store_of
+from .table import measurement, ran_config, store_of
 
 TOLERANCE = 0.01  # the candidate's loss may be at most 1 % above the reference's
 WINDOW = 0.1      # the last tenth of the steps
@@ -93,9 +93,7 @@ def verify_quality(source: str, *, key: str | None = None, steps: int = 500, see
     from trainscout.trial.runner import context
     store = store_of(source)
     rec = measurement(store, key, best=key is None)
-    config = dict(rec.config)
-    if config.get("micro_batch_size") == "max":  # the micro-batch the probe settled on
-        config["micro_batch_size"] = rec.plan["micro_batch_size"]
+    config, mb = ran_config(rec), micro_batch().name
     model = stored_model(rec.model, rec.model_config)
     ctx = context(model.config, rec.recipe["global_batch"], rec.world_size, rec.hardware or {"device": rec.device})
     changed = quality.changes(config, ctx)
@@ -104,15 +102,15 @@ def verify_quality(source: str, *, key: str | None = None, steps: int = 500, see
         return out | {"verdict": quality.SAME, "why": "no knob of this configuration changes the numerics: it is its "
                                                       "own reference"}
     reference = quality.reference(config, changed)
-    dp = rec.recipe["global_batch"] // (rec.grad_accum * config["micro_batch_size"])  # data-parallel ranks
-    batch = global_batch or config["micro_batch_size"] * dp
+    dp = rec.recipe["global_batch"] // (rec.grad_accum * config[mb])  # data-parallel ranks
+    batch = global_batch or config[mb] * dp
     if batch % dp:
         raise ConfigError("--global-batch", f"--global-batch {batch} does not split over {dp} data-parallel ranks: "
                                             f"give a multiple of {dp}")
-    mbs = min(config["micro_batch_size"], batch // dp)
+    mbs = min(config[mb], batch // dp)
     while (batch // dp) % mbs:
         mbs -= 1
-    config["micro_batch_size"] = reference["micro_batch_size"] = mbs
+    config[mb] = reference[mb] = mbs
     seq = seq_len or rec.recipe["seq_len"]
     folder = source if os.path.isdir(source) else os.path.abspath("quality")
     from trainscout.trial.models import sizes
@@ -127,7 +125,7 @@ def verify_quality(source: str, *, key: str | None = None, steps: int = 500, see
             runs[role].append(r)
     out |= compare([r.m["losses"] for r in runs["candidate"]], [r.m["losses"] for r in runs["reference"]])
     out |= {"changes": changed, "reference": quality.differences(config, reference),
-            "global_batch": batch, "seq_len": seq, "micro_batch_size": mbs, "tokens": steps * batch * seq,
+            "global_batch": batch, "seq_len": seq, mb: mbs, "tokens": steps * batch * seq,
             "corpus_tokens": n_tokens, "epochs": round(steps * batch * seq / n_tokens, 2),
             "speed": _speeds(store, rec, reference, runs), "status": "ok"}
     if out["token_efficiency"] is not None:
@@ -216,7 +214,7 @@ def _speeds(store, rec, reference: dict, runs: dict) -> dict:
     def same(r, settings):
         return (r.ok and r.model == rec.model and r.world_size == rec.world_size and r.recipe == rec.recipe
                 and (r.hardware or {}).get("gpu") == (rec.hardware or {}).get("gpu")
-                and all(r.config.get(k) == v for k, v in settings.items() if k != "micro_batch_size"))
+                and all(r.config.get(k) == v for k, v in settings.items() if k != micro_batch().name))
     measured = [r for r in store.measurements() if same(r, reference)]
     if measured:
         ref_tok = max(r.m["tokens_per_s"] for r in measured)

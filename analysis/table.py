@@ -150,6 +150,13 @@ def measurement(source: str, key: str | None = None, best: bool = False) -> Reco
     return hits[0]
 
 
+def ran_config(rec: Record) -> dict:
+    """The record's configuration with the values it ran (Knob.measured: a probed micro-batch, the one the probe
+    settled on, not another probe)."""
+    knobs = {k.name: k for k in all_knobs()}
+    return {k: knobs[k].measured(v, rec.plan) if k in knobs else v for k, v in rec.config.items()}
+
+
 def best_choice(source):
     """analysis.ties.choose over a store's measurements: the best, the fastest, and the tie between them."""
     from .ties import choose
@@ -184,11 +191,12 @@ def load_resolved(source) -> pd.DataFrame:
                              **_samples(rec, others.get(rec.key))))
         df = typed(pd.DataFrame(rows, columns=df.columns))
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
+    from trainscout.spaces import micro_batch
+    knob = micro_batch().name
     for r in df.to_dict("records"):
         rec = records.get(r["key"]) if isinstance(r["key"], str) else None
         # no record: only a trial ASHA stopped ran, with its knob's value (unless max/auto, resolved in the run)
-        plan_mbs = (rec.plan or {}).get("micro_batch_size") if rec else \
-            r.get("micro_batch_size") if r["status"] == Status.STOPPED else None
+        plan_mbs = rec.micro_batch if rec else r.get(knob) if r["status"] == Status.STOPPED else None
         mbs.append(plan_mbs if isinstance(plan_mbs, int) and not isinstance(plan_mbs, bool) else None)
         accum.append(rec.grad_accum if rec else None)
         wall.append(rec.wall_s if rec else None)

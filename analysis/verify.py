@@ -10,7 +10,7 @@ import tempfile
 
 from trainscout.spaces import ConfigError
 
-from .table import measurement, store_of
+from .table import measurement, ran_config, store_of
 
 RUNNERS = ("trainscout", "hf", "accelerate")
 
@@ -102,7 +102,7 @@ def _at_batch(rec, global_batch: int | None) -> tuple[dict, float]:
     per_step = rec.recipe["global_batch"] // rec.grad_accum  # sequences per micro-batch over all data ranks
     if global_batch % per_step:
         raise ConfigError("--global-batch", f"--global-batch {global_batch}: give a multiple of {per_step} (micro-batch "
-                                            f"{rec.plan['micro_batch_size']} x the data-parallel ranks)")
+                                            f"{rec.micro_batch} x the data-parallel ranks)")
     accum = global_batch // per_step
     return dict(over, global_batch=global_batch), step_at(m, accum)
 
@@ -127,9 +127,7 @@ def _in_trainscout(rec, steps: int, warmup: int, timeout: float | None, address:
     from trainscout.trial.models import stored_model
     device = rec.device
     over, projected_step = _at_batch(rec, global_batch)
-    config = dict(rec.config)
-    if config.get("micro_batch_size") == "max":  # the micro-batch the probe settled on, not another probe
-        config["micro_batch_size"] = rec.plan["micro_batch_size"]
+    config = ran_config(rec)
     spec = prepare(stored_model(rec.model, rec.model_config), config, device=device, workers=rec.world_size,
                    steps=steps, warmup=warmup, measure_accum=0, **over)
     projected = rec.metrics

@@ -305,14 +305,14 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     CANDIDATES fastest rows (against their roofline) of the nearest measured models on that kind and count (any
     count where that one was not measured), each at the largest micro-batch the calibrated memory model fits in
     the share of the GPU a search's start point uses (trial.memory.FIT_SHARE); where none fits, with the
-    cheapest memory saver that does (trial.memory.SAVERS); where nothing fits, on 2, 4, 8 GPUs, with FSDP2
+    cheapest memory saver that does (spaces.memory_savers); where nothing fits, on 2, 4, 8 GPUs, with FSDP2
     full_shard + full checkpointing too. Each one's roofline step is calibrated (calibrate). Returns {"model",
     "gpu", "gpus", "rows": [{config, describe, tokens_per_s, step_s, peak_memory_gib, level, calibrated_on,
     projected_days, ...}], "notes", "n_params", "capacity_gib"}; ConfigError for a GPU kind whose memory is not
     known without capacity_gib."""
-    from trainscout.spaces import ConfigError, all_knobs
+    from trainscout.spaces import ConfigError, all_knobs, memory_savers
     from trainscout.trial import memory
-    from trainscout.trial.memory import FIT_SHARE, SAVERS
+    from trainscout.trial.memory import FIT_SHARE
     from trainscout.trial.models import resolve_model, sizes
     spec_model = resolve_model(model)
     notes: list[str] = []
@@ -341,7 +341,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     for want in sorted({gpus, *[g for g in (2, 4, 8) if g > gpus]}):
         hw = {"device": "cuda", "gpu": hw_name, "gpu_memory_gib": capacity_gib, "gpu_count": want,
               "capability": capability}
-        savers = [*SAVERS, *([{"fsdp": "full_shard", "activation_checkpointing": "full"}] if want > 1 else [])]
+        savers = [*memory_savers(), *([{"fsdp": "full_shard", "activation_checkpointing": "full"}] if want > 1 else [])]
         rows = _candidates(spec_model, want, n, arch, on_kind, global_batch, hw, installed, cap, savers, notes)
         if rows:
             break
@@ -425,11 +425,11 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
     """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes, or (None,
     None, why not, refused): refused=True where a knob rule refuses the configuration on this model and GPU, False
     where the smallest micro-batch is predicted over cap. calibration(fam): the memory calibration of a family."""
-    from trainscout.spaces import ConfigError
+    from trainscout.spaces import ConfigError, Context
     from trainscout.trial import memory, prepare
     batch = global_batch or model.recipe.global_batch
-    stages = int(settings.get("pipeline_stages") or 1)
-    per_rank = batch // max(1, gpus // stages) if batch % max(1, gpus // stages) == 0 else batch
+    dp = Context(world_size=gpus).data_parallel_ranks(settings)  # the world over pipeline, tensor, context degrees
+    per_rank = batch // dp if batch % dp == 0 else batch
     smallest = None
     for mbs in [d for d in range(min(per_rank, 256), 0, -1) if per_rank % d == 0]:
         try:

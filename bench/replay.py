@@ -1,7 +1,7 @@
 """Replay trainscout's search against a recorded grid (bench/grid.py): the GPU-seconds it spends until a trial
 within --tolerance of the grid's best has run in full, over many sampler seeds, as a fraction of the grid's total.
 
-What runs is the search's own machinery, one trial at a time: a Ray Tune Tuner with the search's OptunaSearch
+What runs is the search's own machinery, one trial at a time: a Ray Tune Tuner with the search's searcher
 (search.service.make_searcher: a repeated draw replaced by an unmeasured one, the ranked proposals of make_ranker
 first) over search.space.Space.sample (the space recorded in the CSV), make_sampler, make_scheduler (ASHA), the
 start points (where they apply: a GPU grid; start_points as first_points orders them) and search.service._trainable

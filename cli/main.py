@@ -246,7 +246,7 @@ def print_trial(r, verbose: bool = False) -> None:
     rows = [
         ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
-                 f"({r.grad_accum} micro-batches of {r.plan['micro_batch_size']}; measured "
+                 f"({r.grad_accum} micro-batches of {r.micro_batch}; measured "
                  f"{r.measured_accum} per step: {m['measured_step_s']:.4f} s)"),
         ("phases", f"micro-batch {m['micro_batch_s'] * 1e3:.2f} ms, last (syncs) {m['last_micro_batch_s'] * 1e3:.2f} ms, "
                    f"optimizer {m['optimizer_s'] * 1e3:.2f} ms"),
@@ -267,7 +267,8 @@ def print_trial(r, verbose: bool = False) -> None:
             below = "; the micro-batch below not measured: no allocator retry in the timed steps"
         else:
             below = ""
-        rows.insert(2, ("probe", f"micro_batch_size=max tried {tried}{below}"))
+        from trainscout.spaces import micro_batch
+        rows.insert(2, ("probe", f"{micro_batch().name}=max tried {tried}{below}"))
     for note in (r.plan or {}).get("notes", []):
         rows.append(("note", note))
     for k, v in rows:
@@ -433,9 +434,14 @@ and --address; --model, --space, --set, --steps, --seed and the other settings m
 search runs in a folder, a second one there is refused. Ctrl-C stops the running trials, keeps every result measured and exits
 130; --resume continues."""
 
-# The CPU demo: tiny model, 2 workers, 6 trials, knobs that need no compiler (inductor, DeepSpeed's C++ ops)
-DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1,
-        "sets": {"compile": "false", "loss_kernel": "eager", "zero_stage": "0", "tf32": "true"}}
+# The CPU demo: tiny model, 2 workers, 6 trials, the knobs fixed where they would need a compiler (demo_sets)
+DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1}
+
+
+def demo_sets() -> dict:
+    """The knobs the CPU demo fixes, as --set values (Knob.demo: no inductor, no DeepSpeed C++ ops)."""
+    from trainscout.spaces import all_knobs, fmt
+    return {k.name: fmt(k.demo) for k in all_knobs() if k.demo is not None}
 
 
 SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", "seed": 0, "steps": 5, "warmup": 2,
@@ -486,7 +492,7 @@ def cmd_search(a) -> int:
                 print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
             a.model, a.trials, a.gpus_per_trial = DEMO["model"], a.trials or DEMO["trials"], DEMO["workers"]
             a.steps, a.warmup = DEMO["steps"], DEMO["warmup"]
-            sets = dict(DEMO["sets"], **(sets or {}))
+            sets = dict(demo_sets(), **(sets or {}))
         input_file("--model", a.model)
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
                           time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
@@ -586,9 +592,10 @@ def cmd_results(a) -> int:
     elif a.format == "json":
         print(dumps(df))
     else:
+        from trainscout.spaces import all_knobs
+        knobs = [k.name for k in sorted((k for k in all_knobs() if k.column), key=lambda k: k.column)]
         shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
-                             "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
-                             "precision", "key", "error") if c in df.columns]
+                             *knobs, "key", "error") if c in df.columns]
         if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
             shown[3:3] = ["samples", "tokens_per_s_spread"]
         if df["placement"].fillna("").str.contains("nodes").any():  # a trial split over nodes: say so

@@ -10,19 +10,22 @@ engines call it, and so can a training script of your own:
     model = prepare_model(model, plan, after_sharding=True)    # whole-model compile, where the plan asks for it
 
 The order is torchtitan's `parallelize` order: process-wide settings first; then module swaps (FP8 linears, so
-that everything after sees the final modules); the loss; activation checkpointing wraps layers; per-layer compile
-"after AC wrapping and before FSDP"; then the engine shards the model; then the whole model may be compiled.
+that everything after sees the final modules); tensor and context parallel (each handed the trial's ParallelDims,
+spaces/parallel.py, and so its DeviceMesh); the loss; activation checkpointing wraps layers; per-layer compile
+"after AC wrapping and before FSDP"; then the engine shards the model over the data ranks; then the whole model may
+be compiled. `dims` defaults to the plan's on the initialised process group's ranks (one rank without one).
 Importing this module imports no torch.
 """
 from __future__ import annotations
 
-from trainscout.spaces import Knob, Plan, all_knobs, plugins
+from trainscout.spaces import Knob, ParallelDims, Plan, all_knobs, plugins
 from trainscout.spaces.knob import STAGES  # stage -> what runs there, in this order
 from trainscout.spaces.layers import decoder_layers
 
 BEFORE_SHARDING = STAGES[:-1]
 
-__all__ = ["BEFORE_SHARDING", "STAGES", "decoder_layers", "plan_of", "prepare_model", "transforms"]
+__all__ = ["BEFORE_SHARDING", "STAGES", "ParallelDims", "decoder_layers", "parallel_dims", "plan_of", "prepare_model",
+           "transforms", "wrap_step"]
 
 
 def transforms(stages=STAGES) -> list[Knob]:
@@ -34,12 +37,32 @@ def transforms(stages=STAGES) -> list[Knob]:
     return sorted((k for k in out if k.stage in stages), key=lambda k: STAGES.index(k.stage))
 
 
-def prepare_model(model, plan: Plan, *, after_sharding: bool = False):
+def parallel_dims(plan: Plan, world: int | None = None) -> ParallelDims:
+    """The plan's parallel dimensions on `world` ranks (None: the initialised process group's, else one)."""
+    if world is None:
+        import torch.distributed as dist
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return ParallelDims.of(plan, world)
+
+
+def prepare_model(model, plan: Plan, *, after_sharding: bool = False, dims: ParallelDims | None = None):
     """Apply the plan's model transforms: those before sharding (default), or the one after it. Returns the model
-    to train (the same object unless a transform wraps it)."""
+    to train (the same object unless a transform wraps it). Transforms that take `dims` get the trial's."""
     for knob in transforms(("sharded",) if after_sharding else BEFORE_SHARDING):
-        model = plugins.transform(knob, model, plan)  # a plugin's failure names the plugin
+        if dims is None and plugins.takes_dims(knob):
+            dims = parallel_dims(plan)
+        model = plugins.transform(knob, model, plan, dims)  # a plugin's failure names the plugin
     return model
+
+
+def wrap_step(step, plan: Plan, dims: ParallelDims):
+    """One micro-batch's forward and backward, `step(model, batch, scale, **loss_kwargs) -> loss`, as the knobs run
+    it (Knob.wrap_step, in STAGES order: the first stage's wrapper outermost)."""
+    wrappers = [k for k in all_knobs() if type(k).wrap_step is not Knob.wrap_step]
+    for knob in sorted(wrappers, key=lambda k: STAGES.index(k.stage) if k.stage in STAGES else len(STAGES),
+                       reverse=True):
+        step = knob.wrap_step(step, plan, dims)
+    return step
 
 
 def plan_of(exported: dict, *, world_size: int | None = None, device: str = "cuda") -> Plan:

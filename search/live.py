@@ -5,7 +5,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from trainscout.search.searcher import NUMBERS
+from trainscout.search.outcomes import NUMBERS
 from trainscout.search.summary import clock, days_or_hours
 from trainscout.search.trainable import FREE, METRIC
 from trainscout.spaces import fmt

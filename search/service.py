@@ -3,9 +3,10 @@ clearly slower, and the store answers every configuration that was already measu
 
 This module is the entry (run_search, SearchArgs, resumed, summarize: what cli/main.py calls); the jobs live in
 their own modules: args.py (what a search is started with, validate), resume.py (--resume, one search per folder),
-trainable.py (one Tune trial), searcher.py (Optuna/Tune wiring), start.py (start points), driver.py (the Tune loop,
-Ctrl-C, a failing store), summary.py (the summary); the live table is the CLI's (cli/live.py). The names other code
-and the tests read from here are imported here (__all__).
+trainable.py (one Tune trial), searcher.py (Optuna/Tune wiring; study.py: Tune's Searcher over the Optuna study,
+outcomes.py: what an Optuna trial carries of its outcome), start.py (start points), driver.py (the Tune loop, Ctrl-C,
+a failing store), halt.py (a store that failed ends the search), summary.py (the summary); the live table:
+live.py. The names other code and the tests read from here are imported here (__all__).
 """
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ from .args import SearchArgs, read_space, validate
 from .driver import _progress_callback
 from .resume import LOCK_FILE, folder_free, hold_folder, refuse_existing, resumed
 from .searcher import FREE_RUN, TUNE_ID, make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
-from .start import FIT_SHARE, SAVERS, first_points, fits, space_defaults, start_points, store_points
+from .start import FIT_SHARE, first_points, fits, space_defaults, start_points, store_points
 from .summary import summarize
 from .trainable import METRIC, TRIAL_ACTOR, _stopped_before, _trainable, counted, space_knobs
 
 # run_search, and the names cli/main.py, bench/, atlas/ and the tests import from here
-__all__ = ["FIT_SHARE", "FREE_RUN", "LOCK_FILE", "MEMORY_MARGIN", "METRIC", "SAVERS", "TRIAL_ACTOR", "TUNE_ID",
+__all__ = ["FIT_SHARE", "FREE_RUN", "LOCK_FILE", "MEMORY_MARGIN", "METRIC", "TRIAL_ACTOR", "TUNE_ID",
            "Printer", "SearchArgs", "_progress_callback", "_stopped_before", "_trainable", "counted", "first_points",
            "fits", "hold_folder", "make_ranker", "make_sampler", "make_scheduler", "make_searcher", "read_space",
            "recover_interrupted", "resumed", "run_search", "space_defaults", "space_knobs", "start_points",

@@ -6,10 +6,10 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-from trainscout.spaces import ConfigError, fmt
+from trainscout.spaces import ConfigError, all_knobs, fmt, get, memory_savers, micro_batch
 from trainscout.trial import prepare
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
-from trainscout.trial.memory import FIT_SHARE, SAVERS  # a start point's share of the GPU, the savers that make it fit
+from trainscout.trial.memory import FIT_SHARE  # a start point's share of the GPU
 
 if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
@@ -24,66 +24,75 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
     probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
     CPU the knob's default (auto) or the largest below it that fits the host's memory (a CPU step of a larger one
-    ran past the trial's time limit). On a GPU, where compile is searched, the same with compile on follows (the
-    yardstick's own best rows are compiled), the loss compiled too where loss_kernel is searched, and that again
-    with FP8 matmuls (fp8=tensorwise) where fp8 is searched and the GPU has FP8 tensor cores (the Llama-1B shape on
-    an H200: +17.5 % over compiled alone). With two or more trials at once they run side by side. Where the defaults
-    do not fit even at the smallest micro-batch, the cheapest memory saver of the space that makes them fit is added
-    first (fits), and `notes` says which and why. A CPU search of a real model (pythia-14m, 3 trials) drew 1 invalid
-    and 2 pruned configurations and measured nothing; `--trials 1 --set micro_batch_size=...` drew random values for
-    the knobs left (eager attention, full checkpointing, FSDP on one GPU)."""
+    ran past the trial's time limit). On a GPU the knobs' start values follow, step by step (Knob.start: compile on
+    with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor cores). With two or more trials at
+    once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the cheapest memory
+    saver of the space that makes them fit is added first (fits), and `notes` says which and why. A CPU search of a
+    real model (pythia-14m, 3 trials) drew 1 invalid and 2 pruned configurations and measured nothing; `--trials 1
+    --set micro_batch_size=...` drew random values for the knobs left (eager attention, full checkpointing, FSDP on
+    one GPU)."""
     if not space.domains:
         return []
-    from trainscout.spaces import get
     gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
     defaults = fits(args, space, hw, calibration, space_defaults(space), notes)
     if defaults is None:
         return []
-    sizes = space.domains.get("micro_batch_size")
+    mb = micro_batch().name
+    sizes = space.domains.get(mb)
     if sizes is None:  # fixed: the defaults as they are
         point = defaults if spec_at(args, space, hw, defaults) is not None else None
     elif gpu and "max" in sizes:  # probed in the trial, from the memory model's estimate up
-        point = dict(defaults, micro_batch_size="max")
+        point = {**defaults, mb: "max"}
     else:
         point = _largest_fit(args, space, hw, calibration, defaults)
     if point is None:
         return []
+    return [applicable(point), *(started(args, space, hw, point) if gpu else [])]
 
-    def applicable(p):  # a knob whose requirements do not hold keeps its default (compile_scope without compile)
-        return {k: v for k, v in p.items() if get(k).applies(p)}
-    compiled = []
-    if gpu and True in space.domains.get("compile", ()) and not point.get("compile"):
-        on = dict(point, compile=True)
-        if "compiled" in space.domains.get("loss_kernel", ()):  # the loss too, which per-layer compile leaves out
-            on["loss_kernel"] = "compiled"
-        compiled = [applicable(on)]
-        if "tensorwise" in space.domains.get("fp8", ()):  # FP8 matmuls on top, where the GPU and torchao have them
-            fp8 = applicable(dict(on, fp8="tensorwise"))  # (the knob's own check refuses other GPUs)
-            if spec_at(args, space, hw, fp8) is not None:
-                compiled.append(fp8)
-    return [applicable(point), *compiled]
+
+def applicable(point: dict) -> dict:
+    """point less the knobs whose requirements it does not meet: they keep their defaults (compile_scope without
+    compile)."""
+    return {k: v for k, v in point.items() if get(k).applies(point)}
+
+
+def started(args: SearchArgs, space: Space, hw: dict, point: dict) -> list[dict]:
+    """The GPU start points after `point`: step by step, each searched knob's start value of that step on top of the
+    last (Knob.start). A step is taken where a knob of it that leads (not Knob.start_follows) changes the point; a
+    step past the first only where the model accepts it (FP8: the knob's check refuses a GPU without it)."""
+    knobs = [k for k in all_knobs() if k.start and k.start[1] in space.domains.get(k.name, ())]
+    out, on = [], dict(point)
+    for step in sorted({k.start[0] for k in knobs}):
+        now = [k for k in knobs if k.start[0] == step]
+        if not any(not k.start_follows and point.get(k.name) != k.start[1] for k in now):
+            break
+        on = {**on, **{k.name: k.start[1] for k in now}}
+        if out and spec_at(args, space, hw, applicable(on)) is None:
+            break
+        out.append(applicable(on))
+    return out
 
 
 def space_defaults(space: Space) -> dict:
     """Every searched knob at its default (its first value where the default is not in the domain)."""
-    from trainscout.spaces import get
     return {k: get(k).default if get(k).default in dom else dom[0] for k, dom in space.domains.items()}
 
 
 def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,
          notes: list[str] | None = None, host: float | None = None) -> dict | None:
     """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the
-    cheapest memory saver (SAVERS) that fits the GPU and the host (host: its bytes; default this machine's);
-    None where none does (notes: why)."""
+    cheapest memory saver (spaces.memory_savers) that fits the GPU and the host (host: its bytes; default this
+    machine's); None where none does (notes: why)."""
     import psutil
 
     from trainscout.trial import memory
-    searched = "micro_batch_size" in space.domains
-    sizes = [m for m in space.domains.get("micro_batch_size", ()) if m != "max"] or [1]
+    mb = micro_batch().name
+    searched = mb in space.domains
+    sizes = [m for m in space.domains.get(mb, ()) if m != "max"] or [1]
     # fixed: as fixed, but max (probed from the largest candidate down) at micro-batch 1: predicted at its largest
     # candidate, 128, Pythia-410M's defaults "needed" 385 GiB and had no start point
-    probed = space.fixed.get("micro_batch_size") == "max"
-    smallest = {"micro_batch_size": min(sizes)} if searched or probed else {}
+    probed = space.fixed.get(mb) == "max"
+    smallest = {mb: min(sizes)} if searched or probed else {}
     gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
     cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
     host = host or psutil.virtual_memory().total
@@ -97,7 +106,7 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     if first is None or (first[0] <= cap and first[1] is None):
         return point
     tried = []
-    for saver in SAVERS:
+    for saver in memory_savers():
         if any(v not in space.domains.get(k, ()) for k, v in saver.items()):
             continue
         got = need(dict(point, **saver))
@@ -129,7 +138,7 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     has max, as it is this model's) and checked against this model (an invalid one is left out). [(point, why)]."""
     if hw["device"] != "cuda" or not have:
         return []
-    from trainscout.spaces import get
+    mb = micro_batch().name
     base = have[0]
     me = spec_at(args, space, hw, base)
     if me is None:
@@ -141,12 +150,12 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
         point = dict(base)
         for k, dom in space.domains.items():
             v = r.config.get(k)
-            if k != "micro_batch_size" and v in dom:
+            if k != mb and v in dom:
                 point[k] = v
         point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
-        sizes = space.domains.get("micro_batch_size", ())
-        if "max" not in sizes and r.config.get("micro_batch_size") in sizes:
-            point["micro_batch_size"] = r.config["micro_batch_size"]  # no probe in this space: the measured one
+        sizes = space.domains.get(mb, ())
+        if "max" not in sizes and r.config.get(mb) in sizes:
+            point[mb] = r.config[mb]  # no probe in this space: the measured one
         k = json.dumps(point, sort_keys=True, default=str)
         if k in seen or spec_at(args, space, hw, point) is None:
             continue
@@ -175,12 +184,13 @@ def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
 
     from trainscout.trial import memory
     gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
-    sizes = sorted((m for m in space.domains["micro_batch_size"] if m != "max"), reverse=True)
+    mb = micro_batch().name
+    sizes = sorted((m for m in space.domains[mb] if m != "max"), reverse=True)
     if not gpu:
-        auto = spec_at(args, space, hw, dict(defaults, micro_batch_size=min(sizes)), micro_batch_size="auto")
-        sizes = [m for m in sizes if auto is None or m <= auto.plan["micro_batch_size"]]
+        auto = spec_at(args, space, hw, {**defaults, mb: min(sizes)}, **{mb: "auto"})
+        sizes = [m for m in sizes if auto is None or m <= auto.micro_batch]
     for mbs in sizes:
-        point = dict(defaults, micro_batch_size=mbs)
+        point = {**defaults, mb: mbs}
         spec = spec_at(args, space, hw, point)
         if spec is None:
             continue

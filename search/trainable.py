@@ -20,9 +20,10 @@ from . import cluster
 
 METRIC = "tokens_per_s"
 # outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
-# not count toward --trials (an unscheduled trial waited its time limit: it counts); searcher.FREE_RUN of them in a
-# row end the search's drawing
+# not count toward --trials (an unscheduled trial waited its time limit: it counts); FREE_RUN of them in a row end
+# the search's drawing (search/study.py)
 FREE = (Status.INVALID, Status.PRUNED)
+FREE_RUN = 30
 TRIAL_ACTOR = {"CPU": cluster.TRIAL_CPU}  # what a search's Tune trial actor holds beside its ranks (search/cluster.py)
 
 

@@ -15,9 +15,11 @@ from typing import Any
 from .errors import ConfigError
 from .knob import REGISTRY, Knob, fmt, register
 from . import plugins
+from .parallel import ParallelDims, degrees
 from .plan import Context, Plan
 
-__all__ = ["ConfigError", "Context", "Knob", "Plan", "REGISTRY", "all_knobs", "get", "register", "resolve", "fmt"]
+__all__ = ["ConfigError", "Context", "Knob", "ParallelDims", "Plan", "REGISTRY", "all_knobs", "get", "memory_savers",
+           "micro_batch", "register", "resolve", "fmt"]
 
 _loaded = False
 _lock = threading.RLock()
@@ -53,6 +55,16 @@ def all_knobs() -> list[Knob]:
     return done
 
 
+def micro_batch() -> Knob:
+    """The knob that sets the micro-batch (Knob.micro_batch)."""
+    return next(k for k in all_knobs() if k.micro_batch)
+
+
+def memory_savers() -> list[dict]:
+    """Every knob's memory savers (Knob.savers), cheapest first: the settings each adds."""
+    return [settings for _, settings in sorted((s for k in all_knobs() for s in k.savers), key=lambda s: s[0])]
+
+
 def get(name: str) -> Knob:
     """The registered knob of that name; a ConfigError when there is none (naming a close match, if any)."""
     _load()
@@ -72,6 +84,20 @@ def requirement_error(knob: Knob, value: Any, cfg: dict) -> ConfigError | None:
             return ConfigError(knob.name, f"{knob.name}={fmt(value)} needs {other}={want} (got {fmt(got)}): "
                                           f"set {other}={fmt(allowed[-1])} or {knob.name}={fmt(knob.default)}")
     return None
+
+
+def mesh_error(cfg: dict, ctx: Context) -> ConfigError | None:
+    """The error for parallel degrees (the knobs' mesh_dim) whose product does not divide the ranks, or None."""
+    degs = degrees(cfg)
+    knobs = [k for k in REGISTRY.values() if k.mesh_dim in degs and k.is_set(cfg.get(k.name, k.default))]
+    other = 1
+    for d in degs.values():
+        other *= d
+    if not knobs or ctx.world_size % other == 0:
+        return None
+    set_ = " x ".join(f"{k.name}={fmt(cfg[k.name])}" for k in knobs)
+    return ConfigError(knobs[-1].name, f"{set_} = {other} ranks per data-parallel replica does not divide the "
+                                       f"{ctx.world_size} ranks: choose degrees whose product divides {ctx.world_size}")
 
 
 def resolve(settings: dict[str, Any], ctx: Context, order: list[Knob] | None = None) -> tuple[dict[str, Any], Plan]:
@@ -95,7 +121,10 @@ def resolve(settings: dict[str, Any], ctx: Context, order: list[Knob] | None = N
         cfg[k.name] = plugins.call(k, "concrete", parsed[k.name], parsed, ctx)
     for k in canonical:
         plugins.call(k, "check", cfg[k.name], cfg, ctx)
+    if (err := mesh_error(cfg, ctx)):
+        raise err
     plan = Plan()
     for k in order:
         plugins.call(k, "apply", plan, cfg[k.name], cfg, ctx)
+    plan.mesh = degrees(cfg)  # the knobs' mesh_dim degrees: what ParallelDims.of builds the mesh from
     return cfg, plan

@@ -8,9 +8,10 @@ from .errors import ConfigError
 from .plan import Context, Plan
 
 REGISTRY: dict[str, "Knob"] = {}
-# where a knob's model transform runs, in the order trainscout.runtime applies them: process settings, module swaps,
-# the loss, activation checkpointing, per-layer compile, then (after the engine shards the model) whole-model compile
-STAGES = ("process", "modules", "loss", "checkpoint", "compile_layers", "sharded")
+# where a knob's model transform runs, in the order trainscout.runtime applies them (torchtitan's): process settings,
+# module swaps, tensor then context parallel, the loss, activation checkpointing, per-layer compile, then (after the
+# engine shards the model with FSDP/DDP over the data ranks) whole-model compile
+STAGES = ("process", "modules", "tensor_parallel", "context_parallel", "loss", "checkpoint", "compile_layers", "sharded")
 
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
@@ -46,6 +47,28 @@ class Knob:
     trainscout.runtime.STAGES, the order transforms are applied in) and implements `transform`, which reads what
     `apply` wrote into the plan; `memory` adjusts the memory model's terms. `packages` lists the optional
     packages it needs (Context.installed says which are present).
+
+    The roles search/, analysis/ and cli/ read (they name no knob; tests/test_knob_roles.py holds them to it):
+    - `start` (step, value): on a GPU the start points after the defaults set, step by step and cumulatively, each
+      searched knob's value of that step (1: compile, the loss compiled; 2: FP8 on top); a step is taken where a
+      knob of it that does not `start_follows` changes the point, and past the first only where the model accepts it.
+    - `savers` ((rank, settings), ...): memory savers a start point adds where the defaults do not fit, with the
+      other knobs they need; every knob's are tried in rank order (lower: cheaper in speed), where the space has them.
+    - `micro_batch`: this knob sets the micro-batch (one knob): the search sizes it to the memory, `measured` gives
+      the value a measurement ran (a probed `max`: the one the probe settled on).
+    - `export(fmt, plan, device)`: the fields of an export format ("hf": TrainingArguments, "accelerate": its
+      config) that carry this knob's setting; `hook_only` the setting no format carries, which only trainscout's
+      runtime hook applies (its list ordered by `hook_rank`), and `without_hook` the value a stock Trainer runs
+      instead.
+    - `column`: its place among the knob columns `trainscout results` prints (0: only in csv/json); `demo`: the
+      value the CPU demo search fixes (None: searched).
+
+    Parallelism: a knob whose value is the degree of a device-mesh dimension names it in `mesh_dim` (one of
+    spaces.parallel.DIMS: "pp", "cp", "tp"); resolve() writes the degrees into Plan.mesh, the batch splits over what
+    the degrees leave of the world, and transforms that take a `dims` keyword get the trial's ParallelDims (its
+    DeviceMesh). `wrap_step` may change one micro-batch's forward and backward (context parallel shards the tokens).
+    Exports: `formats` (None: the engine's) are the formats that carry the knob set away from its default,
+    `not_carried` why the others cannot, `launcher` the least launcher it needs (trial.engines.LAUNCHERS).
     """
 
     name: ClassVar[str]
@@ -55,6 +78,19 @@ class Knob:
     stage: ClassVar[str | None] = None
     packages: ClassVar[tuple[str, ...]] = ()
     reference: ClassVar[Any] = None  # the value the quality gate's reference runs (None: the default)
+    # roles (the docstring's last paragraph)
+    start: ClassVar[tuple[int, Any] | None] = None
+    start_follows: ClassVar[bool] = False
+    savers: ClassVar[tuple[tuple[int, dict], ...]] = ()
+    micro_batch: ClassVar[bool] = False
+    without_hook: ClassVar[Any] = None
+    hook_rank: ClassVar[int] = 0
+    column: ClassVar[int] = 0
+    demo: ClassVar[Any] = None
+    mesh_dim: ClassVar[str | None] = None  # the device-mesh dimension this knob's value is the degree of
+    formats: ClassVar[tuple[str, ...] | None] = None  # export formats that carry it when set (None: the engine's)
+    not_carried: ClassVar[str] = ""  # why the other formats cannot, with the fix
+    launcher: ClassVar[str | None] = None  # the least launcher an export needs when set (None: the engine's)
 
     @property
     def description(self) -> str:
@@ -125,19 +161,41 @@ class Knob:
         """The value the quality gate's reference configuration runs."""
         return self.default if self.reference is None else self.reference
 
-    # --- search and plan ----------------------------------------------------------------------------------
-    def suggest(self, trial, cfg: dict, ctx: Context) -> Any:
-        """Sample a value with an Optuna trial (define-by-run). The domain never changes between trials."""
-        return trial.suggest_categorical(self.name, list(self.choices))
-
+    # --- plan -------------------------------------------------------------------------------------------
     def apply(self, plan: Plan, value: Any, cfg: dict, ctx: Context) -> None:
         """Write this knob's value into the plan."""
         raise NotImplementedError
 
     # --- runtime ------------------------------------------------------------------------------------------
     def transform(self, model, plan: Plan):
-        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one)."""
+        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one). A
+        knob that declares `transform(self, model, plan, dims=None)` is given the trial's spaces.parallel.ParallelDims."""
         return model
 
+    def wrap_step(self, step, plan: Plan, dims):
+        """One micro-batch's forward and backward as this knob runs it: `step(model, batch, scale, **loss_kwargs)`
+        returns the loss (loss_kwargs go to the model's forward and loss); return `step` itself to change nothing."""
+        return step
+
     def memory(self, terms: dict, plan: dict, spec: dict) -> None:
-        """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place."""
+        """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place; the rank's
+        parameters are there too ("params" held, "layer_params" of one decoder layer, "layers" held; the model
+        states follow them) and what the activations hold of the decoder layers ("layer_activations")."""
+
+    # --- roles --------------------------------------------------------------------------------------------
+    def measured(self, value: Any, plan: dict | None) -> Any:
+        """The value a measurement with this setting ran (its record's plan says what an open value became)."""
+        return value
+
+    def export(self, fmt: str, plan: Plan, device: str) -> dict:
+        """The fields of export format `fmt` ("hf": TrainingArguments, "accelerate": accelerate's config) that carry
+        this knob's setting ({}: that format has none)."""
+        return {}
+
+    def hook_only(self, value: Any, plan: dict, stock) -> str | None:
+        """The setting, as knob=value, where no export format carries it and only trainscout's runtime hook applies
+        it (None: carried, or off); `stock` is trainscout.runtime.hf, which says what the installed transformers does
+        itself. By default: any value but `without_hook`, for a knob that has one."""
+        if self.without_hook is None or value == self.without_hook:
+            return None
+        return f"{self.name}={value}"

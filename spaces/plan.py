@@ -18,8 +18,10 @@ class Context:
     model_config: dict = field(default_factory=dict)  # the transformers config of the model, as a dict
 
     def data_parallel_ranks(self, cfg: dict) -> int:
-        """Ranks that each hold a slice of the batch (world size over pipeline stages, where a knob sets them)."""
-        return max(1, self.world_size // int(cfg.get("pipeline_stages", 1) or 1))
+        """Ranks that each hold a slice of the batch: the world over every parallel degree the knobs set
+        (spaces.parallel: pipeline stages, tensor and context parallel)."""
+        from .parallel import data_parallel_ranks, degrees
+        return data_parallel_ranks(self.world_size, degrees(cfg))
 
 
 @dataclass
@@ -34,6 +36,7 @@ class Plan:
     zero: dict = field(default_factory=dict)  # DeepSpeed "zero_optimization" section
     fsdp: dict = field(default_factory=dict)  # FSDP2 fully_shard settings
     pipeline: dict = field(default_factory=dict)  # stages, schedule, chunks (per rank), microbatches
+    mesh: dict = field(default_factory=dict)  # parallel degrees above 1 besides data parallel: "pp"|"cp"|"tp" -> degree
     checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
     compile: bool = False
     compile_scope: str = "auto"               # with compile: layers (each decoder layer on its own) | model

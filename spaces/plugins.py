@@ -110,13 +110,20 @@ def call(knob: Knob, method: str, *args) -> Any:
                                      f"{fmt(knob.default)}") from None
 
 
-def transform(knob: Knob, model, plan) -> Any:
-    """A plugin knob's transform; one that raises fails the trial with an error naming the plugin (leaving it out
-    would make the record claim a configuration that did not run)."""
+def takes_dims(knob: Knob) -> bool:
+    """Whether the knob's transform takes the trial's ParallelDims (a `dims` keyword); older knobs take (model, plan)."""
+    import inspect
+    return "dims" in inspect.signature(knob.transform).parameters
+
+
+def transform(knob: Knob, model, plan, dims=None) -> Any:
+    """A knob's transform, given `dims` where it takes them; a plugin's that raises fails the trial with an error
+    naming the plugin (leaving it out would make the record claim a configuration that did not run)."""
+    kw = {"dims": dims} if takes_dims(knob) else {}
     if knob.name not in ORIGIN:
-        return knob.transform(model, plan)
+        return knob.transform(model, plan, **kw)
     try:
-        return knob.transform(model, plan)
+        return knob.transform(model, plan, **kw)
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"the knob plugin {ORIGIN[knob.name]} failed in the transform of {knob.name} "
                            f"({_error(e)}): fix it, uninstall it, or set {knob.name}={fmt(knob.default)}") from None

@@ -30,6 +30,7 @@ from trainscout.trial.status import MEASURED, Status
 
 from . import row_format
 from .row_format import UNKNOWN
+from .schema import MEASUREMENTS
 
 # Two measurements of one key farther apart than this are different numbers, not noise. Measured on the H200:
 # the same configuration on other leases 0.1-3.1 % apart (15 keys measured twice or three times in bench/data), up
@@ -307,7 +308,6 @@ def origin_of(row: dict, path: str) -> str:
 def import_file(store, path: str) -> ImportReport:
     """Add an export or share file's records to a store under the rules of this module's docstring, the accepted
     ones in one transaction."""
-    from trainscout.store import MEASUREMENTS
     rows = read_rows(path)
     present = {r.key: r.to_dict() for r in store.measurements()}
     accepted, merged, refused = checked(rows, present)

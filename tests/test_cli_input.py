@@ -693,7 +693,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
 
     def draw(searcher, tid, value=None):
         searcher.suggest(tid)
-        params = json.dumps(searcher._ot_trials[tid].params, sort_keys=True)
+        params = json.dumps(searcher.drawn[tid].params, sort_keys=True)
         if value is not None:
             searcher.on_trial_complete(tid, {service.METRIC: value})
             store.add_trial("s", tid, None, "ok", False, value, {})

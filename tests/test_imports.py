@@ -6,7 +6,7 @@ The folders are layered; a folder imports only folders below it (lowest first):
     spaces    the knobs, ConfigError, what a knob reads of a model config (spaces/model_config.py: sizes)
     runtime   applying the knobs to a model (prepare_model)
     trial     running and measuring one configuration: models, engines, memory and FLOP models, records
-    store     the results store, share files and their row format (store/rows.py)
+    store     the results store, share files and their row format (store/row_format.py)
     analysis  tables, costs, ties, exports, the report
     atlas     the shipped measurements, predictions, lookup and its page
     search    the search service (Ray Tune + Optuna)
@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("analysis", "cli", "runtime", "search", "spaces", "trial")
+PACKAGES = ("analysis", "atlas", "cli", "runtime", "search", "spaces", "store", "trial")  # every folder of LAYERS
 LAYERS = ("spaces", "runtime", "trial", "store", "analysis", "atlas", "search", "cli")  # lowest first: the docstring's
 
 

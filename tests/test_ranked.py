@@ -1,5 +1,5 @@
 """Informed sampling (issue 17): the step-time model's order, and the ranked proposals of the search's own
-OptunaSearch (make_searcher, make_sampler, make_ranker, first_points) on the recorded H200 Pythia-160M grid,
+searcher (make_searcher, make_sampler, make_ranker, first_points) on the recorded H200 Pythia-160M grid,
 driven trial by trial with the grid's measurements played back (no Tune loop, no ASHA: every trial in full)."""
 import importlib.util
 import os
@@ -75,7 +75,7 @@ def _search(meta, space, rows, seed, ranked, target, limit=40):
             value = row["tokens_per_s"] if row["status"] == "ok" else 0.0
         except ConfigError:
             value = 0.0
-        drawn = searcher._ot_trials[f"t{i}"]
+        drawn = searcher.drawn[f"t{i}"]
         trials.append((dict(drawn.params), value, drawn.user_attrs.get("ranked")))
         searcher.on_trial_complete(f"t{i}", {METRIC: value, "status": "ok" if value else "invalid"})
         if value >= target:

@@ -307,6 +307,41 @@ def test_draws_refused_or_pruned_before_running_do_not_use_up_the_trials(tmp_pat
             assert searcher.stopped_why is None and statuses[-1] == "ok"  # it ended at the second that ran
 
 
+def test_the_searcher_keeps_optunas_trial_states_through_its_public_api(tmp_path):
+    """Tune's Searcher interface over the study (search/study.py), driven as Tune drives it, without Ray: each step an
+    intermediate value; ASHA's stop PRUNED at the step it stopped, its value the last; an unscheduled trial or one
+    that raised FAIL; an ok one COMPLETE; Tune's saved state JSON. It is a Searcher of its own, not Ray's
+    OptunaSearch, whose private study and trial table (_ot_study, _ot_trials) it used to write."""
+    from ray.tune.search import Searcher
+    from ray.tune.search.optuna import OptunaSearch
+
+    from trainscout.search import service
+    domains = {"micro_batch_size": (1, 2, 4), "activation_checkpointing": ("none", "full")}
+    space = Space({k.name: k.default for k in all_knobs() if k.name not in domains}, domains)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    searcher = service.make_searcher(space, "s", storage, make_sampler(0, 4), seed=0)
+    assert isinstance(searcher, Searcher) and not isinstance(searcher, OptunaSearch)
+    for tid in ("ok", "stopped", "unscheduled", "raised"):
+        config = searcher.suggest(tid)
+        assert set(domains) <= set(config) and searcher.drawn[tid].user_attrs[service.TUNE_ID] == tid
+    searcher.on_trial_result("stopped", {service.METRIC: 5.0, "training_iteration": 1})
+    searcher.on_trial_complete("ok", {service.METRIC: 9.0, "status": "ok"})
+    searcher.on_trial_complete("stopped", {service.METRIC: 6.0, "status": "running", "training_iteration": 2})
+    searcher.on_trial_complete("unscheduled", {service.METRIC: 0.0, "status": "unscheduled"})
+    searcher.on_trial_complete("raised", None, error=True)
+    study = optuna.load_study(study_name="s", storage=storage)
+    by_tune = {t.user_attrs[service.TUNE_ID]: t for t in study.trials}
+    S = optuna.trial.TrialState
+    assert {k: t.state for k, t in by_tune.items()} == {"ok": S.COMPLETE, "stopped": S.PRUNED, "unscheduled": S.FAIL,
+                                                         "raised": S.FAIL}
+    assert by_tune["ok"].value == 9.0 and by_tune["ok"].constraints == {"infeasible": 0.0}
+    assert by_tune["stopped"].intermediate_values == {1: 5.0, 2: 6.0} and by_tune["stopped"].value == 6.0
+    assert by_tune["stopped"].user_attrs["status"] == "stopped" and study.metric_names == [service.METRIC]
+    assert searcher.counted == 4 and searcher.stopped_why is None
+    searcher.save(str(tmp_path / "state"))
+    assert json.loads((tmp_path / "state").read_text())["completed"] == ["ok", "raised", "stopped", "unscheduled"]
+
+
 def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_path):
     """`search --trials 1 --set ...` on the CPU runs the start point: the knobs given as given, every other searched
     knob at its default (it drew random values for them: eager attention, full checkpointing, FSDP on one GPU)."""

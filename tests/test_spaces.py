@@ -12,6 +12,8 @@ KNOBS = spaces.all_knobs()
 GPU = Context(world_size=1, device="cuda", num_layers=4, global_batch=256, capability="9.0",
               installed=frozenset(p for k in KNOBS for p in k.packages))  # an H200 with every optional package
 PIPELINE = Context(world_size=8, num_layers=16, global_batch=256)
+GPUS = Context(world_size=8, device="cuda", num_layers=16, global_batch=256, capability="9.0",
+               installed=GPU.installed)  # 8 H200s: a knob that needs several GPUs (context parallel)
 
 
 def test_builtin_knobs_are_registered():
@@ -36,7 +38,7 @@ def test_knob_contract(knob):
     with pytest.raises(ConfigError, match=knob.name):
         knob.parse("surely-not-a-value")
     # every choice, with its requirements satisfied, resolves on some box (the CPU, an H200 with every optional
-    # package, 8 ranks for the pipeline) and changes the plan only through apply
+    # package, 8 ranks for the pipeline, 8 H200s) and changes the plan only through apply
     for v in knob.choices:
         settings = {knob.name: v}
         for other, allowed in knob.requires.items():
@@ -46,7 +48,7 @@ def test_knob_contract(knob):
         elif settings.get("pipeline_stages", 1) > 1:
             settings.setdefault("pipeline_microbatches", 8)
         errors = []
-        for ctx in (CTX, GPU, PIPELINE):
+        for ctx in (CTX, GPU, PIPELINE, GPUS):
             try:
                 cfg, plan = resolve(settings, ctx)
                 break

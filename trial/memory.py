@@ -1,7 +1,9 @@
 """Predicted peak GPU memory per rank of a configuration, before anything is launched.
 
-The analytic part counts bytes the way the engines hold them (N parameters, D data-parallel ranks, P pipeline
-stages; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed precision with fp32 weights. The
+The analytic part counts bytes the way the engines hold them (N parameters, D data-parallel ranks (data x context
+parallel: the ranks that share weights, spaces.parallel.ParallelDims.replicas), P pipeline stages, and what the
+parallel knobs' memory hooks divide: tensor parallel the layers' weights and activations, context parallel the
+tokens; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed precision with fp32 weights. The
 parameter counts and the activation bytes are read from the model itself, built on the meta device
 (trial/model_tree.py), not from a formula of one family: N, a decoder layer's and the embedding's parameters,
 the linears' (what autocast copies) and whether the head is tied come from its modules; so GQA's smaller key/value
@@ -49,14 +51,9 @@ GiB = 2**30
 # A configuration predicted over the GPU's memory by more than this share is not launched by a search, and
 # micro_batch_size=max does not probe such a micro-batch (trial/probe.py).
 MARGIN = 0.10
-# How a search's start points (search.start.fits) and the atlas' predictions make a configuration fit.
-# memory savers, cheapest first (what each costs in speed): checkpoint every 4th .. every layer, then ZeRO offload of
-# the optimizer (its step on the CPU), then of the parameters too; a saver is tried only where the space has it
-SAVERS = ({"activation_checkpointing": 4}, {"activation_checkpointing": 3}, {"activation_checkpointing": 2},
-          {"activation_checkpointing": "full"},
-          {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"},
-          {"zero_stage": 3, "offload_optimizer": True, "offload_params": True, "activation_checkpointing": "full"})
-FIT_SHARE = 0.85  # a start point must be predicted to fit in this share of the GPU's memory
+# A search's start point (search.start.fits) and the atlas' predictions must be predicted to fit in this share of
+# the GPU's memory; where the defaults do not, they add the knobs' memory savers (spaces.memory_savers), cheapest first.
+FIT_SHARE = 0.85
 
 
 def _counts(config: dict) -> dict:
@@ -96,29 +93,38 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
     """Bytes per rank by component for a prepared trial spec or a stored record (the rank that holds the most):
     the engine's model states, then one micro-batch's activations and logits (which knobs adjust) scaled to what
     is in flight. The knobs' memory hooks read the spec by key: they get its to_dict()."""
-    from trainscout.spaces import all_knobs, plugins
+    from trainscout.spaces import ParallelDims, all_knobs, plugins
 
     from . import engines
     spec = _with_config(spec)
     c, plan, recipe = _counts(spec.model_config), spec.plan, spec.recipe
     engine = engines.get(plan["engine"])
     mixed = plan["precision"] != "fp32"
-    N, layers = engine.held(c, plan)
-    out = engine.model_states(c, plan, N, engine.data_ranks(plan, spec.world_size), mixed)
-    b, s, V = plan["micro_batch_size"], recipe["seq_len"], c["V"]
+    N, layers = engine.held(c, plan)  # the pipeline's stage; the data x context ranks divide below (D)
+    # context parallel: each rank holds 1/cp of every sequence's tokens (attention still reads all the keys)
+    cp = ParallelDims.of(plan, spec.world_size).degree("cp")
+    b, s, V = plan["micro_batch_size"], recipe["seq_len"] // cp, c["V"]
     every = plan.get("checkpoint_every", 0)
     ckpt = math.ceil(layers / every) if every else 0
     act = saved_bytes(spec)
-    layer = act.layer_bytes(b, s)
+    layer = b * s * (act.per_layer + act.per_layer_s * recipe["seq_len"])  # act.layer_bytes(b, s) without cp
     # the loss's backward: fp32 log-softmax output, its incoming and its outgoing gradient at once (mixed or fp32)
     terms = {"activations": (layers - ckpt) * layer + ckpt * act.layer_input * b * s + act.outside * b * s,
-             "logits": 12 * b * s * V}
+             "logits": 12 * b * s * V,
+             # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
+             "params": N, "layer_params": c["per_layer"], "layers": layers, "layer_activations": (layers - ckpt) * layer}
     view = spec.to_dict()
+    if cp > 1:  # the hooks count the rank's tokens
+        view["recipe"] = dict(view["recipe"], seq_len=recipe["seq_len"] // cp)
     for knob in all_knobs():
         plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
+    held = {k: terms.pop(k) for k in ("params", "layer_params", "layers", "layer_activations")}
+    out = engine.model_states(dict(c, per_layer=held["layer_params"]), plan, held["params"],
+                              engine.data_ranks(plan, spec.world_size), mixed)
     out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
     if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
-        out["activations"] += max(0.0, layer - out["logits"])
+        share = held["layer_activations"] / ((layers - ckpt) * layer) if layers > ckpt and layer else 1.0  # TP's
+        out["activations"] += max(0.0, layer * share - out["logits"])
     return out
 
 

@@ -99,6 +99,11 @@ class TrialSpec(_Fields):
     def tokens_per_step(self) -> int:
         return self.recipe["global_batch"] * self.recipe["seq_len"]
 
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per forward/backward on a rank, as planned (a probe starts from it)."""
+        return self.plan["micro_batch_size"]
+
 
 @dataclass(eq=True)
 class RankResult(_Fields):
@@ -183,3 +188,8 @@ class Record(_Fields):
     def m(self) -> dict:
         """The metrics, or {} for a failure."""
         return self.metrics or {}
+
+    @property
+    def micro_batch(self):
+        """The micro-batch it ran (its plan's; micro_batch_size=max: the one the probe settled on); None without a plan."""
+        return (self.plan or {}).get("micro_batch_size")

@@ -172,7 +172,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     _reset_peak_rss()
     from . import engines, faults, probe as mbs_probe
     from .models import build_model
-    from trainscout.spaces import Plan
+    from trainscout.spaces import ParallelDims, Plan
 
     t0 = time.perf_counter()
     plan, recipe = Plan.from_dict(spec.plan), spec.recipe
@@ -204,9 +204,10 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     n_params = n_params[0]
     t_built = time.perf_counter()
 
-    data_rank = getattr(engine, "data_rank", rank)
+    dims = ParallelDims.of(plan, world)
+    data_rank = dims.data_rank(rank)  # the ranks of one data-parallel replica (pipeline, tensor, context) read the same
     if spec.data:  # `trainscout train --data`: a tokenized memmap, each rank its own sequences
-        batch = _memmap_batches(spec, plan, data_rank, world // max(1, plan.pipeline.get("stages", 1)), device)
+        batch = _memmap_batches(spec, plan, data_rank, dims.dp, device)
     else:  # synthetic tokens: the throughput of a step does not depend on their values
         vocab = sizes(spec.model_config).vocab
         gen = torch.Generator(device="cpu").manual_seed(1000 + data_rank)

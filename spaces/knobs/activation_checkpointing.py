@@ -11,6 +11,11 @@ class ActivationCheckpointing(Knob):
     default = "none"
     choices = ("none", "full", 2, 3, 4)
     stage = "checkpoint"
+    # memory savers, cheapest first: every 4th layer .. every layer (each recomputes more of the forward)
+    savers = ((10, {"activation_checkpointing": 4}), (20, {"activation_checkpointing": 3}),
+              (30, {"activation_checkpointing": 2}), (40, {"activation_checkpointing": "full"}))
+    without_hook, hook_rank = "none", 2
+    column = 4
 
     def parse(self, raw):
         if isinstance(raw, str) and raw.strip().isdigit():
@@ -29,6 +34,19 @@ class ActivationCheckpointing(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.checkpoint_every = {"none": 0, "full": 1}.get(value, value)
+
+    def export(self, fmt, plan, device):
+        if fmt != "hf":
+            return {}
+        fields = {"activation_checkpointing": bool(plan.checkpoint_every)}
+        if plan.checkpoint_every > 1:  # transformers 5.2x; runtime.hf.for_installed leaves it to the hook before that
+            fields["activation_checkpointing_kwargs"] = {"every_n_layers": plan.checkpoint_every}
+        return fields
+
+    def hook_only(self, value, plan, stock):
+        if plan.get("checkpoint_every", 0) > 1 and not stock.native_every_n():
+            return f"{self.name}={plan['checkpoint_every']}"
+        return None
 
     def transform(self, model, plan):
         """Wrap every n-th decoder layer (1 = all) in PyTorch's non-reentrant checkpoint."""

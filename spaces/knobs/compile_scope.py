@@ -13,6 +13,7 @@ class CompileScope(Knob):
     choices = ("layers", "model")
     requires = {"compile": (True,)}
     stage = "compile_layers"  # after checkpointing wraps the layers, before sharding
+    without_hook, hook_rank = "model", 1  # TrainingArguments' torch_compile compiles the whole model
     # Why: transformers builds the causal mask inside the model's forward. Traced by torch.compile it is
     # materialised (transformers skips it only outside tracing, before torch 2.14), so SDPA gets a mask tensor
     # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all.
@@ -39,6 +40,9 @@ class CompileScope(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.compile_scope = value
+
+    def hook_only(self, value, plan, stock):
+        return f"{self.name}=layers" if plan.get("compile") and plan.get("compile_scope") == "layers" else None
 
     def transform(self, model, plan):
         if plan.compile and plan.compile_scope == "layers":

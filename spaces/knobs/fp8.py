@@ -14,6 +14,10 @@ class Fp8(Knob):
     requires = {"zero_stage": (0,)}  # DeepSpeed holds and casts the parameters itself: FP8 is for the PyTorch engines
     stage = "modules"  # swap nn.Linear before checkpointing wraps and compile traces the layers (torchtitan's order)
     packages = ("torchao",)
+    # a start point on top of the compiled one (its check refuses GPUs without FP8): the Llama-1B shape on an H200,
+    # +17.5 % over compiled alone
+    start = (2, "tensorwise")
+    without_hook, hook_rank = "off", 5
     # Why: torchtitan reports ~1.2-1.5x over bf16 for Llama-3 8B-70B with FP8 linears under FSDP2 + compile; the
     # gain needs large matmuls and compile (which fuses the scaling ops), so it is measured, not assumed.
 

@@ -10,6 +10,7 @@ class Fsdp(Knob):
     default = "off"
     choices = ("off", "shard_grad_op", "full_shard")
     requires = {"zero_stage": (0,)}  # one sharding engine per trial: FSDP or DeepSpeed
+    column = 3
 
     def check(self, value, cfg, ctx):
         if value != "off" and cfg["precision"] == "fp16-mixed":

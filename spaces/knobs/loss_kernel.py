@@ -16,6 +16,9 @@ class LossKernel(Knob):
     choices = ("eager", "compiled", "fused_linear")
     stage = "loss"
     packages = ("liger_kernel",)
+    start, start_follows = (1, "compiled"), True  # compiled along with the layers, which leave the loss out
+    without_hook, hook_rank = "eager", 3
+    demo = "eager"
     # Why: with compile_scope=layers the loss runs outside every compiled graph. Eager, it copies the logits to fp32
     # (seq x vocab x 4 bytes per sequence: 26 GB at Pythia-160M micro-batch 64) and reads them several times;
     # torchtitan compiles its loss for the same reason. The model compiled whole already fuses it (no change).

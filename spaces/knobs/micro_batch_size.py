@@ -14,6 +14,8 @@ class MicroBatchSize(Knob):
     name = "micro_batch_size"
     default = "auto"  # the largest divisor of the per-rank batch that is <= 8
     choices = (1, 2, 4, 8, 16, 32, 64, 128, "max")
+    micro_batch = True
+    column = 1
 
     def parse(self, raw):
         if isinstance(raw, str) and raw.strip().lower() in ("auto", "max"):
@@ -74,6 +76,12 @@ class MicroBatchSize(Knob):
                                          f"{per_call * n} (global_batch {ctx.global_batch} / "
                                          f"{ctx.data_parallel_ranks(cfg)} data-parallel ranks): choose a divisor "
                                          f"such as {near}")
+
+    def measured(self, value, plan):
+        return plan["micro_batch_size"] if value == "max" and plan else value  # the micro-batch the probe settled on
+
+    def export(self, fmt, plan, device):
+        return {"per_device_train_batch_size": plan.micro_batch_size} if fmt == "hf" else {}
 
     def apply(self, plan, value, cfg, ctx):
         per_call = self.per_call_batch(cfg, ctx)

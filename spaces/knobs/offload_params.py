@@ -9,6 +9,9 @@ class OffloadParams(Knob):
     default = False
     choices = (False, True)
     requires = {"zero_stage": (3,)}  # DeepSpeed: offload_param is "Valid only with stage 3"
+    # the last memory saver: the parameters fetched from the CPU per layer, every step
+    savers = ((60, {"zero_stage": 3, "offload_optimizer": True, "offload_params": True,
+                    "activation_checkpointing": "full"}),)
 
     def apply(self, plan, value, cfg, ctx):
         if value:

@@ -12,6 +12,7 @@ class PipelineStages(Knob):
     name = "pipeline_stages"
     default = 1
     choices = (1, 2, 4, 8)
+    mesh_dim = "pp"
     requires = {"zero_stage": (0,), "fsdp": ("off",), "compile": (False,)}
 
     def check(self, value, cfg, ctx):

@@ -9,6 +9,7 @@ class Precision(Knob):
     name = "precision"
     default = "bf16-mixed"
     choices = ("fp32", "bf16-mixed", "fp16-mixed")
+    column = 6
 
     def check(self, value, cfg, ctx):
         if value == "fp16-mixed" and ctx.device != "cuda":
@@ -22,3 +23,10 @@ class Precision(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.precision = value
+
+    def export(self, fmt, plan, device):
+        if fmt == "hf":
+            return {"bf16": plan.precision == "bf16-mixed", "fp16": plan.precision == "fp16-mixed"}
+        if fmt == "accelerate":
+            return {"mixed_precision": {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(plan.precision, "no")}
+        return {}

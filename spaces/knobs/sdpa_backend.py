@@ -12,6 +12,7 @@ class SdpaBackend(Knob):
     choices = ("auto", "flash", "cudnn", "efficient", "math")
     requires = {"attention": ("sdpa",)}
     stage = "process"
+    without_hook, hook_rank = "auto", 4
     # Why: on the H200, cuDNN's flash-attention backward was 26.7 % of a compiled Pythia-160M step (head dim 64),
     # the largest single kernel (bench/data/gpu-2026-11-30-s3/profile.txt); the other backends are the alternatives.
 

@@ -9,6 +9,7 @@ class Tf32(Knob):
     default = True
     choices = (False, True)
     stage = "process"
+    demo = True
 
     def numerics(self, value, cfg, ctx):
         # under 16-bit autocast the products run in 16 bits whatever this says; with precision=fp32 on a GPU in TF32
@@ -17,6 +18,9 @@ class Tf32(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.tf32 = value
+
+    def export(self, fmt, plan, device):
+        return {"tf32": plan.tf32} if fmt == "hf" and device == "cuda" else {}  # TrainingArguments refuses it off a GPU
 
     def transform(self, model, plan):
         import torch

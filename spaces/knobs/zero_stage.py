@@ -8,6 +8,7 @@ class ZeroStage(Knob):
     name = "zero_stage"
     default = 0
     choices = (0, 1, 2, 3)
+    column, demo = 2, 0  # the demo: no DeepSpeed C++ ops to build
 
     def numerics(self, value, cfg, ctx):
         if value and cfg.get("precision") != "fp32":  # DeepSpeed's bf16/fp16 mode: a 16-bit model, fp32 masters

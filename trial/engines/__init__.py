@@ -10,8 +10,10 @@ __all__ = ["LAUNCHERS", "REGISTRY", "Engine", "adamw", "build", "get", "register
 
 
 def build(plan, model, recipe: dict, device, world: int, measured_accum: int) -> Engine:
-    """The plan's engine, built around the model: the knobs' transforms applied, sharded, ready to step."""
-    return get(plan.engine)(model, plan, recipe, device, world, measured_accum)
+    """The plan's engine, built around the model: the knobs' transforms applied, sharded, ready to step. The
+    parallel dimensions (and their DeviceMesh) are made here, once, and handed to the engine and the transforms."""
+    from trainscout.spaces import ParallelDims
+    return get(plan.engine)(model, plan, recipe, device, world, measured_accum, dims=ParallelDims.of(plan, world))
 
 
 def _clean(name: str) -> str:

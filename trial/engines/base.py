@@ -33,13 +33,51 @@ def adamw(params, recipe: dict, device):
     """torch AdamW over params with the recipe's lr, betas and weight decay: fused on CUDA, foreach otherwise."""
     import torch
     fused = device.type == "cuda"
-    return torch.optim.AdamW(params, lr=recipe["lr"], betas=tuple(recipe["betas"]),
+    return torch.optim.AdamW(_homogeneous_groups(params), lr=recipe["lr"], betas=tuple(recipe["betas"]),
                              weight_decay=recipe["weight_decay"], fused=fused, foreach=None if fused else True)
 
 
-def causal_lm_loss(model, batch):
-    """The causal LM loss of a batch of token ids: the model's own loss with the inputs as labels."""
-    return model(input_ids=batch, labels=batch).loss
+def _homogeneous_groups(params):
+    """params as one group per kind (plain tensors; DTensors of one mesh and placement): the fused and foreach
+    kernels refuse a list that mixes them ("got mixed torch.Tensor and DTensor": tensor parallel's shards beside the
+    replicated norms and embeddings). One kind: the list itself, as before meshes."""
+    from torch.distributed.tensor import DTensor
+    groups: dict = {}
+    for p in params:
+        groups.setdefault((p.device_mesh, p.placements) if isinstance(p, DTensor) else None, []).append(p)
+    return list(params) if len(groups) <= 1 else [{"params": ps} for ps in groups.values()]
+
+
+def causal_lm_loss(model, batch, **loss_kwargs):
+    """The causal LM loss of a batch of token ids: the model's own loss with the inputs as labels (loss_kwargs: what
+    a knob's wrap_step passes on, e.g. shift_labels and position_ids of a context-parallel shard)."""
+    return model(input_ids=batch, labels=batch, **loss_kwargs).loss
+
+
+def clip_grad_norm_(params, max_norm: float):
+    """torch's clip_grad_norm_, also over gradients that are DTensors on different meshes (tensor parallel's shards
+    beside replicated parameters, FSDP2 on a 2-D mesh): each group's norm is reduced over its own mesh. Returns the
+    total norm."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    groups: dict = {}
+    for p in params:
+        if p.grad is not None:
+            g = p.grad
+            groups.setdefault((g.device_mesh, g.placements) if isinstance(g, DTensor) else None, []).append(g)
+    if len(groups) <= 1:  # one kind of gradient: torch's own (what every engine ran before meshes)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = None
+    for grads in groups.values():
+        sq = torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]).square().sum()
+        sq = sq.full_tensor() if isinstance(sq, DTensor) else sq
+        total = sq if total is None else total + sq
+    total = total.sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for grads in groups.values():
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+    return total
 
 
 class Engine:
@@ -53,7 +91,8 @@ class Engine:
     # over fp32 weights, or "16-bit" weights without autocast
     compute: ClassVar[str] = "autocast"
 
-    def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int):
+    def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int, dims=None):
+        """dims: the trial's spaces.parallel.ParallelDims (engines.build makes it; None: the plan's on world ranks)."""
         raise NotImplementedError
 
     def micro_step(self, batch, is_last: bool, scale: float):
@@ -75,7 +114,10 @@ class Engine:
     # --- the memory model's terms (bytes per rank; see trial/memory.py) -----------------------------------
     @classmethod
     def data_ranks(cls, plan: dict, world: int) -> int:
-        return world
+        """Ranks that hold the same weights and average gradients (data x context parallel): what FSDP/ZeRO shard
+        the model states over and DDP's buckets serve (ParallelDims.replicas)."""
+        from trainscout.spaces import ParallelDims
+        return ParallelDims.of(plan, world).replicas
 
     @classmethod
     def held(cls, c: dict, plan: dict) -> tuple[float, int]:

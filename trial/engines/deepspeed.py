@@ -40,15 +40,15 @@ class DeepSpeedEngine(Engine):
     compute = "16-bit"  # DeepSpeed's bf16 / fp16 model: 16-bit weights, no autocast
     formats = ("hf", "deepspeed", "accelerate", "command")
 
-    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
+    def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
         import deepspeed
-        prepare_model(model, plan)
+        prepare_model(model, plan, dims=dims)
         self.config = deepspeed_config(plan.to_dict(), recipe, measured_accum)
         offload = "offload_optimizer" in plan.zero
         client_opt = None if offload else adamw([p for p in model.parameters() if p.requires_grad], recipe, device)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                optimizer=client_opt, config=self.config)
-        prepare_model(self.engine, plan, after_sharding=True)
+        prepare_model(self.engine, plan, after_sharding=True, dims=dims)
 
     def micro_step(self, batch, is_last: bool, scale: float):
         loss = causal_lm_loss(self.engine, batch)  # DeepSpeed divides by its accumulation count itself

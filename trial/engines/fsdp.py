@@ -22,17 +22,21 @@ class FsdpEngine(TorchEngine):
         dtype = autocast_dtype(plan.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         reshard = plan.fsdp.get("reshard_after_forward", True)
+        mesh = self.dims.gradient_mesh(device.type)  # data x context ranks (None: the whole world); TP shards stay
         for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         self.fsdp_model = model  # FSDP2's own mixed precision: no autocast, no scaler (fp16 is refused)
         return model
 
-    def micro_step(self, batch, is_last: bool, scale: float):
-        self.fsdp_model.set_requires_gradient_sync(is_last)
-        loss = causal_lm_loss(self.model, batch) * scale
+    def forward_backward(self, model, batch, scale: float, **loss_kwargs):
+        loss = causal_lm_loss(model, batch, **loss_kwargs) * scale
         loss.backward()
         return loss
+
+    def micro_step(self, batch, is_last: bool, scale: float):
+        self.fsdp_model.set_requires_gradient_sync(is_last)
+        return self.step(self.model, batch, scale)
 
     def full_state_dict(self, names, rank):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -28,20 +28,22 @@ class PipelineEngine(Engine):
     not_carried = ("HF Trainer and accelerate have no pipeline engine (they would run plain DDP with a stage's share "
                    "of the batch): use --format command, which runs it with `trainscout train`")
 
-    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
+    def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
         from torch.distributed import pipelining
-        from torch.distributed.device_mesh import init_device_mesh
+
+        from trainscout.runtime import parallel_dims
 
         from .pipeline_stage import SCHEDULES, StageModule
+        self.dims = dims or parallel_dims(plan, world)
         pp, chunks, n_micro = plan.pipeline["stages"], plan.pipeline["chunks"], plan.pipeline["microbatches"]
-        dp = world // pp
-        mesh = init_device_mesh(device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+        dp = self.dims.dp
+        mesh = self.dims.mesh(device.type)  # (dp, pp): the pipeline innermost
         self.pp_group, pp_rank = mesh["pp"].get_group(), mesh["pp"].get_local_rank()
         self.data_rank = mesh["dp"].get_local_rank()  # pipeline ranks of one replica read the same batch
         n_layers, parts = len(decoder_layers(model)), pp * chunks
         per = n_layers // parts
         dtype = autocast_dtype(plan.precision)
-        prepare_model(model, plan)  # on the whole model: each part takes its layers as the transforms left them
+        prepare_model(model, plan, dims=self.dims)  # on the whole model: each part takes its layers as the transforms left them
         self.loss_function, self.vocab = model.loss_function, model.config.vocab_size
         self.stages, mods = [], []
         for c in range(chunks):
@@ -95,10 +97,6 @@ class PipelineEngine(Engine):
         parts = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object({names[id(p)]: p.detach().cpu() for p in self.params}, parts, dst=0)
         return {k: v for part in (parts or []) for k, v in part.items()}
-
-    @classmethod
-    def data_ranks(cls, plan, world):
-        return max(1, world // plan["pipeline"]["stages"])
 
     @classmethod
     def held(cls, c, plan):

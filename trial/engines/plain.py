@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import contextlib
 
-from trainscout.runtime import prepare_model
+from trainscout.runtime import parallel_dims, prepare_model, wrap_step
 
-from .base import Engine, adamw, autocast_dtype, causal_lm_loss, register_engine
+from .base import Engine, adamw, autocast_dtype, causal_lm_loss, clip_grad_norm_, register_engine
 
 
 @register_engine
@@ -15,12 +15,14 @@ class TorchEngine(Engine):
     name = "ddp"
     builds_on_device = True  # model.to(device) first thing (FSDP2 too: it shards a model on the device)
 
-    def __init__(self, model, plan, recipe, device, world, measured_accum=1):
+    def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
         import torch
+        self.dims = dims or parallel_dims(plan, world)
         model.to(device)
-        prepare_model(model, plan)
+        prepare_model(model, plan, dims=self.dims)
         wrapped = self.shard(model, plan, device, world)
-        self.model = prepare_model(wrapped, plan, after_sharding=True)
+        self.model = prepare_model(wrapped, plan, after_sharding=True, dims=self.dims)
+        self.step = wrap_step(self.forward_backward, plan, self.dims)  # as the knobs run a micro-batch
         self.params = [p for p in wrapped.parameters() if p.requires_grad]
         self.opt = adamw(self.params, recipe, device)
         self.dtype = autocast_dtype(plan.precision)
@@ -29,28 +31,44 @@ class TorchEngine(Engine):
         self.clip = recipe["grad_clip"]
 
     def shard(self, model, plan, device, world):
-        """The model as this engine distributes it: DDP on several ranks, as it is on one."""
-        self.ddp = None
-        if world > 1:
+        """The model as this engine distributes it: DDP over the ranks that hold the same weights (every rank
+        without a mesh), as it is on one."""
+        self.ddp = self.replicated = None
+        if self.dims.replicas > 1:
+            from torch.distributed.tensor import DTensor
+            mesh = self.dims.gradient_mesh(device.type)  # None: the whole world, the default group
+            if any(isinstance(p, DTensor) for p in model.parameters()):
+                # a transform sharded the weights (tensor parallel): DDP takes no DTensors; FSDP2's replicate does
+                # (gradients all-reduced over the data ranks, torchtitan's DDP + TP)
+                from torch.distributed._composable.replicate_with_fsdp import replicate
+                self.replicated = replicate(model, mesh=mesh if mesh is not None else self.dims.mesh(device.type)["dp"])
+                return model
             from torch.nn.parallel import DistributedDataParallel
-            model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+            model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                       process_group=None if mesh is None else mesh.get_group())
         return model
 
-    def micro_step(self, batch, is_last: bool, scale: float):
+    def forward_backward(self, model, batch, scale: float, **loss_kwargs):
+        """One micro-batch's forward and backward under autocast; its loss times scale."""
         import torch
+        with torch.autocast(self.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+            loss = causal_lm_loss(model, batch, **loss_kwargs) * scale
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return loss
+
+    def micro_step(self, batch, is_last: bool, scale: float):
+        if self.replicated is not None:
+            self.replicated.set_requires_gradient_sync(is_last)
         sync = contextlib.nullcontext() if (self.ddp is None or is_last) else self.ddp.no_sync()
         with sync:
-            with torch.autocast(self.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
-                loss = causal_lm_loss(self.model, batch) * scale
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-        return loss
+            return self.step(self.model, batch, scale)
 
     def optimizer_step(self):
         import torch
         if self.scaler:
             self.scaler.unscale_(self.opt)
         if self.clip:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+            clip_grad_norm_(self.params, self.clip)
         if self.scaler:
             self.scaler.step(self.opt)
             self.scaler.update()
