@@ -1,1 +1,3 @@
-from .main import main; import sys; sys.exit(main())
+from .main import console
+
+console()

@@ -85,6 +85,21 @@ def _progress_callback(url: str, search: str, printer):
     return Progress()
 
 
+def _warm_first(point: dict, base: dict, one_node: bool) -> None:
+    """Start the worker group of the search's first trial while Tune starts its trial actor (trial.runner.warm);
+    a first point the rules refuse warms nothing (its trial says why)."""
+    from trainscout.spaces import ConfigError
+    from trainscout.trial import prepare
+    from trainscout.trial.runner import warm
+    settings = {k: v for k, v in point.items() if k in base["knob_names"]}
+    try:
+        spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
+                       hw=base["hardware"], seed=base["seed"], **base["recipe"])
+    except ConfigError:
+        return
+    warm(spec, one_node, base["timeout"])
+
+
 def _numbered(trial) -> str:
     """Tune trial name "trial_N_ID", N counting the trials this driver created from 0 (the fault schedule's)."""
     return f"trial_{int(trial.experiment_tag.split('_', 1)[0]) - 1}_{trial.trial_id}"
@@ -261,6 +276,10 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
             # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
             # filesystem numbers devices per host) does not compare it
             "store_identity": store.identity, "driver_host": socket.gethostname()}
+    from trainscout.trial import model_tree  # what the start points' memory predictions built the model for
+    base["facts"] = model_tree.known()
+    if start:
+        _warm_first(start[0], base, args.one_node)
     import psutil  # the driver's host: on one box (the common case) the trials' host too; on a cluster the nodes'
     host = hw["host_memory_gib"] * 2**30 if hw.get("host_memory_gib") else psutil.virtual_memory().total
     base["host"] = {"capacity": host, "margin": MEMORY_MARGIN}

@@ -56,6 +56,8 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
+    from trainscout.trial import model_tree
+    model_tree.learn(base.get("facts"))  # the driver's: no model built here for what it already predicted
     host = base.get("host")  # predicted over the host's memory (offload states, CPU runs): not launched, why recorded
     if host and not spec.plan["micro_batch_probe"]:
         from trainscout.trial import memory

@@ -24,10 +24,11 @@ kernel nor for transformers' grouped expert fallback). Records stored under an o
 """
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from dataclasses import dataclass
+
+from .model_tree import memo
 
 CONVENTION = "matmul-v1"
 OLD = "dense-6N"  # what records before CONVENTION hold: 6·(every parameter, embeddings included) + 12·L·d·s
@@ -68,7 +69,7 @@ def count(config: dict) -> Count:
     return _count(json.dumps(config, sort_keys=True, default=repr))
 
 
-@functools.lru_cache(maxsize=64)
+@memo("count")
 def _count(key: str) -> Count:
     from torch import nn
 

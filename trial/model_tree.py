@@ -71,6 +71,38 @@ def _key(config: dict) -> str:
     return json.dumps(config, sort_keys=True, default=repr)
 
 
+# What the meta-device model told (Params, Saved, flops.Count), by (kind, config key, arguments): worked out once per
+# process, or handed over by whoever worked it out (a search's driver to its trial actors, through `known` and
+# `learn`: an actor then neither imports transformers' models nor builds one to predict a trial's memory, 3-4 s of
+# each actor's first trial on 2 cores). Only the meta device is read, so the same torch and transformers give the
+# same facts in every process.
+_FACTS: dict[tuple, object] = {}
+
+
+def memo(kind: str):
+    """Cache a function of strings in _FACTS under kind (functools.lru_cache, but its entries can be handed on)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def cached(*args):
+            at = (kind, *args)
+            if at not in _FACTS:
+                _FACTS[at] = fn(*args)
+            return _FACTS[at]
+        return cached
+    return wrap
+
+
+def known() -> dict[tuple, object]:
+    """Every fact this process has worked out (frozen dataclasses of numbers: Params, Saved, flops.Count)."""
+    return dict(_FACTS)
+
+
+def learn(facts: dict[tuple, object] | None) -> None:
+    """Take the facts another process worked out (`known` there); what this process worked out itself stays."""
+    for at, value in (facts or {}).items():
+        _FACTS.setdefault(at, value)
+
+
 def _build(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
     import torch
 
@@ -82,7 +114,7 @@ def _build(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
     return model
 
 
-@functools.lru_cache(maxsize=64)
+@memo("parameters")
 def _parameters(key: str) -> Params:
     from torch import nn
 
@@ -130,7 +162,7 @@ def saved(config: dict, attention: str = "sdpa", compute: str = "autocast", comp
 _warned: set = set()  # the configs (and the compiled ones) a warning has named
 
 
-@functools.lru_cache(maxsize=256)
+@memo("saved")
 def _saved(key: str, attention: str, compute: str) -> Saved:
     try:
         return _measure(key, attention, compute)
@@ -144,7 +176,7 @@ def _saved(key: str, attention: str, compute: str) -> Saved:
         return _formula(config, compute, why)
 
 
-@functools.lru_cache(maxsize=256)
+@memo("compiled")
 def _compiled(key: str, attention: str, compute: str) -> Saved:
     eager = _saved(key, attention, compute)
     try:

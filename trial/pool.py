@@ -77,6 +77,13 @@ class Rank:
         dist.init_process_group(backend, init_method=f"file://{store}" if store else f"tcp://{master}:{port}",
                                 rank=rank, world_size=world, timeout=timedelta(seconds=600))
 
+    def preload(self, model_config: dict) -> None:
+        """Import what a trial of this model runs (the worker, transformers' modelling code) and build the model
+        once on the meta device: a group warmed before its first trial (Pool.warm) has done it meanwhile."""
+        from . import worker  # noqa: F401
+        from .model_tree import parameters
+        parameters(model_config)
+
     def run(self, spec) -> dict:
         from .worker import reset_process, train_loop
         try:
@@ -139,8 +146,54 @@ class Pool:
         self.busy: dict[str, _Group] = {}
         self.reports: dict[str, list] = {}
         self.stopping: set[str] = set()
+        self.warming: dict[tuple, asyncio.Future] = {}  # groups Pool.warm is starting, by key
 
-    async def _start(self, key, world: int, cuda: bool, env: dict, one_node: bool, wait_s: float) -> _Group:
+    @staticmethod
+    def _key(world: int, device: str, env: dict, one_node: bool) -> tuple:
+        return world, device, tuple(sorted(env.items())), one_node
+
+    async def warm(self, world: int, device: str, env: dict, one_node: bool, model_config: dict,
+                   wait_s: float) -> None:
+        """Start a group before its first trial asks for it (a search's driver, while Tune starts its trial actor):
+        the ranks' processes, torch.distributed and the model's imports (Rank.preload) are then ready, or under
+        way, when the trial comes (run takes the group as it is started). A group that cannot start is left to
+        the trial (which says why)."""
+        key = self._key(world, device, env, one_node)
+        if key in self.warming or any(g.key == key for g in self.idle):
+            return
+        task = asyncio.ensure_future(self._start(key, world, device == "cuda", env, one_node, wait_s,
+                                                 model_config))
+        self.warming[key] = task
+        try:
+            group = await asyncio.shield(task)
+        except BaseException:  # noqa: BLE001 - the trial starts its own group and reports its error
+            self.warming.pop(key, None)
+            return
+        if self.warming.pop(key, None) is task:  # not taken by a trial meanwhile: idle until one asks
+            self.idle.append(group)
+
+    async def _warmed(self, key, deadline: float):
+        """The group Pool.warm is starting for key, taken by the calling trial (None: none, or it failed); a
+        group that comes up after the trial gave up is killed."""
+        task = self.warming.pop(key, None)
+        if task is None:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), max(0.1, deadline - loop.time()))
+        except (asyncio.TimeoutError, asyncio.CancelledError):  # nobody else takes it: killed when it is up
+            task.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or t.result().kill())
+            raise
+        except Exception:  # noqa: BLE001 - it could not start: the trial starts its own and reports its error
+            return None
+
+    def _drop_warming(self, key) -> None:
+        """Stop starting groups of other keys: they hold (or wait for) resources this trial's group needs."""
+        for k in [k for k in self.warming if k != key]:
+            self.warming.pop(k).cancel()
+
+    async def _start(self, key, world: int, cuda: bool, env: dict, one_node: bool, wait_s: float,
+                     model_config: dict | None = None) -> _Group:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -148,6 +201,9 @@ class Pool:
         pg = placement_group([bundle] * world, strategy="STRICT_PACK" if one_node else "PACK")
         try:
             await asyncio.wait_for(_value(pg.ready()), max(0.1, wait_s))
+        except asyncio.CancelledError:  # Pool.warm's group given up (a trial needs another kind)
+            remove_placement_group(pg)
+            raise
         except asyncio.TimeoutError:
             remove_placement_group(pg)
             free = ray.available_resources()
@@ -182,6 +238,8 @@ class Pool:
                 setups.append(actors[i].setup.remote(i, world, where[0][0], port, visible, local, len(same),
                                                      "nccl" if cuda else "gloo", store))
             await asyncio.gather(*setups)
+            if model_config is not None:
+                await asyncio.gather(*[a.preload.remote(model_config) for a in actors])
         except BaseException:
             group.kill()
             raise
@@ -192,19 +250,23 @@ class Pool:
         """{"ok": {"n_params", "ranks"}, "reused": n, "placement": {...}} | {"error": str} | {"timeout": True} |
         {"unscheduled": why}; the hard limit counts from here (a group's start-up included, as a fresh process's
         was)."""
-        key = (spec.world_size, spec.device, tuple(sorted(env.items())), one_node)
+        key = self._key(spec.world_size, spec.device, env, one_node)
+        self._drop_warming(key)
         for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
             self.idle.remove(g)
             g.kill()
         group = next((g for g in self.idle if g.key == key), None) if reuse else None
-        if group is None:
-            self._make_room(spec.world_size, spec.device == "cuda")
+        if group is None and not reuse:
+            self._drop_warming(None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
             if group is not None:
                 self.idle.remove(group)
-            else:
+            elif reuse:
+                group = await self._warmed(key, deadline)
+            if group is None:
+                self._make_room(spec.world_size, spec.device == "cuda")
                 group = await asyncio.wait_for(self._start(key, spec.world_size, spec.device == "cuda", env,
                                                            one_node, deadline - loop.time() - 0.5),
                                                max(0.1, deadline - loop.time()))

@@ -167,10 +167,16 @@ def _init(ray, address: str | None, flag: str) -> None:
         ray.init(address="local", _node_ip_address="127.0.0.1", **kw)
 
 
+# The compiled-extension caches the user set, read once at import: inductor sets TORCHINDUCTOR_CACHE_DIR in a
+# process the first time it compiles (the memory model's trace of a compiled layer does), which would change the
+# ranks' environment, and so their group's key, between one trial and the next (the warm group not taken)
+_CACHES = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+           if k in os.environ}
+
+
 def _worker_env(spec: TrialSpec) -> dict:
     """The ranks' environment: the caches, the device's, and what knobs set (a group is kept per environment)."""
-    env = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-           if k in os.environ}
+    env = dict(_CACHES)
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -215,6 +221,15 @@ def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
                          "tokens_per_s": spec.tokens_per_step / step_s})
         if ready:
             return ray.get(ref)
+
+
+def warm(spec: TrialSpec, one_node: bool = True, timeout: float | None = None) -> None:
+    """Start the worker group that spec's trial will run in, without waiting for it (pool.Pool.warm): a search's
+    driver does it for its first trial while Tune starts that trial's actor (on 2 CPU cores, ~5 s of the first
+    trial's wall). Nothing when fresh workers are asked for (TRAINSCOUT_FRESH_WORKERS)."""
+    if not pool.fresh_requested():
+        pool.pool().warm.remote(spec.world_size, spec.device, _worker_env(spec), one_node, spec.model_config,
+                                timeout or DEFAULT_TIMEOUT[spec.device])
 
 
 def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | None = None,
