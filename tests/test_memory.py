@@ -236,3 +236,32 @@ def test_per_layer_compile_compiles_every_layer():
     model(input_ids=x, labels=x).loss.backward()
     assert counters["stats"]["unique_graphs"] == 1 and counters["stats"]["calls_captured"] > 0
     torch._dynamo.reset()
+
+def test_meta_facts_handed_to_another_process_need_no_model_built(monkeypatch):
+    """model_tree.known/learn (a search's driver to its trial actors): the facts worked out in one process answer
+    parameters, saved and the FLOP count in another without building the model; what a process worked out itself
+    is not replaced."""
+    from trainscout.trial import flops, model_tree
+    from trainscout.trial.models import resolve_model
+    config = resolve_model("tiny").config
+    facts = (model_tree.parameters(config), model_tree.saved(config, "sdpa", "autocast"), flops.count(config))
+    handed = model_tree.known()
+    assert {at[0] for at in handed} >= {"parameters", "saved", "count"}
+    monkeypatch.setattr(model_tree, "_FACTS", {})  # a fresh process
+    monkeypatch.setattr(model_tree, "_build", lambda *a, **k: pytest.fail("the model was built again"))
+    model_tree.learn(handed)
+    assert (model_tree.parameters(config), model_tree.saved(config, "sdpa", "autocast"), flops.count(config)) == facts
+    mine = dict(model_tree._FACTS)
+    model_tree.learn({at: None for at in handed})  # another's facts never replace this process's
+    assert model_tree._FACTS == mine
+
+
+def test_the_ranks_cache_environment_does_not_change_when_inductor_sets_its_own(monkeypatch):
+    """trial.runner._worker_env: inductor sets TORCHINDUCTOR_CACHE_DIR in a process the first time it compiles
+    (the memory model's trace of a compiled layer does); the ranks' environment, which keys their warm groups,
+    stays what the user set."""
+    from trainscout.trial import runner
+    spec = prepare("tiny", {}, workers=1, device="cpu")
+    before = runner._worker_env(spec)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_somebody")
+    assert runner._worker_env(spec) == before

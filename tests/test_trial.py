@@ -168,6 +168,44 @@ def test_worker_group_is_reused_until_a_failure(ray_local, worker_pids):
     assert again.reused == 1  # the group of `after` waited while `alone` ran in processes of its own
 
 
+def settle(pids, want: int, timeout: float = 60) -> set:
+    """The rank processes once `want` of them are alive (a killed group's take a moment to exit)."""
+    deadline = time.time() + timeout
+    while len(pids()) != want and time.time() < deadline:
+        time.sleep(0.2)
+    return set(pids())
+
+
+def test_a_warmed_group_runs_the_first_trial_and_one_of_another_kind_is_dropped(ray_local, worker_pids):
+    """trial.runner.warm (a search's driver, for its first trial): the group is started before the trial asks, the
+    trial runs in it (the same processes, its model already imported: no build cost left in the trial); a group
+    warmed for 1 rank is given up when a trial of 2 ranks comes first, so its processes do not outlive that."""
+    from trainscout.trial.runner import warm
+
+    def spec(workers):
+        return prepare("tiny", {"precision": "fp32", "micro_batch_size": 4}, device="cpu", workers=workers, steps=1,
+                       warmup=0, global_batch=8 * workers)
+    one, two = spec(1), spec(2)
+    assert execute(one).status == "ok"  # an earlier test's idle group is of another kind: this frees it
+    before = settle(worker_pids, 1)
+    assert len(before) == 1
+    warm(two)
+    deadline = time.time() + 120
+    while len(set(worker_pids()) - before) < 2 and time.time() < deadline:  # its 2 ranks start meanwhile
+        time.sleep(0.2)
+    warmed = set(worker_pids()) - before
+    assert len(warmed) == 2
+    r = execute(two)
+    assert r.status == "ok" and r.reused == 0, r.error
+    assert settle(worker_pids, 2) == warmed  # ran in the warmed processes; the idle 1-rank group freed for it
+    assert r.metrics["build_s"] < 1.0  # the model's imports were done while warming (3-5 s cold on 2 cores)
+    warm(one)  # a trial of another kind comes before it is up: the warming group is given up, its rank killed
+    r = execute(two)
+    assert r.status == "ok" and r.reused == 1
+    time.sleep(2)
+    assert settle(worker_pids, 2) == warmed
+
+
 def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
     t = time.time()
     r = run({}, fault="hang@1", timeout=20)
