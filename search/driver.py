@@ -89,12 +89,11 @@ def _warm_first(point: dict, base: dict, one_node: bool) -> None:
     """Start the worker group of the search's first trial while Tune starts its trial actor (trial.runner.warm);
     a first point the rules refuse warms nothing (its trial says why)."""
     from trainscout.spaces import ConfigError
-    from trainscout.trial import prepare
     from trainscout.trial.runner import warm
-    settings = {k: v for k, v in point.items() if k in base["knob_names"]}
+
+    from .trainable import trial_spec
     try:
-        spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
-                       hw=base["hardware"], seed=base["seed"], **base["recipe"])
+        spec = trial_spec({k: v for k, v in point.items() if k in base["knob_names"]}, base)
     except ConfigError:
         return
     warm(spec, one_node, base["timeout"])

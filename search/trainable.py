@@ -40,6 +40,12 @@ def _trainable(config: dict, base: dict) -> None:
         tune.report({METRIC: 0.0, "status": str(Status.CRASH), "store_failed": why, "cached": False})
 
 
+def trial_spec(settings: dict, base: dict, fault: str | None = None):
+    """The prepared trial of a search's settings (ConfigError where the rules refuse them)."""
+    return prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
+                   hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
+
+
 def _measure(config: dict, base: dict) -> None:
     from ray import tune
     ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None
@@ -50,8 +56,7 @@ def _measure(config: dict, base: dict) -> None:
     if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
         fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
     try:
-        spec = prepare(base["model"], settings, workers=base["workers"], steps=base["steps"], warmup=base["warmup"],
-                       hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
+        spec = trial_spec(settings, base, fault)
     except ConfigError as e:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})

@@ -188,7 +188,8 @@ class Pool:
             return None
 
     def _drop_warming(self, key) -> None:
-        """Stop starting groups of other keys: they hold (or wait for) resources this trial's group needs."""
+        """Stop starting groups of keys other than key (None: all): they hold (or wait for) resources this trial's
+        group needs."""
         for k in [k for k in self.warming if k != key]:
             self.warming.pop(k).cancel()
 
@@ -251,13 +252,11 @@ class Pool:
         {"unscheduled": why}; the hard limit counts from here (a group's start-up included, as a fresh process's
         was)."""
         key = self._key(spec.world_size, spec.device, env, one_node)
-        self._drop_warming(key)
+        self._drop_warming(key if reuse else None)  # a group of its own: none being warmed is for it either
         for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
             self.idle.remove(g)
             g.kill()
         group = next((g for g in self.idle if g.key == key), None) if reuse else None
-        if group is None and not reuse:
-            self._drop_warming(None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
