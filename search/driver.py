@@ -275,7 +275,12 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
             # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
             # filesystem numbers devices per host) does not compare it
             "store_identity": store.identity, "driver_host": socket.gethostname()}
-    from trainscout.trial import model_tree  # what the start points' memory predictions built the model for
+    # handed to the trial actors: what the start points' memory predictions built the model for, its sizes, and
+    # the FLOP count every trial's MFU is derived from (counted there, each actor's first trial imported
+    # transformers and built the model on the meta device after it ran: 6-10 s on 2 cores)
+    from trainscout.trial import flops, model_tree
+    from trainscout.trial.models import resolve_model
+    flops.count(resolve_model(args.model).config)
     base["facts"] = model_tree.known()
     if start:
         _warm_first(start[0], base, args.one_node)

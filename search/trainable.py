@@ -55,14 +55,15 @@ def _measure(config: dict, base: dict) -> None:
     fault = None
     if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
         fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
+    from trainscout.trial import model_tree
+    # the driver's: neither transformers imported here to read the model's sizes nor a model built to predict
+    model_tree.learn(base.get("facts"))
     try:
         spec = trial_spec(settings, base, fault)
     except ConfigError as e:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
-    from trainscout.trial import model_tree
-    model_tree.learn(base.get("facts"))  # the driver's: no model built here for what it already predicted
     host = base.get("host")  # predicted over the host's memory (offload states, CPU runs): not launched, why recorded
     if host and not spec.plan["micro_batch_probe"]:
         from trainscout.trial import memory

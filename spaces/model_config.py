@@ -99,6 +99,20 @@ def note_attentions(config: dict, values: frozenset[str]) -> None:
     _ATTENTIONS[json.dumps(config, sort_keys=True, default=repr)] = values
 
 
+def known() -> dict[tuple, object]:
+    """What this process read of model configs (their Sizes, the attentions their classes have), to hand to another
+    process (trial.model_tree.known): a search's trial actor then need not import transformers (3-5 s on 2 cores)
+    to read the sizes its driver already read."""
+    return {**{("sizes", k): v for k, v in _SIZES.items()}, **{("attentions", k): v for k, v in _ATTENTIONS.items()}}
+
+
+def learn(facts: dict[tuple, object]) -> None:
+    """Take what another process read (`known` there); what this process read itself stays."""
+    for (kind, *rest), value in facts.items():
+        if kind in ("sizes", "attentions") and len(rest) == 1:
+            (_SIZES if kind == "sizes" else _ATTENTIONS).setdefault(rest[0], value)
+
+
 def model_class_name(config: dict) -> str:
     """The name of the transformers causal-LM class a model config builds."""
     from transformers import AutoModelForCausalLM

@@ -93,14 +93,19 @@ def memo(kind: str):
 
 
 def known() -> dict[tuple, object]:
-    """Every fact this process has worked out (frozen dataclasses of numbers: Params, Saved, flops.Count)."""
-    return dict(_FACTS)
+    """Every fact this process has worked out (frozen dataclasses of numbers: Params, Saved, flops.Count, and the
+    model configs' Sizes and attentions, spaces.model_config.known)."""
+    from trainscout.spaces import model_config
+    return {**model_config.known(), **_FACTS}
 
 
 def learn(facts: dict[tuple, object] | None) -> None:
     """Take the facts another process worked out (`known` there); what this process worked out itself stays."""
+    from trainscout.spaces import model_config
+    model_config.learn(facts or {})
     for at, value in (facts or {}).items():
-        _FACTS.setdefault(at, value)
+        if at[0] not in ("sizes", "attentions"):
+            _FACTS.setdefault(at, value)
 
 
 def _build(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
