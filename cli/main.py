@@ -255,8 +255,11 @@ def print_trial(r, verbose: bool = False) -> None:
         ("memory", f"{m['peak_memory_gib']:.2f} GiB peak per rank"),
         ("MFU", mfu),
         ("run", f"{m['projected_days']:.2f} days for {rec['total_steps']:,} steps"),
-        ("overhead", f"build{' and probe' if r.probe else ''} {m['build_s']:.1f} s, warm-up {m['warmup_s']:.1f} s, "
-                     f"trial wall {r.wall_s:.1f} s"),
+        ("overhead", f"build{' and probe' if r.probe else ''} {m['build_s']:.1f} s"
+                     + (f" (model and engine {m['model_s']:.1f} s)" if m.get("model_s") else "")
+                     + f", warm-up {m['warmup_s']:.1f} s"
+                     + (f", quality gate {m['gate_s']:.1f} s" if m.get("gate_s") else "")
+                     + f", trial wall {r.wall_s:.1f} s"),
     ]
     if r.probe:  # micro_batch_size=max: what the probe tried, and the micro-batch below (or why not)
         tried = ", ".join(f"{mbs} {status}" for mbs, status in r.probe)

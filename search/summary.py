@@ -32,6 +32,28 @@ def _verify_hint(b: dict, out: str) -> str:
     return f"; train both to compare: trainscout verify {out} --trial {b['key'][:12]} --quality 500"
 
 
+def _overhead_parts(records: list, overhead: list[float]) -> str:
+    """Medians of what the trials' overhead is made of (the parts a record times), and how many started a fresh
+    worker group."""
+    m = [r.metrics for r in records]
+    parts = []
+    if all(x.get("model_s") is not None for x in m):  # records since 2026-12-04
+        parts.append(f"model and engine {median([x['model_s'] for x in m]):.1f} s")
+        parts.append(f"compile and probe or warm-up steps "
+                     f"{median([x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]):.1f} s")
+    else:
+        parts.append(f"build, probe and warm-up {median([x['build_s'] + x['warmup_s'] for x in m]):.1f} s")
+    gates = [x["gate_s"] for x in m if x.get("gate_s")]
+    if gates:
+        parts.append(f"quality gate {median(gates):.1f} s in {len(gates)} of {len(m)}")
+    rest = [o - x["build_s"] - x["warmup_s"] - (x.get("gate_s") or 0.0) for o, x in zip(overhead, m)]
+    timed_parts = all(x.get("model_s") is not None for x in m)  # older records time neither the model nor the gate
+    parts.append(f"the rest {median(rest):.1f} s (worker start or hand-off, teardown, the store"
+                 f"{'' if timed_parts else ', any quality gate'})")
+    fresh = sum(1 for r in records if not r.reused)
+    return ", ".join(parts) + f"; {fresh} of {len(records)} in a fresh worker group"
+
+
 def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str = "OUT") -> dict:
     """Print a search's outcome to stream: trials by status, per-trial overhead, the `top` fastest distinct
     configurations, each with its quality status (trial/quality.py: the same model as its reference, or not, or
@@ -75,9 +97,9 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         "noise": choice.noise, "why": choice.line()}
     # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
     # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
-    overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0)
-                for r in (store.get(t["key"]) for t in trials
-                          if t["status"] == Status.OK and t["key"] and not t["cached"]) if r and r.wall_s]
+    ran = [r for r in (store.get(t["key"]) for t in trials if t["status"] == Status.OK and t["key"] and not t["cached"])
+           if r and r.wall_s]
+    overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0) for r in ran]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
                "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
                "passed_over": passed_over}
@@ -95,6 +117,8 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
               f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
+        print(f"  where it went{' after the first' if len(ran) > 1 else ''}: {_overhead_parts(ran[1:] or ran, overhead[1:] or overhead)}",
+              file=stream)
     tied = set(tie["tied"]) if tie else set()
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""

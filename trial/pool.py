@@ -253,12 +253,13 @@ class Pool:
         was)."""
         key = self._key(spec.world_size, spec.device, env, one_node)
         self._drop_warming(key if reuse else None)  # a group of its own: none being warmed is for it either
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await self._leaving(key, spec.world_size, spec.device == "cuda", min(deadline, loop.time() + STOP_GRACE_S))
         for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
             self.idle.remove(g)
             g.kill()
         group = next((g for g in self.idle if g.key == key), None) if reuse else None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         try:
             if group is not None:
                 self.idle.remove(group)
@@ -306,12 +307,27 @@ class Pool:
                 else:
                     group.kill()
 
+    async def _leaving(self, key, world: int, cuda: bool, until: float) -> None:
+        """Wait while a trial asked to stop (Pool.stop) is still running its last step, where its group is of this
+        key (it will serve this trial) or holds what a new group needs (one GPU box): a group started meanwhile
+        would wait for those resources, and the stopped group, idle once its step ends, would hold them."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < until:
+            leaving = [g for t, g in self.busy.items() if t in self.stopping]
+            if not leaving or (all(g.key != key for g in leaving) and self._room(world, cuda)):
+                return
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _room(world: int, cuda: bool) -> bool:
+        import ray
+        free = ray.available_resources()
+        return all(free.get(k, 0) >= v * world for k, v in _bundle(cuda).items())
+
     def _make_room(self, world: int, cuda: bool) -> None:
         """Kill idle groups, oldest first, while the cluster lacks what a new group needs (one GPU box: the idle
         group holds the GPU a fresh one needs)."""
-        import ray
-        need = {k: v * world for k, v in _bundle(cuda).items()}
-        while self.idle and any(ray.available_resources().get(k, 0) < v for k, v in need.items()):
+        while self.idle and not self._room(world, cuda):
             self.idle.pop(0).kill()
 
     def cancel(self, trial_id: str | None = None, owner: str | None = None) -> int:
@@ -322,12 +338,12 @@ class Pool:
             self.busy.pop(t).kill()
         return len(ids)
 
-    def stop(self, owner: str) -> int:
-        """Ask the running trials a caller started (a search's trial that ASHA stopped) to leave at their next step
-        boundary: the ranks end their trial as after its last step and the group is kept for the next trial (a
-        killed group costs the next trial a fresh start: ~20 s on the H200). A trial still running STOP_GRACE_S
-        later has its group killed. Returns how many."""
-        ids = [t for t, g in self.busy.items() if g.owner == owner]
+    def stop(self, owner: str | None = None, trial_id: str | None = None) -> int:
+        """Ask the running trials a caller started (a search's trial that ASHA stopped), or one trial, to leave at
+        their next step boundary: the ranks end their trial as after its last step and the group is kept for the
+        next trial (a killed group costs the next trial a fresh start: ~20 s on the H200). A trial still running
+        STOP_GRACE_S later has its group killed. Returns how many."""
+        ids = [t for t, g in self.busy.items() if t == trial_id or (owner is not None and g.owner == owner)]
         loop = asyncio.get_running_loop()
         for t in ids:
             self.stopping.add(t)

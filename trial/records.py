@@ -116,11 +116,12 @@ class RankResult(_Fields):
     micro_batch_size: int
     grad_accum: int
     measured_accum: int
-    build_s: float
+    build_s: float                  # model + engine (model_s) and, micro_batch_size=max, the probe's steps
     warmup_s: float
     timed_s: float
     peak_rss_mib: float
     loss: float | None = None
+    model_s: float | None = None    # of build_s: building the model and its engine (every probed candidate's)
     probe: list = field(default_factory=list)  # micro_batch_size=max: [[mbs, "ok" | "oom"], ...]
     below: dict | None = None       # micro_batch_size=max: the candidate below, measured too
     alloc_retries: int | None = None  # CUDA: the caching allocator's retries during the timed steps

@@ -187,6 +187,13 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     on_device = device.type == "cuda" and engines.get(plan.engine).builds_on_device
 
     def make(accum):
+        t = time.perf_counter()
+        try:
+            return _make(accum)
+        finally:
+            made[0] += time.perf_counter() - t
+
+    def _make(accum):
         with torch.device(device) if on_device else contextlib.nullcontext():
             model = build_model(spec.model_config, plan.attn_implementation, recipe["seq_len"])
         model.config.use_cache = False
@@ -195,7 +202,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         n_params[0] = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them to empty
         return model, names, engines.build(plan, model, recipe, device, world, accum)
 
-    probe, n_params = [], [0]
+    probe, n_params, made = [], [0], [0.0]
     if spec.probe:  # micro_batch_size=max: the largest candidate that survives a full step, in this process
         (model, names, engine), accum, probe = mbs_probe.largest_fit(spec, plan, make, device)
     else:
@@ -283,7 +290,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
 
     mine = RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
-                      probe=probe, below=below, build_s=t_built - t0, warmup_s=t_warm - t_built,
+                      probe=probe, below=below, build_s=t_built - t0, model_s=made[0], warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
