@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError
 from trainscout.store import check_folder, storage_url
 from trainscout.trial import hardware, prepare
-from trainscout.trial.runner import context
+from trainscout.trial.runner import cluster_address, context
 
 from .space import Space, load_space_file
 from .trainable import fault_schedule
@@ -83,7 +83,7 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     if args.max_concurrent is not None and (not isinstance(args.max_concurrent, int) or args.max_concurrent < 1):
         raise ConfigError("--max-concurrent", f"--max-concurrent {args.max_concurrent} is not allowed: give a positive "
                                               "integer, or leave it out for what the cluster holds")
-    address = args.address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(args.address)
     if address:  # the hardware of the nodes that run the trials, read on them (attaching; nothing is written)
         from .cluster import cluster_hardware
         hw = cluster_hardware(address, args.device, args.gpus_per_trial, args.one_node,

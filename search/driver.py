@@ -16,6 +16,7 @@ from trainscout.search.live import Printer
 from trainscout.spaces import fmt
 from trainscout.store import Store, StoreError, guard, open_store
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
+from trainscout.trial.runner import cluster_address
 from trainscout.trial.status import Status
 
 from . import cluster
@@ -264,7 +265,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker, target=remaining)
     scheduler = make_scheduler(args.steps)
-    attached = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    attached = cluster_address(args.address) is not None
     concurrent, why_concurrent = cluster.concurrency(hw, args.gpus_per_trial, args.max_concurrent, attached)
     base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
             "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,

@@ -37,7 +37,8 @@ def _overhead_parts(records: list, overhead: list[float]) -> str:
     worker group."""
     m = [r.metrics for r in records]
     parts = []
-    if all(x.get("model_s") is not None for x in m):  # records since 2026-12-04
+    timed_parts = all(x.get("model_s") is not None for x in m)  # records since 2026-12-04 time the model and gate
+    if timed_parts:
         parts.append(f"model and engine {median([x['model_s'] for x in m]):.1f} s")
         parts.append(f"compile and probe or warm-up steps "
                      f"{median([x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]):.1f} s")
@@ -47,7 +48,6 @@ def _overhead_parts(records: list, overhead: list[float]) -> str:
     if gates:
         parts.append(f"quality gate {median(gates):.1f} s in {len(gates)} of {len(m)}")
     rest = [o - x["build_s"] - x["warmup_s"] - (x.get("gate_s") or 0.0) for o, x in zip(overhead, m)]
-    timed_parts = all(x.get("model_s") is not None for x in m)  # older records time neither the model nor the gate
     parts.append(f"the rest {median(rest):.1f} s (worker start or hand-off, teardown, the store"
                  f"{'' if timed_parts else ', any quality gate'})")
     fresh = sum(1 for r in records if not r.reused)
@@ -117,8 +117,8 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
               f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
-        print(f"  where it went{' after the first' if len(ran) > 1 else ''}: {_overhead_parts(ran[1:] or ran, overhead[1:] or overhead)}",
-              file=stream)
+        parts = _overhead_parts(ran[1:] or ran, overhead[1:] or overhead)
+        print(f"  where it went{' after the first' if len(ran) > 1 else ''}: {parts}", file=stream)
     tied = set(tie["tied"]) if tie else set()
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""

@@ -99,6 +99,9 @@ def note_attentions(config: dict, values: frozenset[str]) -> None:
     _ATTENTIONS[json.dumps(config, sort_keys=True, default=repr)] = values
 
 
+KINDS = ("sizes", "attentions")  # the kinds of fact `known` hands on (trial.model_tree leaves them to `learn`)
+
+
 def known() -> dict[tuple, object]:
     """What this process read of model configs (their Sizes, the attentions their classes have), to hand to another
     process (trial.model_tree.known): a search's trial actor then need not import transformers (3-5 s on 2 cores)
@@ -109,7 +112,7 @@ def known() -> dict[tuple, object]:
 def learn(facts: dict[tuple, object]) -> None:
     """Take what another process read (`known` there); what this process read itself stays."""
     for (kind, *rest), value in facts.items():
-        if kind in ("sizes", "attentions") and len(rest) == 1:
+        if kind in KINDS and len(rest) == 1:
             (_SIZES if kind == "sizes" else _ATTENTIONS).setdefault(rest[0], value)
 
 

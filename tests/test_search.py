@@ -45,7 +45,8 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path):
     # serves the next trial (trial.pool.Pool.stop): every trial after the first ran in the first one's processes
     records = sorted(store_of(out).measurements(), key=lambda r: (r.started_at, r.reused))
     assert not [r for r in records if r.status != "ok"], [r.error for r in records]
-    assert records[0].reused == 0 and all(r.reused > 0 for r in records[1:]), [(r.started_at, r.reused) for r in records]
+    assert records[0].reused == 0 and all(r.reused > 0 for r in records[1:]), \
+        [(r.started_at, r.reused) for r in records]
     assert re.search(r"^best #1( \(tie\))?:", res.stdout, re.M) and "tokens/s" in res.stdout
     # every trial taught the sampler a value (no FAIL, which TPE would ignore): COMPLETE, or PRUNED where ASHA
     # stopped it, with its reported steps as intermediate values (Optuna's convention; they were COMPLETE); a draw

@@ -104,7 +104,7 @@ def learn(facts: dict[tuple, object] | None) -> None:
     from trainscout.spaces import model_config
     model_config.learn(facts or {})
     for at, value in (facts or {}).items():
-        if at[0] not in ("sizes", "attentions"):
+        if at[0] not in model_config.KINDS:
             _FACTS.setdefault(at, value)
 
 

@@ -111,6 +111,12 @@ def context(model_config: dict, global_batch: int, workers: int, hw: dict,
                    capability=str(hw.get("capability") or ""), model_config=model_config)
 
 
+def cluster_address(address: str | None = None) -> str | None:
+    """The Ray cluster a command attaches to: --address, else RAY_ADDRESS (set by `ray job submit`); None: it starts
+    its own Ray."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def ensure_ray(address: str | None = None) -> None:
     """Start (or attach to) Ray. A local Ray binds to 127.0.0.1 and starts no dashboard. An address where nothing
     listens, no cluster for auto, or a temp folder Ray cannot write: ConfigError in a few seconds (trial.reach)."""
@@ -118,7 +124,7 @@ def ensure_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     flag = "--address" if address else "RAY_ADDRESS"
-    address = address or os.environ.get("RAY_ADDRESS")  # set by `ray job submit`
+    address = cluster_address(address)
     try:
         _init(ray, address, flag)
     except ConfigError:
@@ -264,7 +270,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         # ranks leave at their next step boundary and their group serves the next trial (killed, the next trial paid
         # a fresh group: 78 s of wall instead of 44-51 s at 1.7B on the H200); on a cluster others may use (address),
         # its resources go back to the cluster at once, as another search's trials may wait for them
-        if owner is None or address or os.environ.get("RAY_ADDRESS"):
+        if owner is None or cluster_address(address):
             ray.get(workers.cancel.remote(trial_id))
         else:
             ray.get(workers.stop.remote(trial_id=trial_id))
