@@ -209,7 +209,7 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
     tune.Tuner(
         tune.with_resources(tune.with_parameters(_replay_trainable, base=base, meta=meta, rows=rows), {"CPU": 1}),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=make_scheduler(steps), num_samples=a.max_trials,
-                                    max_concurrent_trials=1, reuse_actors=False),
+                                    max_concurrent_trials=1, reuse_actors=True),  # as the search (driver.py)
         run_config=tune.RunConfig(name=f"replay-{seed}", storage_path=os.path.join(tmp, "tune"), verbose=0,
                                   stop=Done(ledger), callbacks=[progress, ledger],
                                   failure_config=tune.FailureConfig(max_failures=0))).fit()

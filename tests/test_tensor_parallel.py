@@ -2,6 +2,7 @@
 Llama and GPT-NeoX train one step with the unsharded model's loss, gradients and updated weights; the rules name the
 fix; the memory model predicts each rank's parameters; the export carries only the command."""
 import copy
+import itertools
 import os
 import socket
 
@@ -37,12 +38,13 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _rank(rank: int, world: int, port: int, settings: dict, out: dict) -> None:
+def _rank(rank: int, world: int, port: int, runs: dict, out: dict) -> None:
+    """Each run (name -> settings) in turn, in one process group: one start-up of the ranks for all of them."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     recipe = TINY_RECIPE.to_dict()
     batch = torch.randint(0, 256, (4, SEQ), generator=torch.Generator().manual_seed(1))
-    for family, config in MODELS.items():
+    for (run, settings), (family, config) in itertools.product(runs.items(), MODELS.items()):
         torch.manual_seed(0)
         model = build_model(config, "sdpa", SEQ)
         ref = copy.deepcopy(model)
@@ -64,7 +66,7 @@ def _rank(rank: int, world: int, port: int, settings: dict, out: dict) -> None:
         torch.nn.utils.clip_grad_norm_(ref.parameters(), recipe["grad_clip"])
         engines.adamw(list(ref.parameters()), recipe, torch.device("cpu")).step()
         ref_params = dict(ref.named_parameters())
-        out[(family, rank)] = {
+        out[(run, family, rank)] = {
             "loss": loss, "ref_loss": ref_loss.item(), "local_params": local_params,
             "grad_diff": max((grads[n] - ref_grads[n]).abs().max().item() for n in ref_grads),
             "param_diff": max((_full(p.detach()) - ref_params[n].detach()).abs().max().item()
@@ -75,17 +77,22 @@ def _rank(rank: int, world: int, port: int, settings: dict, out: dict) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(world, settings):
+def _spawn(world, runs: dict) -> dict:
+    """{run: {(family, rank): figures}} of each run (name -> settings) on `world` gloo ranks."""
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_rank, args=(world, _free_port(), settings, out), nprocs=world, join=True)
-        return dict(out)
+        mp.spawn(_rank, args=(world, _free_port(), runs, out), nprocs=world, join=True)
+        got = {}
+        for (run, family, rank), v in dict(out).items():
+            got.setdefault(run, {})[(family, rank)] = v
+        return got
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return {"tp2": _spawn(2, {"tensor_parallel": 2}),
-            "dp2xtp2": _spawn(4, {"tensor_parallel": 2, "fsdp": "full_shard"})}
+    return {**_spawn(2, {"tp2": {"tensor_parallel": 2}}),
+            **_spawn(4, {"dp2xtp2": {"tensor_parallel": 2, "fsdp": "full_shard"},
+                         "dp2xtp2-replicate": {"tensor_parallel": 2}})}
 
 
 @pytest.mark.parametrize("run, world", [("tp2", 2), ("dp2xtp2", 4)])
@@ -98,9 +105,9 @@ def test_tensor_parallel_matches_the_unsharded_model(runs, run, world, family):
         assert r["sharded"] > 0  # the layers' linears are DTensors
 
 
-def test_data_parallel_over_tensor_parallel_without_fsdp_is_replicate():
+def test_data_parallel_over_tensor_parallel_without_fsdp_is_replicate(runs):
     """dp 2 x tp 2 with fsdp=off: FSDP2's replicate over the data ranks (DDP takes no DTensors): same numbers."""
-    out = _spawn(4, {"tensor_parallel": 2})
+    out = runs["dp2xtp2-replicate"]
     for r in (out[("gpt_neox", k)] for k in range(4)):
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=LOSS_REL)
         assert r["grad_diff"] < GRAD_ABS and r["param_diff"] < PARAM_ABS, out
