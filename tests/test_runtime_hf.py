@@ -125,9 +125,6 @@ def test_a_pipeline_measurement_is_not_exported_as_plain_ddp(tmp_path):
 def test_a_relative_config_json_model_searches_verifies_and_trains(tmp_path, monkeypatch, capsys, ray_local):
     """--model ./my-config.json from one directory: the search's trials (run in Ray's directories) measure it;
     verify and train, run from another directory, rebuild it from the stored config."""
-    import subprocess
-    import sys
-
     from trainscout.trial.models import resolve_model
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir()
@@ -136,12 +133,13 @@ def test_a_relative_config_json_model_searches_verifies_and_trains(tmp_path, mon
     fixed = ["--set", "precision=fp32", "--set", "micro_batch_size=4", "--set", "compile=false",
              "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "fsdp=off", "--set", "pipeline_stages=1",
              "--set", "activation_checkpointing=none", "--set", "attention=sdpa", "--set", "tf32=true"]
-    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "./my-config.json", "--device",
-                        "cpu", "--gpus-per-trial", "1", "--trials", "1", "--steps", "1", "--warmup", "0",
-                        "--global-batch", "8", "--seq-len", "64", "--out", str(tmp_path / "s"), *fixed],
-                       cwd=work, capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0 and "1 ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    monkeypatch.chdir(elsewhere)  # the rest as the same user would run it from another directory (in-process)
+    monkeypatch.chdir(work)  # in this process, on the session's Ray (a subprocess search starts its own: 15-20 s)
+    capsys.readouterr()
+    assert main(["search", "--model", "./my-config.json", "--device", "cpu", "--gpus-per-trial", "1", "--trials", "1",
+                 "--steps", "1", "--warmup", "0", "--global-batch", "8", "--seq-len", "64", "--out", str(tmp_path / "s"),
+                 *fixed]) == 0
+    assert "1 ok" in capsys.readouterr().out
+    monkeypatch.chdir(elsewhere)  # the rest as the same user would run it from another directory
     assert main(["verify", str(tmp_path / "s"), "--steps", "1", "--warmup", "0"]) == 0
     assert "1 full optimizer steps" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "s"), "--best", "--format", "all", "--out", str(tmp_path / "exp")]) == 0
