@@ -123,8 +123,13 @@ def publish(url: str | None = None) -> None:
     if not PASSWORDS:
         return
     import ray
-    handle = ray.remote(_Secrets).options(name=ACTOR, get_if_exists=True, num_cpus=0).remote()
-    _HELD[ACTOR] = handle
+    try:  # a second search in this process (run_search called again) finds the actor its first one made
+        handle = ray.get_actor(ACTOR)
+    except ValueError:
+        # this process holds its handle: replacing the first handle with a later one (get_if_exists) ended the actor,
+        # whose owner that first handle was, and the second search's put failed (ActorDiedError)
+        handle = ray.remote(_Secrets).options(name=ACTOR, num_cpus=0).remote()
+        _HELD[ACTOR] = handle
     ray.get(handle.put.remote(dict(PASSWORDS)))
 
 

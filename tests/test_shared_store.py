@@ -320,6 +320,20 @@ def test_the_database_password_is_in_no_file_a_search_or_report_writes(pg_search
             assert r["password"] not in text, table
 
 
+def test_passwords_published_by_two_searches_in_one_process_stay_reachable(ray_local, monkeypatch):
+    """run_search twice in one process (the suite's in-process searches): the second publish replaced the handle
+    that owned the secrets actor, which ended it, and its put failed with ActorDiedError (2026-12-04)."""
+    import ray
+
+    from trainscout.store import secrets
+    ident = ("scout", "db.example", 5433, "runs")
+    monkeypatch.setitem(secrets.PASSWORDS, ident, "first")
+    secrets.publish()
+    monkeypatch.setitem(secrets.PASSWORDS, ident, "second")
+    secrets.publish()
+    assert ray.get(ray.get_actor(secrets.ACTOR).get.remote(ident), timeout=60) == "second"
+
+
 def test_the_password_for_a_trial_on_another_host_comes_from_where_libpq_reads_it(tmp_path, monkeypatch):
     """The driver forwards the password libpq would use (PGPASSWORD, else ~/.pgpass) to its trials' processes."""
     from trainscout.store import secrets
