@@ -21,7 +21,6 @@ import sqlalchemy as sa
 ACTOR = "trainscout-secrets"  # the driver's named actor (one per Ray job) holding the passwords of its URLs
 PASSWORDS: dict[tuple, str] = {}  # (user, host, port, database) -> password, in this process only
 _ASKED: set[tuple] = set()  # asked the secrets actor already (it had none: libpq's own sources then)
-_HELD = {}  # the driver's handle of the actor (Ray ends a named actor with its last handle)
 DEFAULT_PORT = {"postgresql": 5432, "mysql": 3306}
 
 
@@ -123,14 +122,9 @@ def publish(url: str | None = None) -> None:
     if not PASSWORDS:
         return
     import ray
-    try:  # a second search in this process (run_search called again) finds the actor its first one made
-        handle = ray.get_actor(ACTOR)
-    except ValueError:
-        # this process holds its handle: replacing the first handle with a later one (get_if_exists) ended the actor,
-        # whose owner that first handle was, and the second search's put failed (ActorDiedError)
-        handle = ray.remote(_Secrets).options(name=ACTOR, num_cpus=0).remote()
-        _HELD[ACTOR] = handle
-    ray.get(handle.put.remote(dict(PASSWORDS)))
+
+    from trainscout.trial.pool import named_actor  # a second search in this process finds the first one's actor
+    ray.get(named_actor(_Secrets, ACTOR, num_cpus=0).put.remote(dict(PASSWORDS)))
 
 
 class _Secrets:

@@ -27,19 +27,17 @@ def search_cli(out, *extra, fast=True):
             "--gpus-per-trial", "2", "--steps", "3", "--warmup", "1", "--out", str(out), *(FAST if fast else []), *extra]
 
 
-def search_here(capsys, out, *extra, fast=True) -> tuple[int, str]:
+def search_here(out, *extra, fast=True) -> int:
     """The same search in this process, on the session's Ray (ray_local): no interpreter, imports and Ray of its
-    own to start (15-20 s of each subprocess search on 2 cores). (exit code, stdout)."""
-    capsys.readouterr()
-    rc = main(search_cli(out, *extra, fast=fast)[3:])
-    return rc, capsys.readouterr().out
+    own to start (15-20 s of each subprocess search on 2 cores); its exit code."""
+    return main(search_cli(out, *extra, fast=fast)[3:])
 
 
 def store_of(out):
     return Store(default_url(str(out)))
 
 
-def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, capsys, ray_local):
+def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray_local):
     out = tmp_path / "s1"
     res = subprocess.run(search_cli(out, "--trials", "6", "--seed", "3"), capture_output=True, text=True, timeout=800)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -90,8 +88,7 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, cap
     # a repeat of the best configuration is answered from the store, not measured again
     best = max((t for t in trials if t["status"] == "ok"), key=lambda t: t["tokens_per_s"])
     sets = [a for k, v in best["config"].items() for a in ("--set", f"{k}={v}")]
-    rc, _ = search_here(capsys, tmp_path / "s2", "--trials", "1", "--storage", default_url(str(out)), *sets, fast=False)
-    assert rc == 0
+    assert search_here(tmp_path / "s2", "--trials", "1", "--storage", default_url(str(out)), *sets, fast=False) == 0
     [again] = store_of(out).trials("s2")
     assert again["cached"] and again["key"] == best["key"] and again["tokens_per_s"] == best["tokens_per_s"]
     assert len(store_of(out).measurements()) == len({t["key"] for t in trials if t["key"]})
@@ -352,13 +349,11 @@ def test_the_searcher_keeps_optunas_trial_states_through_its_public_api(tmp_path
     assert json.loads((tmp_path / "state").read_text())["completed"] == ["ok", "raised", "stopped", "unscheduled"]
 
 
-def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_path, capsys, ray_local):
+def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_path, ray_local):
     """`search --trials 1 --set ...` on the CPU runs the start point: the knobs given as given, every other searched
     knob at its default (it drew random values for them: eager attention, full checkpointing, FSDP on one GPU)."""
     out = tmp_path / "start"
-    rc, _ = search_here(capsys, out, "--trials", "1", "--seed", "7", "--set", "precision=fp32",
-                        "--set", "micro_batch_size=4")
-    assert rc == 0
+    assert search_here(out, "--trials", "1", "--seed", "7", "--set", "precision=fp32", "--set", "micro_batch_size=4") == 0
     [t] = store_of(out).trials("start")
     defaults = {k.name: k.default for k in all_knobs()}
     given = {"precision": "fp32", "micro_batch_size": 4, "compile": False, "loss_kernel": "eager", "zero_stage": 0,

@@ -33,19 +33,25 @@ def fresh_requested() -> bool:
     return os.environ.get("TRAINSCOUT_FRESH_WORKERS", "") not in ("", "0")
 
 
-_held = {}  # the handle of the pool this process created: Ray destroys a named actor with its last handle
+_held = {}  # name -> the handle of a named actor this process created: Ray ends the actor with its owner's handle
+
+
+def named_actor(cls, name: str, **options):
+    """The Ray job's actor of this name: found, or created and held by this process. Found first, so that a handle
+    this process holds is never replaced by a later one (the first owned the actor; dropping it ended the actor, and
+    a second search in one process found its secrets actor dead)."""
+    import ray
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        handle = ray.remote(cls).options(name=name, get_if_exists=True, **options).remote()
+        _held[name] = handle
+        return handle
 
 
 def pool():
-    """The job's pool actor: found by name, or created and held by this process (the driver, if it asks first;
-    the trials of a search find the driver's)."""
-    import ray
-    try:
-        return ray.get_actor(NAME)
-    except ValueError:
-        handle = ray.remote(Pool).options(name=NAME, get_if_exists=True, num_cpus=0, max_concurrency=1000).remote()
-        _held[NAME] = handle
-        return handle
+    """The job's pool actor (the driver's, if it asks first; the trials of a search find the driver's)."""
+    return named_actor(Pool, NAME, num_cpus=0, max_concurrency=1000)
 
 
 class Rank:
