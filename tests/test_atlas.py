@@ -159,7 +159,11 @@ def test_leave_one_out_holds_out_the_model_and_is_what_the_docs_print():
     model = db.shipped_model()
     pool = predict.samples(list(db.shipped_rows()), model["features"])
     again = predict.leave_one_out(pool, "model")
-    assert again == model["loo"]["model"]  # model.json is what the code computes from the shipped rows
+    # model.json is what the code computes from the shipped rows; the memory fit's least squares (LAPACK) rounds
+    # differently on another CPU (AMD EPYC here: -0.04754774816187657 against the stored ...679), so its floats are
+    # compared to 12 digits, far below the 3 the docs print
+    assert again == [{k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in row.items()}
+                     for row in model["loo"]["model"]]
     s = predict.loo_summary(again)
     assert s["tokens_per_s"]["n"] == len(pool)
     with open(os.path.join(ROOT, "docs", "BENCHMARKS.md"), encoding="utf-8") as f:
