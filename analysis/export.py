@@ -39,7 +39,7 @@ def _ordered(fields: dict, order: tuple, engine: dict) -> dict:
 
 def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     """keyword arguments of transformers.TrainingArguments for the measured configuration and the recipe."""
-    plan, recipe = Plan.from_dict(rec.plan), rec.recipe
+    plan, recipe = rec.plan, rec.recipe
     args = {
         "output_dir": output_dir,
         "gradient_accumulation_steps": rec.grad_accum,
@@ -55,7 +55,7 @@ def hf_args(rec: Record, output_dir: str, paths: dict[str, str]) -> dict:
     }
     if rec.device != "cuda":
         args["use_cpu"] = True
-    return _ordered(args, HF_ORDER, engines.get(plan.engine).hf_args(rec.to_dict(), paths))  # engines read it by key
+    return _ordered(args, HF_ORDER, engines.get(plan.engine).hf_args(rec, paths))
 
 
 def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str],
@@ -89,7 +89,7 @@ def hook_only(rec: Record) -> list[str]:
     """The measured knob settings that TrainingArguments cannot express (Knob.hook_only, in Knob.hook_rank order):
     trainscout.runtime.hf.prepare applies them (without it a stock Trainer runs without them)."""
     from trainscout.runtime import hf
-    plan = rec.plan or {}
+    plan = rec.plan or Plan()
     knobs = sorted(all_knobs(), key=lambda k: k.hook_rank)
     return [s for k in knobs if (s := k.hook_only(rec.config.get(k.name, k.without_hook), plan, hf))]
 
@@ -113,7 +113,7 @@ def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict
 
 def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
     """The accelerate config (accelerate.yaml) of the measured run: processes, precision, the engine's section."""
-    plan = Plan.from_dict(rec.plan)
+    plan = rec.plan
     # several CPU ranks: accelerate's MULTI_CPU launches one process without mpirun (a 2-rank export ran one), its
     # MULTI_GPU launcher starts num_processes (torch elastic); the exported TrainingArguments' use_cpu=True makes
     # them CPU ranks (gloo); a script of your own passes Accelerator(cpu=True)
@@ -121,7 +121,7 @@ def accelerate_config(rec: Record, paths: dict[str, str]) -> dict:
            "num_processes": rec.world_size, "use_cpu": rec.device != "cuda" and rec.world_size == 1,
            "distributed_type": "NO" if rec.world_size == 1 else "MULTI_GPU",
            **_knob_fields("accelerate", plan, rec.device)}  # the precision; whole-model compile (per layer: the hook's)
-    cfg = _ordered(cfg, ACCELERATE_ORDER, engines.get(plan.engine).accelerate(rec.to_dict(), paths))
+    cfg = _ordered(cfg, ACCELERATE_ORDER, engines.get(plan.engine).accelerate(rec, paths))
     if "deepspeed_config_file" in (cfg.get("deepspeed_config") or {}):
         cfg.pop("mixed_precision", None)  # accelerate refuses it beside a DeepSpeed file, which sets the precision
     return cfg
@@ -154,7 +154,7 @@ def set_knobs(rec: Record) -> list:
 def carried(rec: Record) -> tuple[tuple[str, ...], dict[str, str]]:
     """The formats that carry the measurement (its engine's, less those a knob it sets cannot go in), and why each
     other format is refused (format -> the engine's or the knob's reason, with the fix)."""
-    engine = engines.get(Plan.from_dict(rec.plan).engine)
+    engine = engines.get(rec.plan.engine)
     why = {f: engine.not_carried for f in FORMATS if f not in engine.formats}
     for knob in set_knobs(rec):
         if knob.formats is not None:
@@ -168,7 +168,7 @@ def launch(rec: Record) -> dict:
     `python`; several ranks of it: `torchrun --nproc_per_node N`; an engine that needs accelerate's setup (FSDP2,
     DeepSpeed: HF Trainer refuses FSDP in one process), or several CPU ranks: `accelerate launch --config_file
     accelerate.yaml`; an engine no stock trainer has (the pipeline): `trainscout train` alone."""
-    engine = engines.get(Plan.from_dict(rec.plan).engine)
+    engine = engines.get(rec.plan.engine)
     n = rec.world_size or 1
     kind = max([engine.launcher] + [k.launcher for k in set_knobs(rec) if k.launcher], key=engines.LAUNCHERS.index)
     if kind == "python" and n > 1:
@@ -208,7 +208,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     what each hook-only setting was measured to be worth (hook_costs); "quality" whether it trains the same model as
     its reference (trial/quality.py; verified: the store's `verify --quality` result of this measurement)."""
     from trainscout.trial.quality import status as quality_status
-    plan = Plan.from_dict(rec.plan)
+    plan = rec.plan
     engine = engines.get(plan.engine)
     notes: list[str] = []
     ok, why = carried(rec)  # the engine's formats, less those a set knob (tensor_parallel, ...) cannot go in
@@ -220,7 +220,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     formats = [f for f in formats if f in ok]
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    files = engine.files(rec.to_dict())  # the engine's own config files (DeepSpeed's JSON)
+    files = engine.files(rec)  # the engine's own config files (DeepSpeed's JSON)
     paths = {name: name for name in files}  # relative to the folder: an export folder can move (it held absolute ones)
 
     def write(name, text):
@@ -248,12 +248,12 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
         write("launch.sh", launch_script(rec, how))
         os.chmod(written[-1], 0o755)
     hook = hook_only(rec)
-    provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": rec.plan,
+    provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": plan.to_dict(),
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook, "launch": how,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: why[f] for f in refused},
-                  "notes": [*(rec.plan or {}).get("notes", []), *notes],
+                  "notes": [*plan.notes, *notes],
                   "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device)))}
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
         "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))

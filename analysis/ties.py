@@ -62,7 +62,7 @@ def simplicity(rec: Record) -> tuple:
     from trainscout.trial import engines
 
     from .export import hook_only, launch
-    engine = engines.get((rec.plan or {}).get("engine", "ddp"))
+    engine = engines.get(rec.plan.engine if rec.plan else "ddp")
     set_away = sum(1 for k in all_knobs() if k.name in rec.config and rec.config[k.name] != k.default)
     return (engines.LAUNCHERS.index(launch(rec)["launcher"]), engine.portability, len(hook_only(rec)), set_away)
 
@@ -74,7 +74,7 @@ def why_simpler(best: Record, other: Record) -> str:
     if a[0] != b[0]:
         return f"launched with {launch(best)['launcher']}, not {launch(other)['launcher']}"
     if a[1] != b[1]:
-        return f"the {best.plan.get('engine')} engine, not {other.plan.get('engine')}"
+        return f"the {best.plan.engine} engine, not {other.plan.engine}"
     if a[2] != b[2]:
         return f"{a[2]} setting(s) only trainscout's hook applies, not {b[2]} ({', '.join(hook_only(other))})"
     if a[3] != b[3]:

@@ -96,7 +96,7 @@ def _at_batch(rec, global_batch: int | None) -> tuple[dict, float]:
     over, m = overrides_of(rec.recipe), rec.metrics
     if global_batch is None or global_batch == rec.recipe["global_batch"]:
         return over, m["step_s"]
-    if rec.plan.get("engine") == "pipeline":
+    if rec.plan.engine == "pipeline":
         raise ConfigError("--global-batch", "--global-batch: a pipeline measurement's step is not a sum of "
                                             "micro-batches; leave --global-batch out")
     per_step = rec.recipe["global_batch"] // rec.grad_accum  # sequences per micro-batch over all data ranks

@@ -149,7 +149,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
             oks = [r for r in reps if r["record"]["status"] == "ok"]
             if not oks:
                 oom.append({"key": key, "describe": predict.describe(reps[0]["record"]["config"],
-                                                                     reps[0]["record"]["plan"] or {}),
+                                                                     predict.plan_of(reps[0]["record"])),
                             "provenance": reps[0]["provenance"]})
                 continue
             tps = median([r["record"]["metrics"]["tokens_per_s"] for r in oks])
@@ -167,7 +167,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                    "mfu_convention": (best.get("derived") or {}).get("mfu_convention"),
                    "peak_memory_gib": m.get("peak_memory_gib"), "step_s": step, "projected_days": days,
                    "train_tokens": rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
-                   "config": rec["config"], "describe": predict.describe(rec["config"], rec["plan"] or {}),
+                   "config": rec["config"], "describe": predict.describe(rec["config"], predict.plan_of(rec)),
                    "labels": sorted({lb["name"] for r in oks for lb in r.get("labels") or []}),
                    "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
                    "verified": best.get("verified"), "provenance": best["provenance"],

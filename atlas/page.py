@@ -46,7 +46,7 @@ def page_rows(atlas) -> list[dict]:
     out = []
     for r in atlas.rows:
         rec, prov = r["record"], r["provenance"]
-        m, recipe, plan = rec.get("metrics") or {}, rec.get("recipe") or {}, rec.get("plan") or {}
+        m, recipe, plan = rec.get("metrics") or {}, rec.get("recipe") or {}, predict.plan_of(rec)
         ok = rec.get("status") == "ok"
         n = rec.get("world_size") or 1
         days = recipe["total_steps"] * m["step_s"] / 86400 if ok and m.get("step_s") else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainscout.spaces.plan import Plan
 from trainscout.trial.metrics import gpu_facts, gpu_kind  # a GPU kind's memory and capability
 
 GiB = 2**30
@@ -30,24 +31,28 @@ CANDIDATES = 4      # distinct configurations tried for a model never measured
 
 
 # --- configuration families -------------------------------------------------------------------------------
-def _scope(plan: dict) -> str | None:
-    if not plan.get("compile"):
+def plan_of(rec: dict) -> Plan:
+    """A stored record's plan (a row's "record"), read as today's Plan whatever form it was stored in."""
+    return Plan.from_dict(rec.get("plan") or {})
+
+
+def _scope(plan: Plan) -> str | None:
+    if not plan.compile:
         return None
-    scope = plan.get("compile_scope", "model")  # a record from before compile_scope compiled the whole model
-    if scope == "auto":
-        scope = "model" if plan.get("engine") == "deepspeed" else "layers"
-    return scope
+    if plan.compile_scope == "auto":
+        return "model" if plan.engine == "deepspeed" else "layers"
+    return plan.compile_scope
 
 
-def _ckpt(plan: dict) -> str:
-    every = plan.get("checkpoint_every", 0) or 0
+def _ckpt(plan: Plan) -> str:
+    every = plan.checkpoint_every
     return "none" if not every else "full" if every == 1 else "partial"
 
 
 FAMILY = {  # what a configuration family is made of, read from a record's config and plan
     "gpus": lambda c, p, w: w,
-    "engine": lambda c, p, w: p.get("engine"),
-    "zero": lambda c, p, w: (p.get("zero") or {}).get("stage", 0),
+    "engine": lambda c, p, w: p.engine,
+    "zero": lambda c, p, w: p.engine_config.get("stage", 0) if p.engine == "deepspeed" else 0,
     "offload": lambda c, p, w: (bool(c.get("offload_optimizer")), bool(c.get("offload_params"))),
     "fsdp": lambda c, p, w: c.get("fsdp", "off"),
     "pipeline": lambda c, p, w: (c.get("pipeline_stages", 1), c.get("pipeline_schedule") if
@@ -70,12 +75,12 @@ LEVELS = (  # most specific first: a prediction is calibrated at the first level
 )
 
 
-def family(config: dict, plan: dict, world_size: int, level: int = 0) -> tuple:
+def family(config: dict, plan: Plan, world_size: int, level: int = 0) -> tuple:
     """A configuration's family at a level of LEVELS (micro-batch and accumulation are never part of it)."""
     return tuple((name, FAMILY[name](config, plan, world_size)) for name in LEVELS[level])
 
 
-def describe(config: dict, plan: dict) -> str:
+def describe(config: dict, plan: Plan) -> str:
     """A configuration in a few words: what differs from the defaults, and the micro-batch it ran."""
     parts = []
     scope = _scope(plan)
@@ -106,8 +111,7 @@ def describe(config: dict, plan: dict) -> str:
         parts.append(f"sdpa {config['sdpa_backend']}")
     if config.get("tf32") is False:
         parts.append("tf32 off")
-    mbs = plan.get("micro_batch_size")
-    parts.append(f"mbs {mbs}" + (" (probed)" if plan.get("micro_batch_probe") else ""))
+    parts.append(f"mbs {plan.micro_batch_size}" + (" (probed)" if plan.micro_batch_probe else ""))
     return ", ".join(parts)
 
 
@@ -126,7 +130,7 @@ class Sample:
     world: int
     fam: tuple          # family() at every level
     config: dict        # its knob settings
-    plan: dict
+    plan: Plan
     roofline_s: float   # steptime.step_s
     step_s: float       # measured (projected full step)
     tokens_per_step: int
@@ -182,7 +186,7 @@ def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
         if rec.get("status") != "ok" or not f or not m.get("step_s"):
             continue
         peaks = m.get("peak_allocated_mib")
-        plan, world = rec.get("plan") or {}, rec.get("world_size") or 1
+        plan, world = plan_of(rec), rec.get("world_size") or 1
         out.append(Sample(
             id=row_id(row), key=row["key"], model=rec["model"], shape=shape_of(rec.get("model_config")) or rec["model"],
             arch=f["arch"], n_params=f["n_params"], gpu=gpu_kind(row["provenance"].get("gpu")), world=world,
@@ -376,7 +380,7 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
     the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
     the nearest models' rows."""
     from trainscout.spaces import fmt
-    from trainscout.trial import memory, steptime
+    from trainscout.trial import engines, memory, steptime
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
@@ -404,9 +408,9 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
                 continue
             fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
             host = memory.host_need(memory.host_peak(spec))
-            offload = f" [needs {host / GiB:.0f} GiB of host memory]" if spec.plan.get("zero", {}).get(
-                "offload_optimizer") or spec.plan.get("zero", {}).get("offload_param") else ""
-            out.append({"config": spec.config, "plan": spec.plan, "gpus": gpus,
+            offload = f" [needs {host / GiB:.0f} GiB of host memory]" if any(
+                engines.get(spec.plan.engine).offloaded(spec.plan)) else ""
+            out.append({"config": spec.config, "plan": spec.plan.to_dict(), "gpus": gpus,
                         "describe": describe(spec.config, spec.plan) + fitted + offload, "peak_memory_gib": mem / GiB,
                         "host_memory_gib": host / GiB,
                         "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],

@@ -9,7 +9,7 @@ CASES = [("160m zero1 compile(model) mbs16", {"zero_stage": 1, "compile": True, 
          ("160m zero2 fused_linear mbs16", {"zero_stage": 2, "loss_kernel": "fused_linear", "micro_batch_size": 16})]
 for label, s in CASES:
     r = execute(prepare("pythia-160m", s, device="cuda", steps=3, warmup=2), timeout=300)
-    m = r.get("metrics") or {}
-    print(json.dumps({"case": label, "status": r["status"], "error": (r.get("error") or "")[:300],
+    m = r.m
+    print(json.dumps({"case": label, "status": str(r.status), "error": (r.error or "")[:300],
                       "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"), "peak_gib": m.get("peak_memory_gib"),
-                      "wall_s": r.get("wall_s")}), flush=True)
+                      "wall_s": r.wall_s}), flush=True)

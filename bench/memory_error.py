@@ -30,9 +30,9 @@ def label(r) -> str:
     if c.get("loss_kernel", "eager") != "eager":
         parts.append(f"loss-{c['loss_kernel']}")
     for k in ("attention", "precision", "fp8"):
-        if c.get(k, r.plan.get(k)) not in (None, "sdpa", "bf16-mixed", "off"):
+        if c.get(k, getattr(r.plan, k, None)) not in (None, "sdpa", "bf16-mixed", "off"):
             parts.append(f"{k}-{c[k]}")
-    parts.append(f"mbs{r.plan['micro_batch_size']}")  # the micro-batch run ("max" resolved)
+    parts.append(f"mbs{r.plan.micro_batch_size}")  # the micro-batch run ("max" resolved)
     return " ".join(parts)
 
 

@@ -129,7 +129,7 @@ def row_of(model: str, store, search_log: str, wall: float, verify_out: dict | N
     price = price_for(m.get("gpu"), load_prices())
     errs = [memory.predict(r) / peak - 1 for r, peak in memory.calibration_pairs(ok, None)]
     row |= {"fits": True, "key": best.key, "n_params": m["n_params"], "config": best.config,
-            "knobs": non_default(best.config), "micro_batch_size": best.plan["micro_batch_size"],
+            "knobs": non_default(best.config), "micro_batch_size": best.plan.micro_batch_size,
             "grad_accum": best.grad_accum, "tokens_per_s": round(m["tokens_per_s"]), "mfu": round(m["mfu"] or 0.0, 4),
             "projected_days": round(m["projected_days"], 2), "peak_gib": m.get("peak_memory_gib") or 0.0,
             "predicted_gib": round(memory.predict(best) / memory.GiB, 1),

@@ -272,7 +272,7 @@ def print_trial(r, verbose: bool = False) -> None:
             below = ""
         from trainscout.spaces import micro_batch
         rows.insert(2, ("probe", f"{micro_batch().name}=max tried {tried}{below}"))
-    for note in (r.plan or {}).get("notes", []):
+    for note in (r.plan.notes if r.plan else []):
         rows.append(("note", note))
     for k, v in rows:
         print(f"{k:9}{v}")

@@ -75,10 +75,11 @@ def loss_only(model):
 
 def hook_owned(export: str | dict) -> dict:
     """TrainingArguments fields `prepare` takes over: off in the arguments, applied to the model instead."""
-    plan = load(export).get("plan") or {}
+    from trainscout.spaces import Plan
+    plan = Plan.from_dict(load(export).get("plan") or {})
     owned = {"activation_checkpointing": False,  # prepare checkpoints every n-th layer itself
              "activation_checkpointing_kwargs": None}
-    if plan.get("compile") and plan.get("compile_scope") == "layers":
+    if plan.compile and plan.compile_scope == "layers":
         owned["torch_compile"] = False  # prepare compiled each layer; HF would compile the whole model again
     return owned
 

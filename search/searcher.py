@@ -55,7 +55,7 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
 
     def predict_s(params: dict) -> float | None:
         spec = spec_at(args, space, hw, params)
-        if spec is None or (not spec.plan["micro_batch_probe"] and memory.predict(spec, calibration) > capacity):
+        if spec is None or (not spec.plan.micro_batch_probe and memory.predict(spec, calibration) > capacity):
             return None
         return steptime.step_s(spec)
     return Ranker(space, predict_s, seed)

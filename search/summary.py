@@ -79,7 +79,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         status, why = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
-                     "quality": status, "quality_why": why, "notes": (rec.plan or {}).get("notes", [])})
+                     "quality": status, "quality_why": why, "notes": rec.plan.notes if rec.plan else []})
     passed_over = []
     if strict:  # the faster configurations not shown to train the same model are named, not called best
         good = [b for b in best if b["quality"] in quality.GOOD]

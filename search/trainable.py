@@ -65,7 +65,7 @@ def _measure(config: dict, base: dict) -> None:
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
     host = base.get("host")  # predicted over the host's memory (offload states, CPU runs): not launched, why recorded
-    if host and not spec.plan["micro_batch_probe"]:
+    if host and not spec.plan.micro_batch_probe:
         from trainscout.trial import memory
         why = memory.host_refusal(spec, host["capacity"], host["margin"])
         if why:
@@ -74,7 +74,7 @@ def _measure(config: dict, base: dict) -> None:
             return
     mem = base.get("memory")
     # predicted clearly over the GPU's memory: not launched, recorded with the prediction (max finds its own fit)
-    if mem and not spec.plan["micro_batch_probe"]:
+    if mem and not spec.plan.micro_batch_probe:
         from trainscout.trial import memory
         predicted = memory.predict(spec, mem["calibration"])
         if predicted > mem["capacity"] * (1 + mem["margin"]):

@@ -163,7 +163,8 @@ class Knob:
 
     # --- plan -------------------------------------------------------------------------------------------
     def apply(self, plan: Plan, value: Any, cfg: dict, ctx: Context) -> None:
-        """Write this knob's value into the plan."""
+        """Write this knob's value into the plan: a setting only this knob's own hooks read goes into
+        plan.knobs[self.name]; the plan's fields are what the engines, the model build and the memory model read."""
         raise NotImplementedError
 
     # --- runtime ------------------------------------------------------------------------------------------
@@ -177,13 +178,14 @@ class Knob:
         returns the loss (loss_kwargs go to the model's forward and loss); return `step` itself to change nothing."""
         return step
 
-    def memory(self, terms: dict, plan: dict, spec: dict) -> None:
+    def memory(self, terms: dict, plan: Plan, spec) -> None:
         """Adjust the memory model's bytes for one micro-batch (terms "activations" and "logits") in place; the rank's
         parameters are there too ("params" held, "layer_params" of one decoder layer, "layers" held; the model
-        states follow them) and what the activations hold of the decoder layers ("layer_activations")."""
+        states follow them) and what the activations hold of the decoder layers ("layer_activations"). `spec` is the
+        trial.records.TrialSpec or stored Record (its recipe's seq_len: the rank's tokens under context parallel)."""
 
     # --- roles --------------------------------------------------------------------------------------------
-    def measured(self, value: Any, plan: dict | None) -> Any:
+    def measured(self, value: Any, plan: Plan | None) -> Any:
         """The value a measurement with this setting ran (its record's plan says what an open value became)."""
         return value
 
@@ -192,7 +194,7 @@ class Knob:
         this knob's setting ({}: that format has none)."""
         return {}
 
-    def hook_only(self, value: Any, plan: dict, stock) -> str | None:
+    def hook_only(self, value: Any, plan: Plan, stock) -> str | None:
         """The setting, as knob=value, where no export format carries it and only trainscout's runtime hook applies
         it (None: carried, or off); `stock` is trainscout.runtime.hf, which says what the installed transformers does
         itself. By default: any value but `without_hook`, for a knob that has one."""

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 # mesh dimensions, outermost first, as torchtitan orders them but with the pipeline inside data parallel (the
 # pipeline engine's (dp, pp) mesh: neighbouring stages on neighbouring GPUs) and tensor parallel innermost (the most
@@ -59,15 +62,9 @@ class ParallelDims:
             raise ValueError(f"parallel degrees {self.degrees} (x{other}) do not divide the {self.world} ranks")
 
     @classmethod
-    def of(cls, plan: Any, world: int) -> "ParallelDims":
-        """The dimensions of a plan (a Plan or its dict) on `world` ranks; a record from before Plan.mesh existed
-        takes its pipeline stages from its pipeline section."""
-        d = plan if isinstance(plan, dict) else plan.to_dict()
-        mesh = d.get("mesh")
-        if mesh is None:
-            stages = int((d.get("pipeline") or {}).get("stages", 1) or 1)
-            mesh = {"pp": stages} if stages > 1 else {}
-        mesh = {k: int(v) for k, v in mesh.items() if k != "dp" and int(v) > 1}
+    def of(cls, plan: Plan, world: int) -> "ParallelDims":
+        """The dimensions of a plan on `world` ranks."""
+        mesh = {k: int(v) for k, v in plan.mesh.items() if k != "dp" and int(v) > 1}
         return cls(world=world, degrees=dict(sorted(mesh.items(), key=lambda kv: _position(kv[0]))))
 
     @property

@@ -1,8 +1,11 @@
 """The training plan knobs write into, and the context they are checked against."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+from pydantic import ConfigDict, model_validator
+from pydantic.dataclasses import dataclass as validated
 
 
 @dataclass
@@ -24,34 +27,73 @@ class Context:
         return data_parallel_ranks(self.world_size, degrees(cfg))
 
 
-@dataclass
+# A plan stored before 2026-12-05 kept each engine's settings under a name of its own and some knobs' settings in
+# fields of their own or under "extra"; Plan reads those into today's sections (nothing stored is rewritten)
+_ENGINE_SECTIONS = {"deepspeed": "zero", "fsdp": "fsdp", "pipeline": "pipeline"}
+_KNOB_FIELDS = ("sdpa_backend",)
+
+
+@validated(config=ConfigDict(extra="forbid"))
 class Plan:
-    """How one trial trains: the engine and its settings. JSON-serialisable; the worker only reads this."""
+    """How one trial trains: one typed object from resolve() through Ray, the worker, the memory and step-time
+    models, the store (to_dict: its JSON) and the export (from_dict).
+
+    Its fields are what the shared machinery reads: the engine and its own settings, the precision, the batch
+    split, the parallel degrees, and how the model runs (attention, checkpointing, compile, the loss) where the
+    model build and the memory and step-time models must know it. Every other knob keeps its setting in `knobs`
+    under its own name and reads it back in its own file: adding a knob never edits this class."""
 
     engine: str = "ddp"                       # ddp (plain on one rank) | deepspeed | fsdp | pipeline
+    engine_config: dict = field(default_factory=dict)  # the engine's own settings (DeepSpeed: zero_optimization;
+    #                                           FSDP2: reshard_after_forward; pipeline: stages, schedule, chunks per
+    #                                           rank, microbatches), written by the knobs that choose the engine
     precision: str = "bf16-mixed"             # fp32 | bf16-mixed | fp16-mixed
     micro_batch_size: int = 1
     micro_batch_probe: bool = False           # micro_batch_size=max: step down from micro_batch_size on OOM
     grad_accum: int = 1                       # micro-batches per optimizer step and rank
-    zero: dict = field(default_factory=dict)  # DeepSpeed "zero_optimization" section
-    fsdp: dict = field(default_factory=dict)  # FSDP2 fully_shard settings
-    pipeline: dict = field(default_factory=dict)  # stages, schedule, chunks (per rank), microbatches
     mesh: dict = field(default_factory=dict)  # parallel degrees above 1 besides data parallel: "pp"|"cp"|"tp" -> degree
+    attn_implementation: str = "sdpa"         # the model's attention (transformers' attn_implementation)
     checkpoint_every: int = 0                 # activation checkpointing: every n-th layer (0 = off, 1 = all)
     compile: bool = False
     compile_scope: str = "auto"               # with compile: layers (each decoder layer on its own) | model
-    loss_kernel: str = "eager"                # eager | compiled (the loss compiled on its own)
+    loss_kernel: str = "eager"                # eager | compiled (the loss compiled on its own) | fused_linear
     tf32: bool = True
-    attn_implementation: str = "sdpa"
-    sdpa_backend: str = "auto"                # the only scaled_dot_product_attention kernel enabled (auto: all)
     env: dict = field(default_factory=dict)    # environment variables of the trial's worker processes
-    extra: dict = field(default_factory=dict)  # knobs without a field here (plugins, new knobs): name -> setting
+    knobs: dict = field(default_factory=dict)  # every other knob's own setting, by the knob's name
     notes: list = field(default_factory=list)  # what a knob could not do as asked, and why (shown with the trial)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before(cls, d: Any) -> Any:
+        """A stored plan dict as today's fields: one stored before the sections has its engine's settings moved into
+        engine_config, "extra" and the knobs' old fields into knobs; one from before `mesh` existed takes its
+        pipeline stages from its pipeline section, one from before `compile_scope` compiled the whole model. A
+        field no longer planned (compile_mode, of the first records) is left out."""
+        if not isinstance(d, dict):
+            return d
+        d = {k: v for k, v in d.items() if k in _FIELDS or k in _LEGACY}
+        if not any(k in d for k in _LEGACY):
+            return d
+        sections = {name: d.pop(name, None) for name in _ENGINE_SECTIONS.values()}
+        d.setdefault("engine_config", sections.get(_ENGINE_SECTIONS.get(d.get("engine", "ddp"))) or {})
+        d.setdefault("compile_scope", "model")  # before compile_scope existed, compile compiled the whole model
+        if "mesh" not in d:
+            stages = int((sections["pipeline"] or {}).get("stages", 1) or 1)
+            d["mesh"] = {"pp": stages} if stages > 1 else {}
+        knobs = dict(d.pop("extra", None) or {})
+        knobs.update({k: d.pop(k) for k in _KNOB_FIELDS if k in d})
+        d["knobs"] = {**knobs, **d.get("knobs", {})}
+        return d
 
     @property
     def sequences_per_call(self) -> int:
-        """Sequences one forward/backward call of the engine takes (a pipeline step takes all its micro-batches)."""
-        return self.micro_batch_size * self.pipeline.get("microbatches", 1)
+        """Sequences one forward/backward call of the engine takes (an engine that takes several micro-batches per
+        call, the pipeline, says how many in its engine_config's "microbatches")."""
+        return self.micro_batch_size * self.engine_config.get("microbatches", 1)
+
+    def replace(self, **changes) -> "Plan":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain data (a record's "plan")."""
@@ -59,5 +101,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
-        """The plan back from to_dict's data."""
-        return cls(**d)
+        """The plan back from to_dict's data, or from a plan stored in an earlier form."""
+        return cls(**cls._stored_before(d))
+
+
+_FIELDS = frozenset(f.name for f in fields(Plan))
+_LEGACY = frozenset({*_ENGINE_SECTIONS.values(), "extra", *_KNOB_FIELDS})

@@ -129,14 +129,14 @@ def transform(knob: Knob, model, plan, dims=None) -> Any:
                            f"({_error(e)}): fix it, uninstall it, or set {knob.name}={fmt(knob.default)}") from None
 
 
-def memory(knob: Knob, terms: dict, plan: dict, view: dict) -> None:
+def memory(knob: Knob, terms: dict, plan: Plan, spec) -> None:
     """A plugin knob's memory hook; one that raises is left out of the memory model, with a warning."""
     if knob.name not in ORIGIN:
-        knob.memory(terms, plan, view)
+        knob.memory(terms, plan, spec)
         return
     saved = dict(terms)
     try:
-        knob.memory(terms, plan, view)
+        knob.memory(terms, plan, spec)
     except Exception as e:  # noqa: BLE001
         terms.clear()
         terms.update(saved)

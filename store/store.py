@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 
 import sqlalchemy as sa
 
@@ -86,7 +87,7 @@ class Store:
         """The measurement stored under key, or None."""
         with self.engine.connect() as c:
             row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
-        return _read(json.loads(row[0])) if row else None
+        return _read(json.loads(row[0]), key) if row else None
 
     @staticmethod
     def _row(key: str, record: Record | dict, source: str) -> dict:
@@ -141,7 +142,7 @@ class Store:
         """Every stored record, with its key and source."""
         with self.engine.connect() as c:
             rows = c.execute(sa.select(MEASUREMENTS.c.key, MEASUREMENTS.c.source, MEASUREMENTS.c.record)).all()
-        return [_read(dict(json.loads(r.record), key=r.key, source=r.source)) for r in rows]
+        return [rec for r in rows if (rec := _read(dict(json.loads(r.record), key=r.key, source=r.source)))]
 
     def export_jsonl(self, path: str) -> int:
         """Every measurement as one JSON line (record + key + source), to pool results between labs."""
@@ -237,11 +238,28 @@ class Store:
         return [{"error": None, **r, "config": json.loads(r["config"])} for r in rows]
 
 
-def _read(data: dict) -> Record:
+def _read(data: dict, key: str | None = None) -> Record | None:
     """A stored record as read: its FLOP metrics counted under trial.flops.CONVENTION (a record stored under an
-    older count is recounted here, its stored figures kept beside as *_dense_v0; the row is not rewritten)."""
+    older count is recounted here, its stored figures kept beside as *_dense_v0; the row is not rewritten). A row
+    whose fields are not of a record's types (written by hand or by another tool) is left out, with a warning
+    naming its key and field, once per process: None."""
+    from pydantic import ValidationError
+
     from trainscout.trial.flops import recount
-    return recount(Record.from_dict(data))
+    try:
+        return recount(Record.from_dict(data))
+    except ValidationError as e:
+        key = key or data.get("key") or "?"
+        if key not in _UNREADABLE:
+            _UNREADABLE.add(key)
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            print(f"trainscout: warning: stored measurement {key} left out: its {where} is not a record's "
+                  f"({err['msg']}, got {str(err.get('input'))[:40]!r})", file=sys.stderr, flush=True)
+        return None
+
+
+_UNREADABLE: set[str] = set()  # the keys warned of
 
 
 _OPEN: dict[str, Store] = {}

@@ -106,15 +106,15 @@ def test_a_mixture_of_experts_is_first_class(tmp_path):
     from trainscout.trial import model_tree, prepare
     path = tmp_path / "moe.json"
     path.write_text(json.dumps(MODELS["moe"]))
-    assert prepare(str(path), {"experts": "eager"}, device="cpu").plan["extra"] == {"experts": "eager"}
+    assert prepare(str(path), {"experts": "eager"}, device="cpu").plan.knobs == {"experts": "eager"}
     with pytest.raises(ConfigError, match="no mixture-of-experts layers"):
         prepare("tiny", {"experts": "grouped_mm"}, device="cpu")
     with pytest.raises(ConfigError, match="batched_mm copies every token's expert weights"):
         prepare(str(path), {"experts": "batched_mm"}, device="cpu")
     hw = {"device": "cuda", "gpu_count": 1, "gpu": "NVIDIA H200", "capability": "9.0", "gpu_memory_gib": 139.8}
-    notes = prepare(str(path), {"fp8": "tensorwise"}, hw=hw).plan["notes"]
+    notes = prepare(str(path), {"fp8": "tensorwise"}, hw=hw).plan.notes
     assert notes and "routed experts' weights stay in bf16" in notes[0]
-    assert prepare("pythia-160m", {"fp8": "tensorwise"}, hw=hw).plan["notes"] == []
+    assert prepare("pythia-160m", {"fp8": "tensorwise"}, hw=hw).plan.notes == []
     for compute in ("autocast", "16-bit", "fp32"):
         saved = model_tree.saved(MODELS["moe"], "sdpa", compute)
         assert saved.measured, saved.why
@@ -148,7 +148,7 @@ def test_the_experts_compute_in_the_autocast_dtype():
         torch.manual_seed(0)
         m = build_model(MODELS["moe"], "sdpa", S)
         m.set_experts_implementation("grouped_mm")
-        return prepare_model(m, Plan(extra={"experts": "grouped_mm"})) if transformed else m
+        return prepare_model(m, Plan(knobs={"experts": "grouped_mm"})) if transformed else m
 
     x = torch.randint(0, 512, (2, S))
     plain, cast = model(False), model(True)

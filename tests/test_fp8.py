@@ -35,7 +35,7 @@ def _plan(**settings):
 def test_fp8_swaps_the_decoder_linears_before_checkpointing_and_keeps_the_head():
     model = build_model(resolve_model("tiny").config, "sdpa", 64)
     plan = _plan(fp8="rowwise", activation_checkpointing="full")
-    assert plan.extra == {"fp8": "rowwise"}
+    assert plan.knobs == {"fp8": "rowwise"}
     prepare_model(model, plan)
     layers = model.gpt_neox.layers
     assert all(type(layer).__name__ == "CheckpointWrapper" for layer in layers)

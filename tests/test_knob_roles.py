@@ -111,16 +111,16 @@ class Widget(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value == "on":
-            plan.extra[self.name] = value
+            plan.knobs[self.name] = value
 
     def export(self, fmt, plan, device):
-        on = plan.extra.get(self.name) == "on"
+        on = plan.knobs.get(self.name) == "on"
         if fmt == "hf" and on:
             return {"dataloader_num_workers": 2}  # a real TrainingArguments field, so that the export builds them
         return {}
 
     def memory(self, terms, plan, spec):
-        if plan["extra"].get(self.name) == "on":  # keeps no activations: the saver that makes anything fit
+        if plan.knobs.get(self.name) == "on":  # keeps no activations: the saver that makes anything fit
             terms["activations"] = terms["logits"] = 0
 
 
@@ -172,9 +172,9 @@ def test_a_plugin_knobs_column_and_export_role_are_honoured(widget, h200_grid, t
     assert header[header.index("precision") + 1] == WIDGET
 
     grid = [r for r in open_store("sqlite:///" + os.path.join(h200_grid, "results.db")).measurements()
-            if r.ok and r.plan.get("engine") == "ddp" and not hook_only(r)]
+            if r.ok and r.plan.engine == "ddp" and not hook_only(r)]
     off = grid[0]
-    on = off.replace(config={**off.config, WIDGET: "on"}, plan={**off.plan, "extra": {WIDGET: "on"}}, key="w" * 32,
+    on = off.replace(config={**off.config, WIDGET: "on"}, plan=off.plan.replace(knobs={WIDGET: "on"}), key="w" * 32,
                      metrics={**off.metrics, "tokens_per_s": off.m["tokens_per_s"] * 1.25})
     off = off.replace(config={**off.config, WIDGET: "off"})
     assert hf_args(on, "run", {})["dataloader_num_workers"] == 2 and "dataloader_num_workers" not in hf_args(off, "run", {})

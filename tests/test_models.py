@@ -214,7 +214,7 @@ def test_a_model_without_the_default_attention_defaults_to_one_it_has_and_sdpa_i
     spec = prepare(path, {"micro_batch_size": 2}, device="cpu", global_batch=4, seq_len=16, hw={"device": "cpu"})
     prepare(path, {"micro_batch_size": 2}, device="cpu", global_batch=4, seq_len=16, hw={"device": "cpu"})
     err = capsys.readouterr().err
-    assert spec.config["attention"] == "eager" and spec.plan["attn_implementation"] == "eager"
+    assert spec.config["attention"] == "eager" and spec.plan.attn_implementation == "eager"
     assert err.count("has no sdpa attention in this transformers: attention=eager") == 1, err
     with pytest.raises(ConfigError, match="attention=sdpa: .*ForCausalLM has no sdpa attention in this transformers: "
                                           "set attention=eager") as e:
@@ -222,7 +222,7 @@ def test_a_model_without_the_default_attention_defaults_to_one_it_has_and_sdpa_i
     assert e.value.field == "attention"
     space = Space.build({}, {}, context(spec.model_config, 4, 1, {"device": "cpu"}))
     assert "sdpa" not in space.domains.get("attention", (space.fixed.get("attention"),))
-    model = build_model(spec.model_config, spec.plan["attn_implementation"], 16)
+    model = build_model(spec.model_config, spec.plan.attn_implementation, 16)
     x = torch.randint(0, sizes(spec.model_config).vocab, (2, 16))
     model(input_ids=x, labels=x).loss.backward()
 

@@ -110,7 +110,7 @@ def test_pipeline_plan_splits_the_batch():
                         Context(world_size=4, num_layers=4, global_batch=32))
     # 4 ranks = 2 data-parallel replicas × 2 stages: 16 sequences per replica = 2 schedule steps of 4 × 2
     assert plan.engine == "pipeline" and plan.grad_accum == 2 and plan.sequences_per_call == 8
-    assert plan.pipeline == {"stages": 2, "schedule": "1f1b", "chunks": 1, "microbatches": 4}
+    assert plan.engine_config == {"stages": 2, "schedule": "1f1b", "chunks": 1, "microbatches": 4}
 
 
 def test_pipeline_trial_in_a_worker_group(ray_local):
@@ -120,4 +120,4 @@ def test_pipeline_trial_in_a_worker_group(ray_local):
     r = execute(spec, timeout=240)
     assert r.status == "ok", (r.error, r.stderr_tail)
     assert r.metrics["tokens_per_s"] > 0 and r.metrics["loss"] > 0
-    assert r.plan["engine"] == "pipeline" and r.grad_accum == 2
+    assert r.plan.engine == "pipeline" and r.grad_accum == 2

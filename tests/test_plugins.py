@@ -100,9 +100,9 @@ def test_a_real_search_samples_the_plugin_knob(plugin_env, tmp_path):
     assert len(trials) == 2 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
     assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] in ("ok", "stopped") for t in trials)
     for rec in store.measurements():
-        want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec["config"]["cuda_alloc_conf"] != "default" else {}
-        assert rec["plan"]["env"] == want
-        assert rec["plan"]["extra"] == ({"mlp_checkpointing": True} if rec["config"]["mlp_checkpointing"] else {})
+        want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec.config["cuda_alloc_conf"] != "default" else {}
+        assert rec.plan.env == want
+        assert rec.plan.knobs == ({"mlp_checkpointing": True} if rec.config["mlp_checkpointing"] else {})
 
 
 # --- broken plugins (issue 30) -----------------------------------------------------------------------------------
@@ -117,13 +117,13 @@ class {cls}(Knob):
     choices = ("off", "on")
 {body}
 """
-APPLY = "    def apply(self, plan, value, cfg, ctx):\n        plan.extra[self.name] = value\n"
+APPLY = "    def apply(self, plan, value, cfg, ctx):\n        plan.knobs[self.name] = value\n"
 BROKEN = {  # distribution -> (entry point, module source, what its warning says)
     "ts-bad-import": ("bad_import", "import trainscout_no_such_module_x\n", "ModuleNotFoundError"),
     "ts-bad-choices": ("bad_choices", KNOB.format(cls="Ch", name="bad_choices", body=APPLY + textwrap.indent(
         "@property\ndef choices(self):\n    raise RuntimeError('no domain today')\n", "    ")), "no domain today"),
     "ts-bad-apply": ("bad_apply", KNOB.format(cls="Ap", name="bad_apply", body=(
-        "    def apply(self, plan, value, cfg, ctx):\n        plan.extra[self.name] = cfg['no_such_knob']\n")),
+        "    def apply(self, plan, value, cfg, ctx):\n        plan.knobs[self.name] = cfg['no_such_knob']\n")),
         "KeyError"),
     "ts-no-apply": ("no_apply", KNOB.format(cls="Na", name="no_apply", body="    pass\n"), "has no apply"),
     "ts-collides": ("collides", KNOB.format(cls="Zs", name="zero_stage", body=APPLY), "registered twice"),
@@ -131,7 +131,7 @@ BROKEN = {  # distribution -> (entry point, module source, what its warning says
 WORKS_UNTIL_USED = ("ts-bad-transform", "bad_transform", KNOB.format(cls="Tr", name="bad_transform", body=APPLY + (
     "    stage = 'modules'\n"
     "    def transform(self, model, plan):\n"
-    "        if plan.extra.get(self.name) == 'on':\n            raise ValueError('cannot swap these modules')\n"
+    "        if plan.knobs.get(self.name) == 'on':\n            raise ValueError('cannot swap these modules')\n"
     "        return model\n"
     "    def memory(self, terms, plan, spec):\n        raise ZeroDivisionError('no estimate')\n")))
 

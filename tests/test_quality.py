@@ -20,10 +20,10 @@ class Corrupt(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value:
-            plan.extra[self.name] = True
+            plan.knobs[self.name] = True
 
     def transform(self, model, plan):
-        if plan.extra.get(self.name):
+        if plan.knobs.get(self.name):
             for m in model.modules():
                 if isinstance(m, torch.nn.Linear):
                     m.register_forward_hook(lambda mod, args, out: torch.sign(out) * 2 ** torch.round(

@@ -168,7 +168,7 @@ def test_report_views_and_a_stopped_trial_uses_gpu_time(store_dir, tmp_path, cap
     records = {m.key: m for m in store.measurements()}
     for _, r in df[df["key"].notna()].iterrows():  # what each ran, from its record
         rec = records[r["key"]]
-        assert r["micro_batch"] == rec.plan["micro_batch_size"] and r["grad_accum"] == rec.grad_accum
+        assert r["micro_batch"] == rec.plan.micro_batch_size and r["grad_accum"] == rec.grad_accum
         assert r["gpu_s"] == (0 if r["cached"] else pytest.approx(rec.wall_s * rec.world_size))
     assert (df.loc[df["status"] == "invalid", "gpu_s"] == 0).all()
     stopped = df[df["status"] == "stopped"].iloc[0]
@@ -230,7 +230,7 @@ def test_a_store_of_measurements_only_is_reported(store_dir, tmp_path, capsys):
     assert df["search"].isna().all() and not df["cached"].any()
     for _, r in df.iterrows():
         rec = records[r["key"]]
-        assert r["status"] == rec.status and r["micro_batch"] == rec.plan["micro_batch_size"]
+        assert r["status"] == rec.status and r["micro_batch"] == rec.plan.micro_batch_size
         assert r["grad_accum"] == rec.grad_accum and r["gpu_s"] == pytest.approx(rec.wall_s * rec.world_size)
         if rec.ok:
             assert r["tokens_per_s"] == rec.metrics["tokens_per_s"]
@@ -275,7 +275,7 @@ def test_step_breakdown_adds_up_to_the_projected_step(h200, store_dir):
     for b in rows:
         rec = a.records[b["row"]["key"]]
         m, accum = rec.metrics, rec.grad_accum
-        assert accum == rec.plan["grad_accum"] > 1
+        assert accum == rec.plan.grad_accum > 1
         assert list(b["parts"].values()) == [(accum - 1) * m["micro_batch_s"], m["last_micro_batch_s"],
                                              m["optimizer_s"]]
         # step_s is the median of per-step projections, the parts medians of their own: close, not equal

@@ -66,7 +66,7 @@ def test_knob_contract(knob):
 
 def test_defaults_resolve_to_plain_ddp():
     cfg, plan = resolve({}, CTX)
-    assert plan.engine == "ddp" and plan.precision == "bf16-mixed" and plan.zero == {}
+    assert plan.engine == "ddp" and plan.precision == "bf16-mixed" and plan.engine_config == {}
     assert cfg["micro_batch_size"] == 8 and plan.grad_accum == 16  # auto: largest divisor of 128 <= 8
 
 

@@ -237,7 +237,7 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch, caps
     (m4, t4), (m2, t2) = r.probe_compared
     assert (m4, m2) == (4, 2) and t4 > 0 and t2 > 0
     mbs = 4 if t4 >= t2 else 2
-    assert r.plan["micro_batch_size"] == r.metrics["micro_batch_size"] == mbs and r.grad_accum == 16 // mbs
+    assert r.plan.micro_batch_size == r.metrics["micro_batch_size"] == mbs and r.grad_accum == 16 // mbs
     assert r.metrics["tokens_per_s"] == pytest.approx(max(t4, t2))
     # the per-step values early stopping sees are on the record's basis: projected with the accumulation of the
     # micro-batch that ran (4 here), not the first candidate's (1), which inflated them by that ratio
@@ -269,13 +269,12 @@ def test_probed_micro_batch_compiles_static_graphs_after_an_oom(monkeypatch):
     import functools
     import logging
     import torch
-    from trainscout.spaces import Plan
     from trainscout.trial import engines, probe
     monkeypatch.setenv("TRAINSCOUT_FAKE_CAPACITY_MBS", "2")
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": "max", "compile": True, "compile_scope": "layers"},
                    device="cpu", workers=1, steps=1, warmup=2, global_batch=4, measure_accum=2)
-    plan, device = Plan.from_dict(spec.plan), torch.device("cpu")
+    plan, device = spec.plan.replace(), torch.device("cpu")  # a copy the probe steps down, as the worker's
 
     def make(accum):
         model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"])

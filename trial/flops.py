@@ -160,7 +160,7 @@ def recount(record):
         config = record.model_config or stored_model(record.model, None).config
         seq = (record.recipe or {})["seq_len"]
         fresh = metrics(config, seq, m["tokens_per_s"], m.get("peak_tflops"), record.world_size or 1,
-                        (record.plan or {}).get("checkpoint_every", 0) or 0)
+                        record.plan.checkpoint_every if record.plan else 0)
     except Exception as e:  # a model type this transformers does not know, a record without its recipe
         why = f"not recounted: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         return record.replace(metrics={**m, "flops_convention": OLD, "flops_note": why})

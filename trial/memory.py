@@ -83,28 +83,27 @@ def saved_bytes(spec: TrialSpec | Record):
     from .model_tree import saved
     spec = _with_config(spec)
     plan = spec.plan
-    compute = "fp32" if plan["precision"] == "fp32" else engines.get(plan["engine"]).compute
-    # a record from before compile_scope existed compiled the whole model
-    compiled = plan.get("compile_scope", "model") if plan.get("compile") else None
-    return saved(spec.model_config, plan.get("attn_implementation", "sdpa"), compute, compiled)
+    compute = "fp32" if plan.precision == "fp32" else engines.get(plan.engine).compute
+    compiled = plan.compile_scope if plan.compile else None
+    return saved(spec.model_config, plan.attn_implementation, compute, compiled)
 
 
 def components(spec: TrialSpec | Record) -> dict[str, float]:
     """Bytes per rank by component for a prepared trial spec or a stored record (the rank that holds the most):
     the engine's model states, then one micro-batch's activations and logits (which knobs adjust) scaled to what
-    is in flight. The knobs' memory hooks read the spec by key: they get its to_dict()."""
+    is in flight."""
     from trainscout.spaces import ParallelDims, all_knobs, plugins
 
     from . import engines
     spec = _with_config(spec)
     c, plan, recipe = _counts(spec.model_config), spec.plan, spec.recipe
-    engine = engines.get(plan["engine"])
-    mixed = plan["precision"] != "fp32"
+    engine = engines.get(plan.engine)
+    mixed = plan.precision != "fp32"
     N, layers = engine.held(c, plan)  # the pipeline's stage; the data x context ranks divide below (D)
     # context parallel: each rank holds 1/cp of every sequence's tokens (attention still reads all the keys)
     cp = ParallelDims.of(plan, spec.world_size).degree("cp")
-    b, s, V = plan["micro_batch_size"], recipe["seq_len"] // cp, c["V"]
-    every = plan.get("checkpoint_every", 0)
+    b, s, V = plan.micro_batch_size, recipe["seq_len"] // cp, c["V"]
+    every = plan.checkpoint_every
     ckpt = math.ceil(layers / every) if every else 0
     act = saved_bytes(spec)
     layer = b * s * (act.per_layer + act.per_layer_s * recipe["seq_len"])  # act.layer_bytes(b, s) without cp
@@ -113,9 +112,7 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
              "logits": 12 * b * s * V,
              # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
              "params": N, "layer_params": c["per_layer"], "layers": layers, "layer_activations": (layers - ckpt) * layer}
-    view = spec.to_dict()
-    if cp > 1:  # the hooks count the rank's tokens
-        view["recipe"] = dict(view["recipe"], seq_len=recipe["seq_len"] // cp)
+    view = spec.replace(recipe=dict(recipe, seq_len=recipe["seq_len"] // cp)) if cp > 1 else spec  # the rank's tokens
     for knob in all_knobs():
         plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
     held = {k: terms.pop(k) for k in ("params", "layer_params", "layers", "layer_activations")}
@@ -210,11 +207,10 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
         return {"processes": world * HOST_PROCESS, "ranks": world * analytic(spec)}
     spec = _with_config(spec)
     c, plan = _counts(spec.model_config), spec.plan
-    engine = engines.get(plan["engine"])
+    engine = engines.get(plan.engine)
     N, D = c["N"], engine.data_ranks(plan, world)
-    zero = plan.get("zero") or {}
-    offload = world * ((OFFLOAD_BYTES * N / D if "offload_optimizer" in zero else 0)
-                       + (2 * N / D if "offload_param" in zero else 0))
+    optimizer, params = engine.offloaded(plan)
+    offload = world * ((OFFLOAD_BYTES * N / D if optimizer else 0) + (2 * N / D if params else 0))
     out = {"processes": world * HOST_PROCESS}
     if not engine.builds_on_device:
         out["build"] = world * 4 * N

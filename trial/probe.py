@@ -43,7 +43,7 @@ def candidates(spec: TrialSpec, plan, measured) -> list[dict]:
     if spec.device == "cuda" and cap:
         line = cap * memory.GiB * (1 + memory.MARGIN)
         fits = [i for i, c in enumerate(cands)
-                if memory.predict(spec.replace(plan=dict(spec.plan, micro_batch_size=c["mbs"]))) <= line]
+                if memory.predict(spec.replace(plan=spec.plan.replace(micro_batch_size=c["mbs"]))) <= line]
         if fits:
             cands = cands[fits[0]:]
     return cands
@@ -58,8 +58,8 @@ def settle(spec: TrialSpec, n_params: int, ranks: list[RankResult], derive) -> t
 
     def at(r0, ranks):
         return spec.replace(grad_accum=r0["grad_accum"], measured_accum=r0["measured_accum"],
-                            plan=dict(spec.plan, micro_batch_size=r0["micro_batch_size"],
-                                      grad_accum=r0["grad_accum"])), ranks
+                            plan=spec.plan.replace(micro_batch_size=r0["micro_batch_size"],
+                                                   grad_accum=r0["grad_accum"])), ranks
     r0 = ranks[0]
     options = [at({"micro_batch_size": r0.micro_batch_size, "grad_accum": r0.grad_accum,
                    "measured_accum": r0.measured_accum}, ranks)]
@@ -69,7 +69,7 @@ def settle(spec: TrialSpec, n_params: int, ranks: list[RankResult], derive) -> t
         options.append(at(low, [r.replace(**{k: v for k, v in r.below.items() if k not in ("mbs", "timed_s")})
                                 for r in ranks]))
     scored = [(s, derive(s, n_params, r)) for s, r in options]
-    compared = [[s.plan["micro_batch_size"], m["tokens_per_s"]] for s, m in scored]
+    compared = [[s.plan.micro_batch_size, m["tokens_per_s"]] for s, m in scored]
     best_spec, best = min(scored, key=lambda x: x[1]["step_s"])
     return best_spec, best, compared
 

@@ -71,19 +71,17 @@ def gate_key(spec) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _loss_and_grads(spec, plan_dict: dict, batch, device, reference_dtype=None):
+def _loss_and_grads(spec, plan, batch, device, reference_dtype=None):
     """Loss and gradients (fp32, on the host) of one step of the model built from GATE_SEED under a plan, and, with
     reference_dtype, the worst SQNR of its linears' outputs against the reference op (autocast to reference_dtype,
     None: fp32) on the same inputs: (loss, grads, (worst dB, its module) or None)."""
     import torch
 
     from trainscout.runtime import transforms
-    from trainscout.spaces import Plan
 
     from . import engines
     from .engines.base import autocast_dtype, causal_lm_loss
     from .models import build_model
-    plan = Plan.from_dict(plan_dict)
     torch.manual_seed(GATE_SEED)
     with torch.device(device):
         model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"])
@@ -121,6 +119,8 @@ def one_step(spec, device) -> dict:
     """The gate for a spec whose `quality` names its changes and reference plan (runs in a trial's process)."""
     import torch
 
+    from trainscout.spaces import Plan
+
     from .models import sizes
     t0 = time.perf_counter()
     q = spec.quality
@@ -128,7 +128,7 @@ def one_step(spec, device) -> dict:
     batch = torch.randint(0, sizes(spec.model_config).vocab, (GATE_BATCH, spec.recipe["seq_len"]), generator=gen)
     batch = batch.to(device)
     from .engines.base import autocast_dtype
-    ref_loss, ref, _ = _loss_and_grads(spec, q["reference_plan"], batch, device, reference_dtype=False)
+    ref_loss, ref, _ = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device, reference_dtype=False)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         size = sum(g.numel() * g.element_size() for g in ref.values())

@@ -2,18 +2,26 @@
 one rank's raw result (RankResult: worker -> all_gather -> runner.derive) and the measurement record (Record:
 execute -> store -> analysis, the CLI's --json).
 
-Each has to_dict()/from_dict(). to_dict() writes the JSON the store has always held, in the same key order: a
+Each is a validated dataclass (pydantic's): its fields are typed and checked when it is made or read back, and its
+plan is a spaces.Plan end to end. to_dict() writes the JSON the store has always held, in the same key order: a
 field that is None is left out unless the class names it in ALWAYS (a record's error and metrics are always
 there, unless from_dict() read a dict without them). from_dict() keeps keys it does not know in `extra`, and
-to_dict() writes them back, so a stored record round-trips unchanged. Nested parts (config, plan, recipe, metrics, hardware) stay plain dicts: the knobs and the
-engines read them by key.
+to_dict() writes them back, so a stored record round-trips unchanged (a plan stored in an earlier form is read
+into today's: spaces.Plan). The other nested parts (config, recipe, metrics, hardware) stay plain dicts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from typing import Any, ClassVar
 
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
+
+from trainscout.spaces import Plan
+
 from .status import Status
+
+_CONFIG = ConfigDict(arbitrary_types_allowed=True)  # a spec's progress queue is a Ray actor handle
 
 
 def status_of(value) -> Status | str:
@@ -24,11 +32,8 @@ def status_of(value) -> Status | str:
         return value
 
 
-class _Fields:
-    """to_dict/from_dict over the dataclass fields, unknown keys kept in `extra`.
-
-    `get`/`[]`/`keys` read the same view as to_dict, for code outside the package that still reads a record or a
-    spec by key (bench/trial_gpu.py; a plugin knob's memory hook). The package itself reads fields."""
+class _Json:
+    """to_dict/from_dict between a record's fields and its JSON, unknown keys kept in `extra`."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset()
     extra: dict          # keys from_dict() did not know, written back by to_dict()
@@ -41,7 +46,7 @@ class _Fields:
                 continue
             v = getattr(self, f.name)
             if v is not None or (f.name in self.ALWAYS and f.name not in self._absent):
-                out[f.name] = str(v) if isinstance(v, Status) else v
+                out[f.name] = str(v) if isinstance(v, Status) else v.to_dict() if isinstance(v, Plan) else v
         out.update(self.extra)
         return out
 
@@ -54,18 +59,9 @@ class _Fields:
     def replace(self, **changes):
         return replace(self, **changes)
 
-    def get(self, key: str, default=None):
-        return self.to_dict().get(key, default)
 
-    def __getitem__(self, key: str):
-        return self.to_dict()[key]
-
-    def keys(self):
-        return self.to_dict().keys()
-
-
-@dataclass(eq=True)
-class TrialSpec(_Fields):
+@dataclass(config=_CONFIG)
+class TrialSpec(_Json):
     """Everything a trial needs, validated (trial.runner.prepare); what every rank receives."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"fault"})
@@ -75,7 +71,7 @@ class TrialSpec(_Fields):
     device: str
     world_size: int
     config: dict
-    plan: dict                      # spaces.Plan.to_dict(): the engines and knobs read it by key
+    plan: Plan
     recipe: dict
     grad_accum: int
     measured_accum: int
@@ -102,11 +98,11 @@ class TrialSpec(_Fields):
     @property
     def micro_batch(self) -> int:
         """Sequences per forward/backward on a rank, as planned (a probe starts from it)."""
-        return self.plan["micro_batch_size"]
+        return self.plan.micro_batch_size
 
 
-@dataclass(eq=True)
-class RankResult(_Fields):
+@dataclass(config=_CONFIG)
+class RankResult(_Json):
     """One rank's raw phase times and peaks (trial.worker), gathered to rank 0 and derived by the runner."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"loss", "below"})
@@ -133,8 +129,8 @@ class RankResult(_Fields):
     _absent: frozenset = field(default=frozenset(), repr=False, compare=False)
 
 
-@dataclass(eq=True)
-class Record(_Fields):
+@dataclass(config=_CONFIG)
+class Record(_Json):
     """A measurement: what was run, on what, and its outcome (failures are outcomes). Stored as to_dict() JSON."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"error", "metrics"})
@@ -146,7 +142,7 @@ class Record(_Fields):
     model_config: dict | None = None
     device: str | None = None
     world_size: int | None = None
-    plan: dict | None = None
+    plan: Plan | None = None
     recipe: dict | None = None
     grad_accum: int | None = None
     measured_accum: int | None = None
@@ -193,4 +189,4 @@ class Record(_Fields):
     @property
     def micro_batch(self):
         """The micro-batch it ran (its plan's; micro_batch_size=max: the one the probe settled on); None without a plan."""
-        return (self.plan or {}).get("micro_batch_size")
+        return self.plan.micro_batch_size if self.plan else None

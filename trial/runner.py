@@ -83,7 +83,7 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
                                              "measured micro-batches to separate the synchronising one: use 2 or more")
     out = TrialSpec(
         model=spec.name, model_config=spec.config, device=device, world_size=workers,
-        config=cfg, plan=plan.to_dict(), recipe=recipe.to_dict(),
+        config=cfg, plan=plan, recipe=recipe.to_dict(),
         grad_accum=full, measured_accum=accum, timed_steps=steps, warmup_steps=warmup,
         seed=seed, fault=fault,
         threads_per_worker=max(1, (os.cpu_count() or 1) // workers),
@@ -188,7 +188,7 @@ def _worker_env(spec: TrialSpec) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif str(spec.hardware.get("capability", "")).startswith("9."):
         env["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed's op builder cannot parse the machine's "9.0a"
-    env.update(spec.plan.get("env", {}))  # what knobs set (e.g. the allocator's configuration)
+    env.update(spec.plan.env)  # what knobs set (e.g. the allocator's configuration)
     return env
 
 
@@ -344,7 +344,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "peak_tflops": peak,
         # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (trial/flops.py)
         **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
-                        spec.plan.get("checkpoint_every", 0)),
+                        spec.plan.checkpoint_every),
         "projected_days": recipe["total_steps"] * step_s / 86400,
         "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
         "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],
@@ -361,7 +361,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage
         # each timed step's loss (verify --quality compares them), from the rank that has them
         "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
-        "micro_batch_size": spec.plan["micro_batch_size"],
+        "micro_batch_size": spec.plan.micro_batch_size,
     }
     if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
         out["quality"] = ranks[0].quality or spec.quality.get("known") or {

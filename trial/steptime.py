@@ -50,23 +50,23 @@ def step_s(spec: TrialSpec) -> float:
     plan, recipe, z = spec.plan, spec.recipe, sizes(spec.model_config)
     gpu = (spec.hardware or {}).get("gpu")
     tflops = metrics.gpu_peak_tflops(gpu) or DEFAULT_TFLOPS
-    if plan["precision"] == "fp32":
-        tflops *= FP32_RATE[bool(plan.get("tf32"))]
+    if plan.precision == "fp32":
+        tflops *= FP32_RATE[plan.tf32]
     tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)
-    tokens = plan["micro_batch_size"] * recipe["seq_len"]
+    tokens = plan.micro_batch_size * recipe["seq_len"]
     # the hardware FLOPs: checkpointed layers run their forward twice
-    fpt = flops.count(spec.model_config).hardware_per_token(recipe["seq_len"], plan.get("checkpoint_every", 0))
+    fpt = flops.count(spec.model_config).hardware_per_token(recipe["seq_len"], plan.checkpoint_every)
     compute = tokens * fpt / (tflops * 1e12)
     held = memory.components(spec)
-    passes = PASSES_COMPILED if plan.get("compile") else PASSES_EAGER
-    every = plan.get("checkpoint_every", 0)
+    passes = PASSES_COMPILED if plan.compile else PASSES_EAGER
+    every = plan.checkpoint_every
     # a checkpointed layer still writes and reads its activations (in its recomputed forward, once more): the bytes
     # its forward produces move, not the input it keeps
-    made = memory.components(spec.replace(plan=dict(plan, checkpoint_every=0)))["activations"] if every else \
+    made = memory.components(spec.replace(plan=plan.replace(checkpoint_every=0)))["activations"] if every else \
         held["activations"]
     again = -(-z.layers // every) / z.layers if every else 0.0
     traffic = (made * (passes + again) + held["logits"] * PASSES_EAGER) / (tbps * 1e12)
-    if plan.get("loss_kernel") not in (None, "eager"):  # a compiled or fused loss: its logits in fused kernels
+    if plan.loss_kernel != "eager":  # a compiled or fused loss: its logits in fused kernels
         traffic -= held["logits"] * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
-    launches = z.layers * (KERNELS_COMPILED if plan.get("compile") else KERNELS_EAGER) * LAUNCH_S
-    return plan.get("grad_accum", 1) * (compute + traffic + launches)
+    launches = z.layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
+    return plan.grad_accum * (compute + traffic + launches)

@@ -9,6 +9,7 @@ with a device synchronisation, so the times are what the GPU really spent.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import os
 import resource
@@ -172,10 +173,10 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     _reset_peak_rss()
     from . import engines, faults, probe as mbs_probe
     from .models import build_model
-    from trainscout.spaces import ParallelDims, Plan
+    from trainscout.spaces import ParallelDims
 
     t0 = time.perf_counter()
-    plan, recipe = Plan.from_dict(spec.plan), spec.recipe
+    plan, recipe = copy.deepcopy(spec.plan), spec.recipe  # the probe steps its micro-batch down in place
     if spec.device == "cuda":
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)

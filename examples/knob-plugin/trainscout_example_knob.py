@@ -29,10 +29,10 @@ class MlpCheckpointing(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value:
-            plan.extra[self.name] = True  # a plugin's setting: Plan.extra, read back by its own transform
+            plan.knobs[self.name] = True  # a plugin's setting: Plan.knobs, read back by its own transform
 
     def transform(self, model, plan):
-        if plan.extra.get(self.name):
+        if plan.knobs.get(self.name):
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
             for layer in decoder_layers(model):
                 layer.mlp = checkpoint_wrapper(layer.mlp, checkpoint_impl=CheckpointImpl.NO_REENTRANT)

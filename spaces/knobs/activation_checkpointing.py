@@ -44,8 +44,8 @@ class ActivationCheckpointing(Knob):
         return fields
 
     def hook_only(self, value, plan, stock):
-        if plan.get("checkpoint_every", 0) > 1 and not stock.native_every_n():
-            return f"{self.name}={plan['checkpoint_every']}"
+        if plan.checkpoint_every > 1 and not stock.native_every_n():
+            return f"{self.name}={plan.checkpoint_every}"
         return None
 
     def transform(self, model, plan):

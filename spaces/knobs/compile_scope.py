@@ -42,7 +42,7 @@ class CompileScope(Knob):
         plan.compile_scope = value
 
     def hook_only(self, value, plan, stock):
-        return f"{self.name}=layers" if plan.get("compile") and plan.get("compile_scope") == "layers" else None
+        return f"{self.name}=layers" if plan.compile and plan.compile_scope == "layers" else None
 
     def transform(self, model, plan):
         if plan.compile and plan.compile_scope == "layers":

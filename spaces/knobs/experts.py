@@ -45,11 +45,11 @@ class Experts(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value != "auto":
-            plan.extra[self.name] = value
+            plan.knobs[self.name] = value
 
     def transform(self, model, plan):
-        if plan.extra.get(self.name):
-            model.set_experts_implementation(plan.extra[self.name])
+        if plan.knobs.get(self.name):
+            model.set_experts_implementation(plan.knobs[self.name])
         for module in model.modules():
             if _is_experts(module):
                 _compute_under_autocast(module)

@@ -40,7 +40,7 @@ class Fp8(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
-            plan.extra[self.name] = value
+            plan.knobs[self.name] = value
             if ctx.model_config and sizes(ctx.model_config).experts:
                 # checked on the H200 (torch 2.11, torchao 0.18, transformers 5.17): torchao's float8 grouped GEMM
                 # (prototype.moe_training) hit the grouped kernel's 16-byte alignment assert on transformers' call,
@@ -50,7 +50,7 @@ class Fp8(Knob):
                                   "its nn.Linear layers (attention, shared experts) are FP8")
 
     def transform(self, model, plan):
-        recipe = plan.extra.get(self.name)
+        recipe = plan.knobs.get(self.name)
         if not recipe:
             return model
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training

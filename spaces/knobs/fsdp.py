@@ -25,4 +25,4 @@ class Fsdp(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
             plan.engine = "fsdp"
-            plan.fsdp["reshard_after_forward"] = value == "full_shard"
+            plan.engine_config["reshard_after_forward"] = value == "full_shard"

@@ -60,11 +60,11 @@ class LossKernel(Knob):
         return model
 
     def memory(self, terms, plan, spec):
-        b, s, V = plan["micro_batch_size"], spec["recipe"]["seq_len"], sizes(spec["model_config"]).vocab
-        if plan.get("loss_kernel") == "compiled":  # no fp32 copy of the logits: 8·b·s·V bytes fewer (measured)
+        b, s, V = plan.micro_batch_size, spec.recipe["seq_len"], sizes(spec.model_config).vocab
+        if plan.loss_kernel == "compiled":  # no fp32 copy of the logits: 8·b·s·V bytes fewer (measured)
             terms["logits"] -= 8 * b * s * V
-        elif plan.get("loss_kernel") == "fused_linear":  # one chunk of logits (fp32 and 16-bit) and the head's fp32 grad
-            h = sizes(spec["model_config"]).hidden
+        elif plan.loss_kernel == "fused_linear":  # one chunk of logits (fp32 and 16-bit) and the head's fp32 grad
+            h = sizes(spec.model_config).hidden
             chunk = min(b * s, 2 ** max(0, (-(-b * s // -(-V // h)) - 1).bit_length()))  # liger's chunk size
             terms["logits"] = 6 * chunk * V + 4 * V * h
 

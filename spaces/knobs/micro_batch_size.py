@@ -78,7 +78,7 @@ class MicroBatchSize(Knob):
                                          f"such as {near}")
 
     def measured(self, value, plan):
-        return plan["micro_batch_size"] if value == "max" and plan else value  # the micro-batch the probe settled on
+        return plan.micro_batch_size if value == "max" and plan else value  # the micro-batch the probe settled on
 
     def export(self, fmt, plan, device):
         return {"per_device_train_batch_size": plan.micro_batch_size} if fmt == "hf" else {}

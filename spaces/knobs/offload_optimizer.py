@@ -14,4 +14,4 @@ class OffloadOptimizer(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value:
-            plan.zero["offload_optimizer"] = {"device": "cpu", "pin_memory": ctx.device == "cuda"}
+            plan.engine_config["offload_optimizer"] = {"device": "cpu", "pin_memory": ctx.device == "cuda"}

@@ -15,4 +15,4 @@ class OffloadParams(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         if value:
-            plan.zero["offload_param"] = {"device": "cpu", "pin_memory": ctx.device == "cuda"}
+            plan.engine_config["offload_param"] = {"device": "cpu", "pin_memory": ctx.device == "cuda"}

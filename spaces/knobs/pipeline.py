@@ -30,7 +30,7 @@ class PipelineStages(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value > 1:
             plan.engine = "pipeline"
-            plan.pipeline = {"stages": value, "schedule": cfg["pipeline_schedule"],
+            plan.engine_config = {"stages": value, "schedule": cfg["pipeline_schedule"],
                              "chunks": CHUNKS[cfg["pipeline_schedule"]],
                              "microbatches": cfg["pipeline_microbatches"]}
 

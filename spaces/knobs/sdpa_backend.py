@@ -31,12 +31,14 @@ class SdpaBackend(Knob):
                                          "one: set compile_scope=layers or sdpa_backend=auto")
 
     def apply(self, plan, value, cfg, ctx):
-        plan.sdpa_backend = value
+        if value != self.default:
+            plan.knobs[self.name] = value
 
     def transform(self, model, plan):
         """Leave only that scaled_dot_product_attention kernel enabled in this process (auto: all, PyTorch picks).
-        Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice."""
-        select_sdpa(plan.sdpa_backend)
+        Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice; set every
+        trial, as a reused process keeps the last trial's."""
+        select_sdpa(plan.knobs.get(self.name, self.default))
         return model
 
 

@@ -81,7 +81,7 @@ class TensorParallel(Knob):
         return model
 
     def memory(self, terms, plan, spec):
-        tp = (plan.get("mesh") or {}).get("tp", 1)
+        tp = plan.mesh.get("tp", 1)
         if tp == 1:
             return
         # the layers' weights (their norms and rowwise biases, a fraction of a percent, counted as split too);

@@ -18,4 +18,4 @@ class ZeroStage(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value:
             plan.engine = "deepspeed"
-            plan.zero["stage"] = value
+            plan.engine_config["stage"] = value

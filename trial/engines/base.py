@@ -4,7 +4,12 @@ gathers the full state dict for a checkpoint. Its class also holds what the memo
 know of it, so nothing outside trial/engines/ branches on an engine's name. Importing it imports no torch."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from trainscout.spaces import Plan
+
+    from ..records import Record
 
 REGISTRY: dict[str, type["Engine"]] = {}
 LAUNCHERS = ("python", "torchrun", "accelerate", "trainscout")  # simplest first
@@ -113,24 +118,29 @@ class Engine:
 
     # --- the memory model's terms (bytes per rank; see trial/memory.py) -----------------------------------
     @classmethod
-    def data_ranks(cls, plan: dict, world: int) -> int:
+    def data_ranks(cls, plan: Plan, world: int) -> int:
         """Ranks that hold the same weights and average gradients (data x context parallel): what FSDP/ZeRO shard
         the model states over and DDP's buckets serve (ParallelDims.replicas)."""
         from trainscout.spaces import ParallelDims
         return ParallelDims.of(plan, world).replicas
 
     @classmethod
-    def held(cls, c: dict, plan: dict) -> tuple[float, int]:
+    def held(cls, c: dict, plan: Plan) -> tuple[float, int]:
         """(parameters, decoder layers) on the rank that holds the most."""
         return c["N"], c["L"]
 
     @classmethod
-    def model_states(cls, c: dict, plan: dict, N: float, D: int, mixed: bool) -> dict:
+    def model_states(cls, c: dict, plan: Plan, N: float, D: int, mixed: bool) -> dict:
         """weights, gradients, optimizer and buffers: the model states one rank holds."""
         raise NotImplementedError
 
     @classmethod
-    def in_flight(cls, plan: dict, activations: float, logits: float) -> tuple[float, float]:
+    def offloaded(cls, plan: Plan) -> tuple[bool, bool]:
+        """(optimizer states, parameter shards) this engine keeps in host memory under the plan."""
+        return False, False
+
+    @classmethod
+    def in_flight(cls, plan: Plan, activations: float, logits: float) -> tuple[float, float]:
         """Activations and logits held at the peak, from those of one micro-batch."""
         return activations, logits
 
@@ -148,16 +158,16 @@ class Engine:
                                   "ran without DeepSpeed: use --format hf, accelerate or command")
 
     @classmethod
-    def files(cls, rec: dict) -> dict[str, dict]:
+    def files(cls, rec: Record) -> dict[str, dict]:
         """Extra config files an export writes for this engine (name -> JSON object)."""
         return {}
 
     @classmethod
-    def hf_args(cls, rec: dict, paths: dict[str, str]) -> dict:
+    def hf_args(cls, rec: Record, paths: dict[str, str]) -> dict:
         """transformers.TrainingArguments fields for this engine (paths: the files() written, by name)."""
         return {}
 
     @classmethod
-    def accelerate(cls, rec: dict, paths: dict[str, str]) -> dict:
+    def accelerate(cls, rec: Record, paths: dict[str, str]) -> dict:
         """accelerate config fields for this engine."""
         return {}

@@ -8,11 +8,12 @@ from .base import Engine, adamw, causal_lm_loss, register_engine
 DS_BUCKET = 5e8  # DeepSpeed's default reduce/allgather bucket, in elements
 
 
-def deepspeed_config(plan: dict, recipe: dict, grad_accum: int) -> dict:
-    """The DeepSpeed JSON config of a plan (also what `trainscout export --format deepspeed` writes)."""
-    zero = dict(plan["zero"])
+def deepspeed_config(plan, recipe: dict, grad_accum: int) -> dict:
+    """The DeepSpeed JSON config of a plan (also what `trainscout export --format deepspeed` writes): its
+    engine_config is DeepSpeed's zero_optimization section."""
+    zero = dict(plan.engine_config)
     cfg = {
-        "train_micro_batch_size_per_gpu": plan["micro_batch_size"],
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": recipe["grad_clip"],
         "zero_optimization": zero,
@@ -20,9 +21,9 @@ def deepspeed_config(plan: dict, recipe: dict, grad_accum: int) -> dict:
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
-    if plan["precision"] == "bf16-mixed":
+    if plan.precision == "bf16-mixed":
         cfg["bf16"] = {"enabled": True}
-    elif plan["precision"] == "fp16-mixed":
+    elif plan.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     if "offload_optimizer" in zero:
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": recipe["lr"], "betas": list(recipe["betas"]),
@@ -43,8 +44,8 @@ class DeepSpeedEngine(Engine):
     def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
         import deepspeed
         prepare_model(model, plan, dims=dims)
-        self.config = deepspeed_config(plan.to_dict(), recipe, measured_accum)
-        offload = "offload_optimizer" in plan.zero
+        self.config = deepspeed_config(plan, recipe, measured_accum)
+        offload = self.offloaded(plan)[0]
         client_opt = None if offload else adamw([p for p in model.parameters() if p.requires_grad], recipe, device)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                optimizer=client_opt, config=self.config)
@@ -71,7 +72,7 @@ class DeepSpeedEngine(Engine):
     def model_states(cls, c, plan, N, D, mixed):
         # 16-bit weights (stage 3: a shard + the live gathered layers) and gradients (stages 2-3: a shard), fp32
         # master weights and AdamW states sharded unless offloaded to the CPU, and the reduce bucket
-        zero = plan.get("zero") or {}
+        zero = plan.engine_config
         stage, w = zero.get("stage", 0), 2 if mixed else 4
         live = min(N, float(zero.get("stage3_max_live_parameters", 1e9)))
         return {"weights": 0 if "offload_param" in zero else (w * N / D + w * live * (D > 1) if stage == 3 else w * N),
@@ -80,10 +81,14 @@ class DeepSpeedEngine(Engine):
                 "buffers": w * min(N, DS_BUCKET) + (w * min(N, 5e7) if stage == 3 else 0)}
 
     @classmethod
+    def offloaded(cls, plan):
+        return "offload_optimizer" in plan.engine_config, "offload_param" in plan.engine_config
+
+    @classmethod
     def files(cls, rec):
         # no train_batch_size: DeepSpeed (and HF, accelerate) derive it from micro-batch x accumulation x the world
         # size of the launch, so the file runs on any GPU count (a fixed one fails DeepSpeed's assertion elsewhere)
-        return {"deepspeed.json": deepspeed_config(rec["plan"], rec["recipe"], rec["grad_accum"])}
+        return {"deepspeed.json": deepspeed_config(rec.plan, rec.recipe, rec.grad_accum)}
 
     @classmethod
     def hf_args(cls, rec, paths):
@@ -93,4 +98,4 @@ class DeepSpeedEngine(Engine):
     def accelerate(cls, rec, paths):
         return {"distributed_type": "DEEPSPEED",
                 "deepspeed_config": {"deepspeed_config_file": paths["deepspeed.json"],
-                                     "zero3_init_flag": rec["plan"]["zero"].get("stage") == 3}}
+                                     "zero3_init_flag": rec.plan.engine_config.get("stage") == 3}}

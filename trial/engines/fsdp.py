@@ -21,7 +21,7 @@ class FsdpEngine(TorchEngine):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         dtype = autocast_dtype(plan.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
-        reshard = plan.fsdp.get("reshard_after_forward", True)
+        reshard = plan.engine_config.get("reshard_after_forward", True)
         mesh = self.dims.gradient_mesh(device.type)  # data x context ranks (None: the whole world); TP shards stay
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
@@ -50,7 +50,7 @@ class FsdpEngine(TorchEngine):
 
     @classmethod
     def hf_args(cls, rec, paths):
-        reshard = rec["plan"]["fsdp"].get("reshard_after_forward", True)
+        reshard = rec.plan.engine_config.get("reshard_after_forward", True)
         return {"fsdp": "full_shard" if reshard else "shard_grad_op",
                 "fsdp_config": {"version": 2, "reshard_after_forward": reshard}}  # transformers 5.x's key
 
@@ -58,5 +58,5 @@ class FsdpEngine(TorchEngine):
     def accelerate(cls, rec, paths):
         return {"distributed_type": "FSDP",
                 "fsdp_config": {"fsdp_version": 2,
-                                "fsdp_reshard_after_forward": rec["plan"]["fsdp"].get("reshard_after_forward", True),
+                                "fsdp_reshard_after_forward": rec.plan.engine_config.get("reshard_after_forward", True),
                                 "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}}

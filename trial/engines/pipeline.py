@@ -35,7 +35,8 @@ class PipelineEngine(Engine):
 
         from .pipeline_stage import SCHEDULES, StageModule
         self.dims = dims or parallel_dims(plan, world)
-        pp, chunks, n_micro = plan.pipeline["stages"], plan.pipeline["chunks"], plan.pipeline["microbatches"]
+        pipe = plan.engine_config  # the pipeline_stages knob's: stages, schedule, chunks per rank, microbatches
+        pp, chunks, n_micro = pipe["stages"], pipe["chunks"], pipe["microbatches"]
         dp = self.dims.dp
         mesh = self.dims.mesh(device.type)  # (dp, pp): the pipeline innermost
         self.pp_group, pp_rank = mesh["pp"].get_group(), mesh["pp"].get_local_rank()
@@ -57,7 +58,7 @@ class PipelineEngine(Engine):
             self.stages.append(pipelining.PipelineStage(mod, idx, parts, device, group=self.pp_group))
         self.has_first = any(s.is_first for s in self.stages)
         self.has_last = any(s.is_last for s in self.stages)
-        cls = getattr(pipelining.schedules, SCHEDULES[plan.pipeline["schedule"]])
+        cls = getattr(pipelining.schedules, SCHEDULES[pipe["schedule"]])
         self.scale = 1.0
         self.schedule = cls(self.stages if chunks > 1 else self.stages[0],  # multi-stage schedules take a list
                             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=True)
@@ -100,14 +101,14 @@ class PipelineEngine(Engine):
 
     @classmethod
     def held(cls, c, plan):
-        P = plan["pipeline"]["stages"]  # the fullest rank: its share of the layers plus the embedding or the head
+        P = plan.engine_config["stages"]  # the fullest rank: its share of the layers plus the embedding or the head
         return c["per_layer"] * (c["L"] // P) + c["embed"], c["L"] // P
 
     model_states = TorchEngine.model_states  # each stage holds its parameters as plain PyTorch / DDP does
 
     @classmethod
     def in_flight(cls, plan, activations, logits):
-        pipe = plan["pipeline"]
+        pipe = plan.engine_config
         P, n, chunks, schedule = pipe["stages"], pipe.get("microbatches", 1), pipe.get("chunks", 1), pipe.get("schedule")
         if schedule == "gpipe":  # every forward before any backward: the last stage keeps every micro-batch's logits
             return activations * n, logits * n
