@@ -30,7 +30,7 @@ import os
 import sys
 import time
 
-from trainscout.cli.main import (EXIT_BAD_INPUT, Parser, add_recipe_flags, nonneg_float, parse_sets, positive_int,
+from trainscout.cli.flags import (EXIT_BAD_INPUT, Parser, add_recipe_flags, nonneg_float, parse_sets, positive_int,
                                  recipe_kwargs)
 from trainscout.search.service import SearchArgs, validate
 from trainscout.spaces import ConfigError, all_knobs, fmt

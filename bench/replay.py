@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from trainscout.cli.main import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
+from trainscout.cli.flags import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
 from trainscout.search.service import (MEMORY_MARGIN, METRIC, Printer, SearchArgs, _progress_callback, _trainable,
                                        first_points, make_ranker, make_sampler, make_scheduler, make_searcher,
                                        space_knobs, start_points)

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from trainscout.cli.main import EXIT_BAD_INPUT
+from trainscout.cli.flags import EXIT_BAD_INPUT
 from trainscout.spaces import ConfigError, all_knobs, fmt
 
 SIZES = ("pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b", "pythia-2.8b", "pythia-6.9b", "pythia-12b")

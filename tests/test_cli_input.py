@@ -803,7 +803,7 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
                                           ("1h 30m 10s", 5410), ("1.5h", 5400), ("600", 600)])
 def test_time_budgets_in_the_forms_people_type(text, seconds):
-    from trainscout.cli.main import duration
+    from trainscout.cli.flags import duration
     assert duration(text) == seconds
 
 

@@ -142,7 +142,7 @@ def test_a_plugin_knobs_start_value_and_saver_rank_are_honoured(widget, tmp_path
     """No GPU needed (the hardware dicts describe one): the widget's start value is a GPU start point of its own
     after the compiled one, and its saver, ranked cheapest, is the one a start point adds where the defaults do not
     fit (pythia-6.9b on an H200 takes activation_checkpointing=full without it)."""
-    from trainscout.cli.main import demo_sets
+    from trainscout.cli.searches import demo_sets
     from trainscout.search.service import SearchArgs, fits, space_defaults, start_points, validate
     assert demo_sets()[WIDGET] == "off"
     args = SearchArgs(model="pythia-160m", out=str(tmp_path / "a"), device="cpu", trials=4, sets={"fp8": "off"})

@@ -242,7 +242,7 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch, caps
     # the per-step values early stopping sees are on the record's basis: projected with the accumulation of the
     # micro-batch that ran (4 here), not the first candidate's (1), which inflated them by that ratio
     assert len(seen) == 2 and 0.5 < max(s["tokens_per_s"] for s in seen) / t4 < 2
-    from trainscout.cli.main import print_trial
+    from trainscout.cli.measure import print_trial
     print_trial(r)  # what `trainscout trial` prints of the probe
     assert "probe    micro_batch_size=max tried 16 oom, 8 oom, 4 ok; measured 4: " in capsys.readouterr().out
     with pytest.raises(Exception, match="micro_batch_size=max"):

@@ -1,0 +1,235 @@
+"""The commands that measure one configuration or use one: knobs, trial, estimate, verify (and verify --quality),
+train."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+from trainscout.spaces import ConfigError
+from trainscout.trial.status import Status
+
+from .flags import gpu_memory, input_file, out_folder, parse_sets, recipe_kwargs
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+def cmd_knobs(a) -> int:
+    """`trainscout knobs`: the table of knobs (-v: the module each comes from; -q: without the hint)."""
+    from trainscout import spaces
+    rows = []
+    for k in spaces.all_knobs():
+        req = ", ".join(f"{o}={'|'.join(spaces.fmt(v) for v in vals)}" for o, vals in k.requires.items()) or "-"
+        rows.append({"name": k.name, "domain": k.domain_text(), "default": spaces.fmt(k.default),
+                     "requires": req, "description": k.description, "module": type(k).__module__})
+    if a.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    columns = ("name", "domain", "default", "requires") + (("module",) if a.verbose else ())
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in widths) + "  DESCRIPTION")
+    for r in rows:
+        print("  ".join(r[c].ljust(widths[c]) for c in widths) + "  " + r["description"])
+    if not a.quiet:
+        print("\nSet a knob with --set NAME=VALUE. A knob with requirements may only leave its default when they hold.")
+    return 0
+
+
+def cmd_trial(a) -> int:
+    """`trainscout trial`: measure one configuration; exit 1 when its outcome is a failure."""
+    from trainscout.trial import execute, prepare
+    input_file("--model", a.model)
+    spec = prepare(a.model, parse_sets(a.set), device=a.device, workers=a.workers, steps=a.steps, warmup=a.warmup,
+                   measure_accum=a.measure_accum, fault=a.inject_fault, **recipe_kwargs(a))
+    record = execute(spec, timeout=a.timeout, address=a.address, one_node=a.one_node)
+    if a.json:
+        print(json.dumps(record.to_dict()))
+    else:
+        print_trial(record, verbose=a.verbose)
+    return 0 if record.ok else 1
+
+
+def print_trial(r, verbose: bool = False) -> None:
+    """A trial's Record, as the `trial` command prints it (verbose: a failed trial's ranks' stderr tail too)."""
+    cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
+    print(f"trial {r.trial_id}  model {r.model}  device {r.device} x{r.world_size}  status {r.status}")
+    print(f"config   {cfg}")
+    m = r.metrics
+    if not m:
+        print(f"error    {r.error}")
+        if verbose and r.stderr_tail:
+            print("stderr   the ranks' last lines:\n" + textwrap.indent(r.stderr_tail, "    "))
+        return
+    rec = r.recipe
+    fpt = f"{m['flops_per_token'] / 1e9:.2f} GFLOPs per token ({m.get('flops_convention', 'dense-6N')}: "\
+          f"{m['active_params'] / 1e6:,.1f} M active matmul parameters)" if m.get("active_params") else ""
+    mfu = (f"{m['mfu']:.3f}, HFU {m['hfu']:.3f}" if m.get("hfu") is not None else f"{m['mfu']:.3f}") \
+        if m["mfu"] is not None else "n/a (no GPU peak known)"
+    mfu = f"{mfu}; {fpt}" if fpt else mfu
+    rows = [
+        ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
+        ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
+                 f"({r.grad_accum} micro-batches of {r.micro_batch}; measured "
+                 f"{r.measured_accum} per step: {m['measured_step_s']:.4f} s)"),
+        ("phases", f"micro-batch {m['micro_batch_s'] * 1e3:.2f} ms, last (syncs) {m['last_micro_batch_s'] * 1e3:.2f} ms, "
+                   f"optimizer {m['optimizer_s'] * 1e3:.2f} ms"),
+        ("spread", f"{m['step_spread'] * 100:.1f} % over {r.timed_steps} steps, {m['rank_spread'] * 100:.1f} % "
+                   f"between ranks (slowest rank {m['slowest_rank']})"),
+        ("memory", f"{m['peak_memory_gib']:.2f} GiB peak per rank"),
+        ("MFU", mfu),
+        ("run", f"{m['projected_days']:.2f} days for {rec['total_steps']:,} steps"),
+        ("overhead", f"build{' and probe' if r.probe else ''} {m['build_s']:.1f} s"
+                     + (f" (model and engine {m['model_s']:.1f} s)" if m.get("model_s") else "")
+                     + f", warm-up {m['warmup_s']:.1f} s"
+                     + (f", quality gate {m['gate_s']:.1f} s" if m.get("gate_s") else "")
+                     + f", trial wall {r.wall_s:.1f} s"),
+    ]
+    if r.probe:  # micro_batch_size=max: what the probe tried, and the micro-batch below (or why not)
+        tried = ", ".join(f"{mbs} {status}" for mbs, status in r.probe)
+        if r.probe_compared and len(r.probe_compared) > 1:
+            below = "; measured " + ", ".join(f"{mbs}: {t:,.0f} tokens/s" for mbs, t in r.probe_compared) + \
+                    " (the faster is the record)"
+        elif m.get("alloc_retries") == 0:
+            below = "; the micro-batch below not measured: no allocator retry in the timed steps"
+        else:
+            below = ""
+        from trainscout.spaces import micro_batch
+        rows.insert(2, ("probe", f"{micro_batch().name}=max tried {tried}{below}"))
+    for note in (r.plan.notes if r.plan else []):
+        rows.append(("note", note))
+    for k, v in rows:
+        print(f"{k:9}{v}")
+
+
+def cmd_estimate(a) -> int:
+    """Predicted peak memory per rank, without a GPU; calibrated on a store's measurements of that GPU."""
+    from trainscout.trial import memory, prepare
+    capacity = None if a.gpu_memory is None else gpu_memory(a.gpu_memory)
+    input_file("--model", a.model)
+    hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu}
+    spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, **recipe_kwargs(a))
+    cal = None
+    if a.calibrate:
+        from trainscout.analysis.table import store_of
+        cal = memory.fit(memory.calibration_pairs(store_of(a.calibrate, create=False).measurements(), a.gpu))
+    comp = memory.components(spec)
+    total = memory.predict(spec, cal)
+    host = memory.host_peak(spec)
+    fits = None if capacity is None else total <= capacity
+    if a.json:  # the same exit status as the text: 1 when it does not fit
+        print(json.dumps({"config": spec.config, "components_gib": {k: v / memory.GiB for k, v in comp.items()},
+                          "host_gib": {k: v / memory.GiB for k, v in host.items()},
+                          "predicted_gib": total / memory.GiB, "calibration": cal,
+                          "capacity_gib": capacity / memory.GiB if capacity else None, "fits": fits}))
+        return 1 if fits is False else 0
+    print(f"model {spec.model}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec.config.items()))
+    for k, v in comp.items():
+        print(f"  {k:12} {v / memory.GiB:8.2f} GiB")
+    how = (f"calibrated on {cal['n']} measured peaks: {cal['a']:.2f}·states + {cal['b']:.2f}·activations + "
+           f"{cal['c'] / memory.GiB:.2f} GiB") if cal else "analytic sum + 1 GiB workspace"
+    print(f"  {'predicted':12} {total / memory.GiB:8.2f} GiB per rank ({how})")
+    print("  host memory, all ranks: " + ", ".join(f"{k} {v / memory.GiB:.1f}" for k, v in host.items()) + " GiB")
+    if capacity:
+        verdict = "fits" if fits else "does NOT fit"
+        print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
+    return 1 if fits is False else 0
+
+
+def cmd_verify(a) -> int:
+    """`trainscout verify`: train a stored configuration for N full steps; measured against projected step time."""
+    from trainscout.analysis.verify import verify
+    if a.quality is not None:
+        return verify_quality(a)
+    r = verify(a.source, key=a.trial, steps=a.steps, warmup=a.warmup, timeout=a.timeout, address=a.address,
+               runner=a.runner, global_batch=a.global_batch)
+    if a.json:
+        print(json.dumps(r))
+    elif r["status"] != Status.OK:
+        print(f"verify {r['key'][:12]} ended {r['status']}: {r['error']}")
+    else:
+        by = {"trainscout": "trainscout's workers", "hf": "a stock HF Trainer + trainscout.runtime.hf.prepare",
+              "accelerate": "accelerate launch + a stock HF Trainer + trainscout.runtime.hf.prepare"}[r["runner"]]
+        print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps in {by}  ({r['gpu'] or 'cpu'})")
+        if r.get("global_batch", r.get("recipe_global_batch")) != r.get("recipe_global_batch"):
+            print(f"  at --global-batch {r['global_batch']} (the recipe's is {r['recipe_global_batch']}: projected "
+                  f"step {r['recipe_projected_step_s']:.2f} s); the projection below is the measurement's at this batch")
+        if r.get("command"):
+            print(f"  ran: {r['command']}")
+        print(f"  projected step {r['projected_step_s']:.4f} s   measured median {r['measured_step_s']:.4f} s "
+              f"(mean {r['mean_step_s']:.4f} s)   measured/projected {r['ratio']:.3f}")
+        print(f"  tokens/s projected {r['projected_tokens_per_s']:,.0f}  measured {r['measured_tokens_per_s']:,.0f}")
+        if r.get("seed_method_step_s"):
+            print(f"  the seed paper's timer (one unsynchronised micro-batch x accumulation) on the same steps: "
+                  f"{r['seed_method_step_s']:.4f} s = {r['seed_method_ratio']:.3f} x measured")
+    return 0 if r["status"] == Status.OK else 1
+
+
+def verify_quality(a) -> int:
+    """`trainscout verify --quality STEPS`: the configuration and its reference trained on real text, compared."""
+    from trainscout.analysis.quality import TOLERANCE, verify_quality as run
+    if a.runner != "trainscout":
+        raise ConfigError("--runner", "--quality trains in trainscout's workers: leave --runner out")
+    r = run(a.source, key=a.trial, steps=a.quality, seeds=a.seeds, global_batch=a.global_batch, seq_len=a.seq_len,
+            timeout=a.timeout, address=a.address)
+    if a.json:
+        print(json.dumps(r))
+        return 0 if r.get("status") == "ok" or r["verdict"] == "same" else 1
+    print(f"verify --quality {r['key'][:12]}  {r['model']}: {r['verdict']}")
+    if r.get("status") != "ok":
+        print(f"  {r['why']}")
+        return 0 if r["verdict"] == "same" else 1
+    changed = ", ".join(f"{k} ({why})" for k, why in r["changes"].items())
+    ref = " ".join(f"{k}={v}" for k, v in r["reference"].items())
+    loss = r["loss"]
+    print(f"  changes the numerics: {changed}; reference: {ref}")
+    print(f"  {r['steps']} steps x {r['global_batch']} x {r['seq_len']} tokens of the shipped corpus "
+          f"({r['epochs']:.2f} epochs of {r['corpus_tokens']:,} tokens), {r['seeds']} seed(s), the same weights and "
+          "batches")
+    print(f"  loss over the last {r['window']} steps: {loss['candidate']:.4f} vs the reference's {loss['reference']:.4f}"
+          f" ({loss['rel_diff']:+.2%}, 95 % interval {loss['ci95'][0]:+.2%} .. {loss['ci95'][1]:+.2%}; "
+          f"verified within +{TOLERANCE:.0%})")
+    sp = r["speed"]
+    eff = r["token_efficiency"]
+    print(f"  tokens/s {sp['candidate_tokens_per_s']:,.0f} vs {sp['reference_tokens_per_s']:,.0f} = {sp['ratio']:.3f}x "
+          f"({sp['source']})")
+    if eff is not None:
+        print(f"  tokens to equal loss: {eff:.3f}x (reached at step {r['steps_to_equal_loss']}); speed at equal loss "
+              f"{r['speed_at_equal_loss']:.3f}x")
+    else:
+        print("  the reference never reached the candidate's final loss: no speed at equal loss")
+    return 0
+
+
+def cmd_train(a) -> int:
+    """`trainscout train`: train with an exported configuration (a progress bar on stderr unless -q or --json)."""
+    from tqdm import tqdm
+
+    from trainscout.trial.train import train
+    out_folder("--out", a.out)
+    for flag, path in (("--config", a.config), ("--data", a.data), ("--model", a.model)):
+        input_file(flag, path)
+    if a.data_dtype is not None and a.data is None:  # it was read as nothing at all (synthetic tokens)
+        raise ConfigError("--data-dtype", f"--data-dtype {a.data_dtype} without --data: it says how a --data file is "
+                                          "written; give --data FILE, or leave --data-dtype out for synthetic tokens")
+    bars = []  # made at the first step: a refusal before training (the data file, the config) stays one line
+
+    def on_step(m):
+        if not bars:
+            bars.append(tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr))
+        bar = bars[0]
+        bar.update(m["step"] - bar.n)
+        loss = f"{m['loss']:.3f}" if m.get("loss") is not None else "-"
+        bar.set_postfix_str(f"loss {loss}  {m['tokens_per_s']:,.0f} tok/s")
+    r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype or "uint16", out=a.out,
+              workers=a.workers, device=a.device, timeout=a.timeout, address=a.address, on_step=on_step,
+              **recipe_kwargs(a))
+    for bar in bars:
+        bar.close()
+    if a.json:
+        print(json.dumps(r))
+    elif r["status"] == Status.OK:
+        m = r["metrics"]
+        print(f"trained {r['model']} for {r['steps']} steps on {r['data'] or 'synthetic tokens'}: final loss "
+              f"{m['loss']:.4f}, {m['tokens_per_s']:,.0f} tokens/s; checkpoint (transformers) in {r['checkpoint']}")
+    else:
+        print(f"training ended {r['status']}: {r['error']}")
+    return 0 if r["status"] == Status.OK else 1

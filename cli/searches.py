@@ -1,0 +1,243 @@
+"""The commands of a search and its store: search (run or resume; the CPU demo), results (list, export, import),
+export."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+from trainscout.spaces import ConfigError
+from trainscout.trial.status import Status
+
+from .flags import EXIT_FAILED, EXIT_INTERRUPTED, input_file, out_folder, parse_sets, recipe_kwargs
+
+
+SEARCH_RULES = """Search the knob space for the fastest configuration with real trials (Ray Tune + Optuna + ASHA):
+a live table of the trials as they end, then a summary of the best ones (tokens/s, MFU, days of the recipe).
+
+Output folders: a new search into a folder (or --storage) that already holds a search of that name (the folder's
+name) is refused: continue it with --resume DIR, or give another --out. --resume DIR continues the search with the
+settings it was started with; it may take a larger --trials (it says so), a --time-budget for this run, --storage
+and --address; --model, --space, --set, --steps, --seed and the other settings may be repeated but not changed
+(refused, naming the flag). A search does not measure a configuration twice while others are left. While a
+search runs in a folder, a second one there is refused. Ctrl-C stops the running trials, keeps every result measured and exits
+130; --resume continues."""
+
+
+# The CPU demo: tiny model, 2 workers, 6 trials, the knobs fixed where they would need a compiler (demo_sets)
+DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1}
+
+
+def demo_sets() -> dict:
+    """The knobs the CPU demo fixes, as --set values (Knob.demo: no inductor, no DeepSpeed C++ ops)."""
+    from trainscout.spaces import all_knobs, fmt
+    return {k.name: fmt(k.demo) for k in all_knobs() if k.demo is not None}
+
+
+SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", "seed": 0, "steps": 5, "warmup": 2,
+                   "max_failures": 0, "one_node": True}  # applied after parsing: a resume must know which flags were given
+
+
+def cmd_search(a) -> int:
+    """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone)."""
+    from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
+    from trainscout.store import default_url, open_store
+    out = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout, the rest on stderr
+    input_file("--space", a.space)
+    sets = parse_sets(a.set) if a.set else None
+    recipe = {k: v for k, v in recipe_kwargs(a).items() if v is not None}
+    if a.resume:
+        from trainscout.store import Store, storage_url
+        if not os.path.isdir(a.resume):
+            raise ConfigError("--resume", f"--resume {a.resume}: no such folder: give the --out folder of a search")
+        if a.out is not None and os.path.abspath(a.out) != os.path.abspath(a.resume):
+            raise ConfigError("--out", f"--out {a.out} with --resume {a.resume}: a resumed search stays in its folder: "
+                                       "leave --out out")
+        storage = storage_url(a.storage) if a.storage else None
+        if storage is None and not os.path.isfile(os.path.join(a.resume, "results.db")):
+            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there (no results.db): start one "
+                                          "with --out, or give its --storage")
+        store = Store(storage or default_url(a.resume))
+        name = os.path.basename(os.path.abspath(a.resume))
+        saved = store.search_args(name)
+        if saved is None:
+            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there: start one with --out")
+        given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
+                 "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
+                 "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
+                 "storage": storage, "address": a.address, "quality": a.quality,
+                 "max_concurrent": a.max_concurrent, "one_node": a.one_node}
+        args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
+        for note in notes if not a.quiet else ():
+            print(f"resuming {name}: {note}", file=out)
+    else:
+        for k, v in SEARCH_DEFAULTS.items():
+            if getattr(a, k) is None:
+                setattr(a, k, v)
+        if a.model is None:
+            import torch
+            if torch.cuda.is_available():
+                raise ConfigError("--model", "give --model (e.g. pythia-160m); without a GPU the default is a CPU demo")
+            if not a.quiet:
+                print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
+            a.model, a.trials, a.gpus_per_trial = DEMO["model"], a.trials or DEMO["trials"], DEMO["workers"]
+            a.steps, a.warmup = DEMO["steps"], DEMO["warmup"]
+            sets = dict(demo_sets(), **(sets or {}))
+        input_file("--model", a.model)
+        args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
+                          time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
+                          address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
+                          max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark",
+                          max_concurrent=a.max_concurrent, one_node=a.one_node)
+    # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
+    stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
+    try:
+        summary = run_search(args, stream=stream, resume=bool(a.resume))
+    finally:
+        if stream is not out:
+            stream.close()
+    if a.quiet or a.verbose:
+        store = open_store(args.storage or default_url(args.out))
+        if a.quiet and not a.json:
+            summarize(store, summary["search"], out, out=args.out)
+        if a.verbose:
+            print_failures(store, summary["search"], out)
+    if a.json:
+        print(json.dumps(summary))
+    if summary.get("none_why"):  # exit 0 means it did what was asked: a run that ended no trial did not
+        print(f"trainscout: error: this run of {summary['search']} ended no trial: {summary['none_why']}", file=sys.stderr)
+        return EXIT_FAILED
+    if summary.get("interrupted"):
+        n = summary["trials"]
+        print(f"trainscout: interrupted: {n} trial{'s' if n != 1 else ''} ended and {'are' if n != 1 else 'is'} kept "
+              f"in the store; continue with: trainscout search --resume {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if summary.get("unscheduled"):  # asked to measure them: it did not (the summary says why and what to do)
+        n = summary["unscheduled"]
+        print(f"trainscout: {n} trial{'s' if n != 1 else ''} unscheduled: the cluster gave {'them' if n != 1 else 'it'} "
+              f"no room; continue with: trainscout search --resume {args.out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_failures(store, search: str, stream) -> None:
+    """-v: every trial of a search that did not end ok, with its whole reason and its ranks' stderr tail if kept."""
+    for t in store.trials(search):
+        if t["status"] in (Status.OK, Status.STOPPED):
+            continue
+        print(f"trial {t['trial']} {t['status']}: {t['error'] or 'no reason recorded'}", file=stream)
+        rec = store.get(t["key"]) if t["key"] else None
+        if rec is not None and rec.stderr_tail:
+            print(textwrap.indent(rec.stderr_tail, "    "), file=stream)
+
+
+INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a trial without a record)
+
+
+def cmd_results(a) -> int:
+    """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
+    from trainscout.analysis.table import METRICS, best_choice, dumps, load_resolved, store_of
+    from trainscout.store import one_line, storage_url
+    if a.export_file or a.import_file:
+        if a.import_file:
+            input_file("--import", a.import_file)
+            if "://" in a.source:
+                a.source = storage_url(a.source, "DIR")  # an in-memory store would drop what is imported
+            else:
+                out_folder("DIR", a.source)
+            store = store_of(a.source, create=True)
+            added, present, refused = store.import_jsonl(a.import_file)
+            store.checkpoint()
+            for n, key, why in refused:  # each one, with its reason (store/contrib.py: the rules)
+                print(f"trainscout: refused: {a.import_file} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+            print(f"imported {added} measurements, {present} already present"
+                  + (f", {len(refused)} refused" if refused else ""))
+            return 1 if refused else 0
+        if a.share:
+            from trainscout.store.contrib import export_share
+            n, left = export_share(store_of(a.source), a.export_file)
+            print(f"exported {n} measurements to {a.export_file} to share (provenance and a content hash per row; no "
+                  "paths, host names or logs)" + "".join(f"; left out {k}: {v}" for k, v in sorted(left.items())))
+        else:
+            print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
+        return 0
+    if a.share:
+        raise ConfigError("--share", "--share goes with --export FILE: write e.g. --export mine.jsonl --share")
+    store = store_of(a.source)
+    df = load_resolved(store)  # a store of measurements alone too (a grid, an import)
+    for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
+        vals = df[col].dropna()
+        if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \
+                and (vals == vals.round()).all():
+            df[col] = df[col].astype("Int64")
+    for col, want in (("model", a.model), ("gpu", a.gpu), ("status", a.status)):
+        if want:
+            df = df[df[col].astype(str).str.contains(want, case=False, regex=False)]
+    if a.sort:
+        if a.sort not in df.columns:
+            raise ConfigError("--sort", f"--sort {a.sort}: no such column: use one of {', '.join(df.columns)}")
+        df = df.sort_values(a.sort, ascending=a.sort not in ("tokens_per_s", "mfu"), na_position="last")
+    if a.format == "csv":
+        print(df.to_csv(index=False), end="")
+    elif a.format == "json":
+        print(dumps(df))
+    else:
+        from trainscout.spaces import all_knobs
+        knobs = [k.name for k in sorted((k for k in all_knobs() if k.column), key=lambda k: k.column)]
+        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
+                             *knobs, "key", "error") if c in df.columns]
+        if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
+            shown[3:3] = ["samples", "tokens_per_s_spread"]
+        if df["placement"].fillna("").str.contains("nodes").any():  # a trial split over nodes: say so
+            shown[3:3] = ["placement"]
+        width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
+        df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
+        print(df[shown].to_string(index=False, float_format=lambda v: f"{v:,.3f}") if len(df) else "no trials")
+        choice = best_choice(store)
+        if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
+            print(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
+                  f" (the fastest and the simplest of {len(choice.tied)} within the measured noise "
+                  f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"))
+    return 0
+
+
+def cmd_export(a) -> int:
+    """`trainscout export`: write a measured configuration's files; prints each path, then what was not exported."""
+    from trainscout.analysis.export import FORMATS, export
+    from trainscout.analysis.table import best_choice, measurement, store_of
+    if bool(a.trial) == bool(a.best):
+        raise ConfigError("--best", "give --best or --trial KEY (one of them)")
+    out_folder("--out", a.out)
+    formats = FORMATS if a.format == "all" else (a.format,)
+    store = store_of(a.source)
+    rec = measurement(store, key=a.trial, best=a.best)
+    for path in export(rec, a.out, formats, measurements=store.measurements(),
+                       verified=store.quality(rec.key, "verify")):
+        print(path)
+    if a.best and (tie := best_choice(store).line()):
+        print(f"note: {tie}")
+    with open(os.path.join(a.out, "trainscout.json"), encoding="utf-8") as f:
+        exported = json.load(f)
+    print(f"quality: {exported['quality']['status']}: {exported['quality']['why']}")
+    for fmt, why in exported["not_exported"].items():
+        print(f"not exported: {fmt}: {why}")
+    how = exported["launch"]
+    print(f"launch (from {a.out}): {how['command']}" + ("   or ./launch.sh (trainscout train)" if "command" in formats
+                                                         and how["launcher"] != "trainscout" else ""))
+    if "hf" in formats and "hf" not in exported["not_exported"]:
+        with open(os.path.join(a.out, "training_args.json"), encoding="utf-8") as f:
+            version = json.load(f).get("transformers_version")
+        print(f"training_args.json was written for transformers {version}: load it with "
+              f"trainscout.runtime.hf.training_arguments({a.out!r}), which adapts it to the installed version")
+    for note in exported.get("notes", []):
+        print(f"note: {note}")
+    if exported["hook"] and "hf" in formats:
+        print(f"training_args.json cannot express {', '.join(exported['hook'])}: apply them with "
+              f"trainscout.runtime.hf.prepare(model, {a.out!r}) (README: your own trainer); a stock Trainer without it "
+              "runs without them, slower than measured")
+        for item, cost in exported.get("hook_cost", {}).items():
+            if cost:
+                print(f"  without {item} ({cost['without']}, measured in this store): {cost['tokens_per_s']:,.0f} "
+                      f"tokens/s = {cost['ratio']:.3f} x")
+    return 0
