@@ -72,18 +72,23 @@ def cmd_search(a) -> int:
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
     else:
-        for k, v in SEARCH_DEFAULTS.items():
-            if getattr(a, k) is None:
-                setattr(a, k, v)
         if a.model is None:
             import torch
             if torch.cuda.is_available():
                 raise ConfigError("--model", "give --model (e.g. pythia-160m); without a GPU the default is a CPU demo")
+            # the demo's small settings where the flag was not given (a given --steps, --warmup, --gpus-per-trial or
+            # --trials is kept, as with --model)
+            a.model, a.trials = DEMO["model"], a.trials or DEMO["trials"]
+            for flag, key in (("gpus_per_trial", "workers"), ("steps", "steps"), ("warmup", "warmup")):
+                if getattr(a, flag) is None:
+                    setattr(a, flag, DEMO[key])
             if not a.quiet:
-                print("no GPU here: running the CPU demo search (tiny model, 2 workers, 6 trials)", file=sys.stderr)
-            a.model, a.trials, a.gpus_per_trial = DEMO["model"], a.trials or DEMO["trials"], DEMO["workers"]
-            a.steps, a.warmup = DEMO["steps"], DEMO["warmup"]
+                print(f"no GPU here: running the CPU demo search (tiny model, {a.gpus_per_trial} workers, {a.trials} "
+                      "trials)", file=sys.stderr)
             sets = dict(demo_sets(), **(sets or {}))
+        for k, v in SEARCH_DEFAULTS.items():
+            if getattr(a, k) is None:
+                setattr(a, k, v)
         input_file("--model", a.model)
         args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
                           time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,

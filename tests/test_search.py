@@ -375,3 +375,17 @@ def test_a_fixed_probed_micro_batch_is_checked_for_fit_at_micro_batch_1():
     points = start_points(SearchArgs(model="pythia-410m", out="unused"), space, hw, None, notes)
     assert points, notes  # (fixed knobs are not in a point: the space holds them)
     assert not any("no start point" in n for n in notes), notes
+
+
+def test_the_cpu_demo_keeps_the_flags_it_is_given(tmp_path, ray_local, capsys):
+    """`trainscout search` without --model on a box without a GPU runs the CPU demo; a --steps, --warmup,
+    --gpus-per-trial or --trials given beside it is kept, and the demo's line says what it runs (it set its own
+    steps and ranks over the given ones, and always said 6 trials)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("the demo is what a box without a GPU runs")
+    out = tmp_path / "demo"
+    assert main(["search", "--trials", "1", "--steps", "2", "--gpus-per-trial", "1", "--out", str(out)]) == 0
+    assert "running the CPU demo search (tiny model, 1 workers, 1 trials)" in capsys.readouterr().err
+    [rec] = store_of(out).measurements()
+    assert rec.model == "tiny" and rec.timed_steps == 2 and rec.world_size == 1
