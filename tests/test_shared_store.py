@@ -245,9 +245,12 @@ def test_two_searches_at_once_on_one_cluster_and_a_new_postgresql_database(pg_se
     for who in ("a", "b"):
         assert r["codes"][who] == 0, r["outs"][who][1][-3000:]
         assert "UniqueViolation" not in r["outs"][who][1]
-    start_a, start_b = r["outs"]["a"][0].splitlines()[0], r["outs"]["b"][0].splitlines()[0]
+    # each search's start line (the header: after the line that says it is attaching)
+    start_a, start_b = (next(ln for ln in r["outs"][who][0].splitlines() if " at once (" in ln) for who in "ab")
     assert "on 2 nodes" in start_a and "at once (what the cluster has free now" in start_a, start_a
     assert "1 at once (--max-concurrent)" in start_b, start_b
+    first = r["outs"]["a"][0].splitlines()[0]  # said before Ray is reached: a search's first seconds are not silent
+    assert first.startswith("search s-a: attaching to 127.0.0.1:") and "first worker group" in first, first
     got = r["before"]
     trials = got["trainscout_search_trials"]
     assert sorted(t["search"] for t in trials) == ["s-a"] * 2 + ["s-b"] * 3
