@@ -40,8 +40,12 @@ def _overhead_parts(records: list, overhead: list[float]) -> str:
     timed_parts = all(x.get("model_s") is not None for x in m)  # records since 2026-12-04 time the model and gate
     if timed_parts:
         parts.append(f"model and engine {median([x['model_s'] for x in m]):.1f} s")
-        parts.append(f"compile and probe or warm-up steps "
-                     f"{median([x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]):.1f} s")
+        steps = [x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]
+        if all(x.get("compile_s") is not None for x in m):  # records since 2026-12-05 time torch.compile too
+            parts.append(f"compile {median([x['compile_s'] for x in m]):.1f} s")
+            parts.append(f"probe or warm-up steps {median([s - x['compile_s'] for s, x in zip(steps, m)]):.1f} s")
+        else:
+            parts.append(f"compile and probe or warm-up steps {median(steps):.1f} s")
     else:
         parts.append(f"build, probe and warm-up {median([x['build_s'] + x['warmup_s'] for x in m]):.1f} s")
     gates = [x["gate_s"] for x in m if x.get("gate_s")]

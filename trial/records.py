@@ -118,6 +118,7 @@ class RankResult(_Json):
     peak_rss_mib: float
     loss: float | None = None
     model_s: float | None = None    # of build_s: building the model and its engine (every probed candidate's)
+    compile_s: float | None = None  # of build_s + warmup_s: torch.compile compiling (trial.probe.compile_seconds)
     probe: list = field(default_factory=list)  # micro_batch_size=max: [[mbs, "ok" | "oom"], ...]
     below: dict | None = None       # micro_batch_size=max: the candidate below, measured too
     alloc_retries: int | None = None  # CUDA: the caching allocator's retries during the timed steps

@@ -350,6 +350,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],
         "build_s": max(r.build_s for r in ranks),
         "model_s": max((r.model_s or 0.0) for r in ranks),
+        "compile_s": max((r.compile_s or 0.0) for r in ranks),
         "warmup_s": max(r.warmup_s for r in ranks),
         "timed_s": max(r.timed_s for r in ranks),
         # micro_batch_size=max: the timed steps of the micro-batch compared with the first (probe.measure_below)

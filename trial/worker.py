@@ -175,7 +175,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     from .models import build_model
     from trainscout.spaces import ParallelDims
 
-    t0 = time.perf_counter()
+    t0, compiled0 = time.perf_counter(), mbs_probe.compile_seconds()
     plan, recipe = copy.deepcopy(spec.plan), spec.recipe  # the probe steps its micro-batch down in place
     if spec.device == "cuda":
         device = torch.device("cuda", local)
@@ -249,12 +249,13 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         return {"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1]),
                 "host_first_micro": host[0]}, loss
 
-    # compile, allocator growth, first-step lazy init: not timed (a probed micro-batch ran its warm-up in the probe)
+    # compile, allocator growth, first-step lazy init: not timed (a probed micro-batch ran its warm-up in the probe);
+    # two micro-batches a step where the engine lets us count them (probe.warmup_accum)
     for _ in range(max(0, spec.warmup_steps - (mbs_probe.PROBE_STEPS if probe else 0))):
-        optimizer_step_marks(accum)
+        optimizer_step_marks(mbs_probe.warmup_accum(engine, accum))
     clock.sync()
     dist.barrier()
-    t_warm = time.perf_counter()
+    t_warm, compile_s = time.perf_counter(), mbs_probe.compile_seconds() - compiled0
 
     steps = []
     retries = mbs_probe.alloc_retries(device)
@@ -291,7 +292,8 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
 
     mine = RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
-                      probe=probe, below=below, build_s=t_built - t0, model_s=made[0], warmup_s=t_warm - t_built,
+                      probe=probe, below=below, build_s=t_built - t0, model_s=made[0], compile_s=compile_s,
+                      warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level

@@ -95,6 +95,9 @@ class Engine:
     # how a mixed-precision rank computes, for the memory model's activations (trial/model_tree.saved): "autocast"
     # over fp32 weights, or "16-bit" weights without autocast
     compute: ClassVar[str] = "autocast"
+    # the engine counts a step's micro-batches itself (DeepSpeed's accumulation boundary): its warm-up and probe
+    # steps run all the measured ones, where the others run two (trial/probe.warmup_accum)
+    counts_micro_batches: ClassVar[bool] = False
 
     def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int, dims=None):
         """dims: the trial's spaces.parallel.ParallelDims (engines.build makes it; None: the plan's on world ranks)."""

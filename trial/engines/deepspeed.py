@@ -39,6 +39,7 @@ class DeepSpeedEngine(Engine):
     launcher = "accelerate"
     portability = 2
     compute = "16-bit"  # DeepSpeed's bf16 / fp16 model: 16-bit weights, no autocast
+    counts_micro_batches = True  # gradient_accumulation_steps: a step is that many micro_step calls
     formats = ("hf", "deepspeed", "accelerate", "command")
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
