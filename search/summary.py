@@ -42,7 +42,7 @@ def _overhead_parts(records: list, overhead: list[float]) -> str:
         parts.append(f"model and engine {median([x['model_s'] for x in m]):.1f} s")
         steps = [x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]
         if all(x.get("compile_s") is not None for x in m):  # records since 2026-12-05 time torch.compile too
-            parts.append(f"compile {median([x['compile_s'] for x in m]):.1f} s")
+            parts.append(f"torch.compile {median([x['compile_s'] for x in m]):.1f} s")
             parts.append(f"probe or warm-up steps {median([s - x['compile_s'] for s, x in zip(steps, m)]):.1f} s")
         else:
             parts.append(f"compile and probe or warm-up steps {median(steps):.1f} s")

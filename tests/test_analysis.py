@@ -337,7 +337,7 @@ def test_the_summary_splits_what_trials_cost_outside_their_steps_into_the_parts_
     for r, compile_s in zip(recs, (4.0, 6.0)):
         r.metrics.update(build_s=8.0, model_s=1.0, compile_s=compile_s, warmup_s=0.5, gate_s=2.0)
     line = _overhead_parts(recs, [12.0, 14.0])
-    assert line.startswith("model and engine 1.0 s, compile 5.0 s, probe or warm-up steps 2.5 s, quality gate 2.0 s "
+    assert line.startswith("model and engine 1.0 s, torch.compile 5.0 s, probe or warm-up steps 2.5 s, quality gate 2.0 s "
                            "in 2 of 2, the rest 2.5 s")
     del recs[0].metrics["compile_s"]
     assert "compile and probe or warm-up steps 7.5 s" in _overhead_parts(recs, [12.0, 14.0])
