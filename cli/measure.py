@@ -80,7 +80,7 @@ def print_trial(r, verbose: bool = False) -> None:
         ("overhead", f"build{' and probe' if r.probe else ''} {m['build_s']:.1f} s"
                      + (f" (model and engine {m['model_s']:.1f} s)" if m.get("model_s") else "")
                      + f", warm-up {m['warmup_s']:.1f} s"
-                     + (f" (torch.compile {m['compile_s']:.1f} s of them)" if m.get("compile_s") else "")
+                     + (f" (torch.compile {m['compile_s']:.1f} s of build and warm-up)" if m.get("compile_s") else "")
                      + (f", quality gate {m['gate_s']:.1f} s" if m.get("gate_s") else "")
                      + f", trial wall {r.wall_s:.1f} s"),
     ]
