@@ -113,3 +113,16 @@ def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tm
     assert (out / f"verify-quality-{r['key'][:12]}.json").exists()
     summary = summarize(store, "q", open("/dev/null", "w"), out=str(out))
     assert summary["best"][0]["quality"] == quality.VERIFIED
+
+
+def test_the_gate_compiles_nothing():
+    """Its step runs the transforms' torch.compile eager: a graph for the gate's batch alone would cost a compile
+    per trial (the loss, compiled at 2 sequences, where the trial's steps run another micro-batch)."""
+    from trainscout.trial import probe
+    spec = prepare("tiny", {"precision": "fp32", "compile": True, "loss_kernel": "compiled"}, device="cpu", steps=1,
+                   warmup=0)
+    assert spec.plan.loss_kernel == "compiled" and "precision" in spec.quality["changes"]
+    before = probe.compile_seconds()
+    got = quality.one_step(spec, torch.device("cpu"))
+    assert got["gate"] == quality.PASSED, got
+    assert probe.compile_seconds() == before

@@ -19,7 +19,8 @@ check on a 128k-vocabulary model): `trainscout verify --quality STEPS` trains bo
 The candidate runs its knobs' model transforms of the stages that change numbers (process settings, module swaps,
 the loss) and its engine's compute (autocast over fp32 weights, or 16-bit weights without autocast as FSDP2's
 param_dtype and DeepSpeed's bf16 model compute), on one rank: an engine's sharding, checkpointing and compile are
-left out, as they change no numbers beyond rounding order.
+left out, as they change no numbers beyond rounding order (a transform's torch.compile runs eager there: graphs for
+the gate's batch would be compiled for its one step alone, no timed step runs them).
 """
 from __future__ import annotations
 
@@ -128,14 +129,17 @@ def one_step(spec, device) -> dict:
     batch = torch.randint(0, sizes(spec.model_config).vocab, (GATE_BATCH, spec.recipe["seq_len"]), generator=gen)
     batch = batch.to(device)
     from .engines.base import autocast_dtype
-    ref_loss, ref, _ = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device, reference_dtype=False)
+    with torch.compiler.set_stance("force_eager"):  # compile left out (see above): no graph for the gate's shape
+        ref_loss, ref, _ = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device,
+                                           reference_dtype=False)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         size = sum(g.numel() * g.element_size() for g in ref.values())
         if torch.cuda.mem_get_info(device)[0] < 2.5 * size:  # the candidate's weights and gradients need ~2x these
             ref = {n: g.cpu() for n, g in ref.items()}
     ref_dtype = autocast_dtype(q["reference_plan"]["precision"])
-    loss, grads, op = _loss_and_grads(spec, spec.plan, batch, device, reference_dtype=ref_dtype)
+    with torch.compiler.set_stance("force_eager"):
+        loss, grads, op = _loss_and_grads(spec, spec.plan, batch, device, reference_dtype=ref_dtype)
     names = [n for n, g_ref in ref.items() if n in grads and grads[n].shape == g_ref.shape]  # not a parameter the
     # candidate's transforms replaced (none of ours: FP8 keeps the weights); each sum in fp32 on the device, one copy
     sums = torch.stack([torch.stack([ref[n].float().pow(2).sum(),
