@@ -321,12 +321,20 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         tuner.fit()
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
         return {}
-    recover_interrupted(ostorage, name, store)  # Ctrl-C or the time budget ended a trial Tune did not report
+    cut: list[dict] = []  # Ctrl-C or the time budget ended a trial Tune did not report: the table never showed it
+    recover_interrupted(ostorage, name, store, cut)
+    by = "the interrupt" if interrupted() else "the time budget" if args.time_budget_s else "the search's end"
+    for c in cut:
+        ran = f" after {clock(c['seconds'])}" if c["seconds"] is not None else ""
+        steps = f"{c['steps']} timed step(s) reported" if c["steps"] else "before its first timed step"
+        print(f"  trial {c['number']}: ended by {by}{ran}, {steps}; no record, not counted: "
+              + " ".join(f"{k}={fmt(v)}" for k, v in sorted(c["params"].items())), file=stream, flush=True)
     if searcher.stopped_why:
         print(f"  {searcher.stopped_why}", file=stream, flush=True)
     summary = summarize(store, name, stream, out=args.out)
     if interrupted():
         summary["interrupted"] = True
+    summary["cut"] = cut
     summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
     if summary["ran"] == 0 and not interrupted():
         summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}) ran out before a trial ended (the "

@@ -4,6 +4,7 @@ study by ask/tell), and how a resume settles the trials a driver left RUNNING. W
 outcome: search/outcomes.py (re-exported here)."""
 from __future__ import annotations
 
+import datetime
 import warnings
 from typing import TYPE_CHECKING
 
@@ -84,13 +85,14 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
     return DistinctSearcher(space, name, ostorage, sampler, start, seed=seed, ranker=ranker, target=target)
 
 
-def recover_interrupted(ostorage, name: str, store: Store) -> int:
+def recover_interrupted(ostorage, name: str, store: Store, cut: list | None = None) -> int:
     """Optuna trials left RUNNING (a driver killed, interrupted, or ended by its time budget while a trial ran or
     was about to): one whose Tune trial the store holds (it finished; only the report to Optuna was lost) is told
     its stored outcome (COMPLETE with its value; PRUNED where ASHA or the stop ended it), so the sampler knows it
     was measured; one with reported steps and no row was stopped mid-run: PRUNED at its last step; any other never
     ran, or its measurement was lost: FAIL, with the user attribute status "not run". Run on every resume and after
-    every run, so no trial stays RUNNING. Returns the study's trial count."""
+    every run, so no trial stays RUNNING. Returns the study's trial count; `cut` gets {"number", "params",
+    "seconds", "steps"} of each trial it ends without a stored row (what the live table never showed)."""
     import optuna
     try:
         study = optuna.load_study(study_name=name, storage=ostorage)
@@ -112,7 +114,12 @@ def recover_interrupted(ostorage, name: str, store: Store) -> int:
                 ostorage.set_trial_state_values(tid, optuna.trial.TrialState.PRUNED, [row["tokens_per_s"] or 0.0])
             else:
                 ostorage.set_trial_state_values(tid, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
-        elif t.intermediate_values:
+            continue
+        if cut is not None:
+            start = t.datetime_start
+            cut.append({"number": t.number, "params": dict(t.params), "steps": len(t.intermediate_values),
+                        "seconds": (datetime.datetime.now() - start).total_seconds() if start else None})
+        if t.intermediate_values:
             ostorage.set_trial_user_attr(tid, "status", str(Status.STOPPED))
             ostorage.set_trial_state_values(tid, optuna.trial.TrialState.PRUNED,
                                             [t.intermediate_values[max(t.intermediate_values)]])

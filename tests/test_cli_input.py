@@ -704,8 +704,12 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
     draw(first, "a2")  # the driver is killed while a2 runs: nothing stored, left RUNNING
     a3 = draw(first, "a3")  # a3 ended and was stored, but the driver died before telling Optuna
     store.add_trial("s", "a3", None, "ok", False, 30.0, {})
-    assert recover_interrupted(ostorage, "s", store) >= 3  # the study's trials, draws skipped already included
+    cut = []
+    assert recover_interrupted(ostorage, "s", store, cut) >= 3  # the study's trials, draws skipped already included
     by_tune = {t.user_attrs[service.TUNE_ID]: t for t in optuna.load_study(study_name="s", storage=ostorage).trials}
+    # what the driver prints of it (the live table never showed a2): its number, its settings, how long it ran
+    assert [(c["number"], c["steps"]) for c in cut] == [(by_tune["a2"].number, 0)], cut
+    assert cut[0]["params"] == by_tune["a2"].params and cut[0]["params"] and 0 <= cut[0]["seconds"] < 600
     assert by_tune["a2"].state == optuna.trial.TrialState.FAIL and by_tune["a2"].user_attrs["status"] == "not run"
     assert by_tune["a3"].state == optuna.trial.TrialState.COMPLETE and by_tune["a3"].value == 30.0
     assert by_tune["a3"].constraints == {"infeasible": 0.0}  # TPE knows it was feasible
@@ -733,6 +737,23 @@ FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_
 
 
 @pytest.mark.timeout(1500)
+def test_a_trial_the_time_budget_ends_is_shown_with_its_settings(tmp_path, capsys, ray_local, monkeypatch):
+    """A trial still running when the budget ran out has no record and no row in the live table: the driver says
+    which it was, for how long it ran, and its settings (a 2m23s MoE trial on the H100 was shown nowhere)."""
+    monkeypatch.setenv("TRAINSCOUT_FAULT_SCHEDULE", "0:hang")  # trial 0 stops making progress at its first step
+    out = tmp_path / "s"
+    rc = main(["search", "--model", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--global-batch", "4",
+               "--time-budget", "8", "--out", str(out), *FIXED])
+    cap = capsys.readouterr()
+    err = cap.err
+    cut = [line for line in cap.out.splitlines() if line.startswith("  trial 0: ended by the time budget after ")]
+    assert len(cut) == 1 and "before its first timed step; no record, not counted: " in cut[0], cap.out[-3000:]
+    assert "micro_batch_size=" in cut[0]
+    assert rc == 1 and err.strip().splitlines()[-1].startswith("trainscout: error: this run of s ended no trial")
+    study = optuna.load_study(study_name="s", storage=default_url(str(out)))
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]
+
+
 def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ray_local):
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [1, 2]\nactivation_checkpointing: [none, full]\n")
