@@ -171,42 +171,6 @@ def test_worker_group_is_reused_until_a_failure(ray_local, worker_pids):
     assert again.reused == 1  # the group of `after` waited while `alone` ran in processes of its own
 
 
-def test_a_rank_resets_its_process_after_the_result_and_before_the_next_trial(tmp_path, monkeypatch):
-    """trial.pool.Rank.run, in this process (one gloo rank): reset_process runs after the trial's result is
-    returned, so it is not in that trial's wall, and the next trial waits until it has ended."""
-    import torch.distributed as dist
-
-    from trainscout.trial import pool, worker
-    events = []
-    real_reset, real_loop = worker.reset_process, worker.train_loop
-
-    def reset():  # the real reset, slowed so that the order shows
-        events.append("reset starts")
-        time.sleep(0.5)
-        real_reset()
-        events.append("reset ends")
-
-    def loop(*args):
-        events.append("trial")
-        return real_loop(*args)
-    monkeypatch.setattr(worker, "reset_process", reset)
-    monkeypatch.setattr(worker, "train_loop", loop)
-    rank = pool.Rank()
-    rank.setup(0, 1, "127.0.0.1", 0, [], 0, 1, "gloo", str(tmp_path / "rendezvous"))
-    try:
-        spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 2, "compile": False}, device="cpu", steps=1,
-                       warmup=0, global_batch=2)
-        first = rank.run(spec)
-        events.append("returned")
-        second = rank.run(spec)
-        rank.resetting.join()
-    finally:
-        dist.destroy_process_group()
-    assert first["rank"]["steps"] and second["rank"]["steps"]
-    assert events.index("returned") < events.index("reset ends") < events.index("trial", 1), events
-    assert events.count("reset ends") == 2
-
-
 def settle(pids, want: int, timeout: float = 60) -> set:
     """The rank processes once `want` of them are alive (a killed group's take a moment to exit)."""
     deadline = time.time() + timeout

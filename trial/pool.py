@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 
 NAME = "trainscout-worker-pool"
 STOP_GRACE_S = 60.0  # a trial asked to stop (Pool.stop) and still running this long after has its group killed
@@ -92,16 +91,11 @@ class Rank:
         parameters(model_config)
 
     def run(self, spec) -> dict:
-        """One trial. What it leaves behind is undone after its result goes back (reset_process, in a thread),
-        while the driver stores the result and draws the next trial; the next trial waits for it here."""
         from .worker import reset_process, train_loop
-        if getattr(self, "resetting", None) is not None:
-            self.resetting.join()
         try:
             return train_loop(spec, self.rank, self.world, self.local)
         finally:
-            self.resetting = threading.Thread(target=reset_process, name="trainscout-reset", daemon=True)
-            self.resetting.start()
+            reset_process()
 
 
 class Progress:
