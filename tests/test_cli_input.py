@@ -736,7 +736,6 @@ FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_
          "--set", "attention=sdpa", "--set", "sdpa_backend=math", "--set", "precision=fp32", "--set", "fsdp=off"]
 
 
-@pytest.mark.timeout(1500)
 def test_a_trial_the_time_budget_ends_is_shown_with_its_settings(tmp_path, capsys, ray_local, monkeypatch):
     """A trial still running when the budget ran out has no record and no row in the live table: the driver says
     which it was, for how long it ran, and its settings (a 2m23s MoE trial on the H100 was shown nowhere)."""
@@ -754,6 +753,7 @@ def test_a_trial_the_time_budget_ends_is_shown_with_its_settings(tmp_path, capsy
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]
 
 
+@pytest.mark.timeout(1500)
 def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ray_local):
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [1, 2]\nactivation_checkpointing: [none, full]\n")
