@@ -11,13 +11,15 @@ import os
 import statistics
 import sys
 
+import torch
+
 from trainscout.trial import run_trial
 
 OUT, MODEL = sys.argv[1], sys.argv[2]
 BASE = {"compile": True, "loss_kernel": "compiled", "micro_batch_size": "max", "activation_checkpointing": "none"}
 DEFAULT = ["fp8=off", "fp8=tensorwise", "fp8=tensorwise,loss_kernel=fused_linear",
            "fp8=tensorwise,loss_kernel=fused_linear,fsdp=full_shard"]
-device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+device = "cuda" if torch.cuda.is_available() else "cpu"
 if device == "cpu":  # a smoke run of this script: no FP8, no inductor
     BASE, DEFAULT = {"compile": False, "precision": "fp32"}, ["micro_batch_size=2", "micro_batch_size=4"]
 os.makedirs(OUT, exist_ok=True)
