@@ -32,7 +32,13 @@ def _verify_hint(b: dict, out: str) -> str:
     return f"; train both to compare: trainscout verify {out} --trial {b['key'][:12]} --quality 500"
 
 
-def _overhead_parts(records: list, overhead: list[float]) -> str:
+def overhead_s(record) -> float:
+    """A measured trial's orchestration overhead: its wall less its timed steps (those of micro_batch_size=max's
+    compared micro-batch too): start-up, build, probe, compile, warm-up, the quality gate, teardown."""
+    return record.wall_s - record.metrics["timed_s"] - record.metrics.get("compared_timed_s", 0.0)
+
+
+def overhead_parts(records: list, overhead: list[float]) -> str:
     """Medians of what the trials' overhead is made of (the parts a record times), and how many started a fresh
     worker group."""
     m = [r.metrics for r in records]
@@ -99,11 +105,10 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
     tie = None if choice is None or len(choice.tied) < 2 else {
         "best": choice.best.key, "fastest": choice.fastest.key, "tied": [r.key for r in choice.tied],
         "noise": choice.noise, "why": choice.line()}
-    # orchestration overhead, in the order the trials ran: a measured trial's wall time less its timed steps (those
-    # of micro_batch_size=max's compared micro-batch too): start-up, build, probe, compile, warm-up, teardown
+    # orchestration overhead, in the order the trials ran
     ran = [r for r in (store.get(t["key"]) for t in trials if t["status"] == Status.OK and t["key"] and not t["cached"])
            if r and r.wall_s]
-    overhead = [r.wall_s - r.metrics["timed_s"] - r.metrics.get("compared_timed_s", 0.0) for r in ran]
+    overhead = [overhead_s(r) for r in ran]
     summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
                "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
                "passed_over": passed_over}
@@ -121,7 +126,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
               f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
-        parts = _overhead_parts(ran[1:] or ran, overhead[1:] or overhead)
+        parts = overhead_parts(ran[1:] or ran, overhead[1:] or overhead)
         print(f"  where it went{' after the first' if len(ran) > 1 else ''}: {parts}", file=stream)
     tied = set(tie["tied"]) if tie else set()
     for i, b in enumerate(best[:top], 1):

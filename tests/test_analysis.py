@@ -332,15 +332,15 @@ def test_a_tie_within_the_measured_noise_goes_to_the_simplest_and_is_shown(tmp_p
 def test_the_summary_splits_what_trials_cost_outside_their_steps_into_the_parts_they_time():
     """A search's "where it went" line: torch.compile's own seconds apart from the probe and warm-up steps (records
     since 2026-12-05), the two together in older records."""
-    from trainscout.search.summary import _overhead_parts
+    from trainscout.search.summary import overhead_parts
     recs = [_measured({}, 10000.0, 0.02, str(i) * 32) for i in range(2)]
     for r, compile_s in zip(recs, (4.0, 6.0)):
         r.metrics.update(build_s=8.0, model_s=1.0, compile_s=compile_s, warmup_s=0.5, gate_s=2.0)
-    line = _overhead_parts(recs, [12.0, 14.0])
+    line = overhead_parts(recs, [12.0, 14.0])
     assert line.startswith("model and engine 1.0 s, torch.compile 5.0 s, probe or warm-up steps 2.5 s, quality gate 2.0 s "
                            "in 2 of 2, the rest 2.5 s")
     del recs[0].metrics["compile_s"]
-    assert "compile and probe or warm-up steps 7.5 s" in _overhead_parts(recs, [12.0, 14.0])
+    assert "compile and probe or warm-up steps 7.5 s" in overhead_parts(recs, [12.0, 14.0])
 
 
 def test_load_gives_each_column_the_same_dtype_in_every_store(store_dir, tmp_path):

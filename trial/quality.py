@@ -132,13 +132,12 @@ def one_step(spec, device) -> dict:
     with torch.compiler.set_stance("force_eager"):  # compile left out (see above): no graph for the gate's shape
         ref_loss, ref, _ = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device,
                                            reference_dtype=False)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        size = sum(g.numel() * g.element_size() for g in ref.values())
-        if torch.cuda.mem_get_info(device)[0] < 2.5 * size:  # the candidate's weights and gradients need ~2x these
-            ref = {n: g.cpu() for n, g in ref.items()}
-    ref_dtype = autocast_dtype(q["reference_plan"]["precision"])
-    with torch.compiler.set_stance("force_eager"):
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            size = sum(g.numel() * g.element_size() for g in ref.values())
+            if torch.cuda.mem_get_info(device)[0] < 2.5 * size:  # the candidate's weights and gradients need ~2x
+                ref = {n: g.cpu() for n, g in ref.items()}
+        ref_dtype = autocast_dtype(q["reference_plan"]["precision"])
         loss, grads, op = _loss_and_grads(spec, spec.plan, batch, device, reference_dtype=ref_dtype)
     names = [n for n, g_ref in ref.items() if n in grads and grads[n].shape == g_ref.shape]  # not a parameter the
     # candidate's transforms replaced (none of ours: FP8 keeps the weights); each sum in fp32 on the device, one copy
