@@ -160,6 +160,9 @@ def test_worker_group_is_reused_until_a_failure(ray_local, worker_pids):
     assert first.status == second.status == "ok" and second.reused == first.reused + 1
     assert set(worker_pids()) == pids and len(pids) == 2  # the same two rank processes
     assert second.wall_s < first.wall_s or first.reused > 0  # no start-up the second time
+    m = second.metrics  # where the wall went outside the phases: Ray's hand-off, the reset, the collector
+    assert m["handoff_s"] >= 0 and 0 <= m["reset_s"] < second.wall_s and m["gc_s"] >= 0
+    assert m["handoff_s"] + m["reset_s"] + m["build_s"] + m["warmup_s"] + m["timed_s"] <= second.wall_s + 0.01
     failed = run({}, fault="assert")
     assert failed.status == "crash" and failed.reused is None
     after = run({})
@@ -363,3 +366,22 @@ def test_a_stopped_trial_leaves_at_a_step_boundary_and_keeps_its_workers(ray_loc
     assert 1 <= len(seen) < 30  # 9 of 60 when measured: the stop arrives with the first report
     r = execute(spec.replace(timed_steps=2), timeout=240)
     assert r.status == "ok" and r.reused >= 1, (r.error, r.reused)
+
+
+def test_a_warm_process_collects_new_garbage_and_no_longer_traverses_what_it_kept():
+    """worker.collect (after every trial and a group's preload): a full collection whose survivors are frozen, so a
+    later trial's collections skip them, while the garbage cycles a later trial makes are still freed."""
+    import gc
+
+    from trainscout.trial.worker import collect
+    kept = [[i] for i in range(1000)]
+    frozen = gc.get_freeze_count()
+    try:
+        collect()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+        cycle = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1  # made after the freeze: freed as before
+    finally:
+        gc.unfreeze()  # this test process goes on as it was

@@ -86,16 +86,26 @@ class Rank:
     def preload(self, model_config: dict) -> None:
         """Import what a trial of this model runs (the worker, transformers' modelling code) and build the model
         once on the meta device: a group warmed before its first trial (Pool.warm) has done it meanwhile."""
-        from . import worker  # noqa: F401
+        from . import worker
         from .model_tree import parameters
         parameters(model_config)
+        worker.collect()
 
     def run(self, spec) -> dict:
+        """A trial on this rank, then reset_process(); the result says how long this call took (span_s: the
+        caller's wall less it is Ray's and the pool's hand-off) and the reset in it (reset_s)."""
+        import time
+
         from .worker import reset_process, train_loop
+        t0 = time.perf_counter()
         try:
-            return train_loop(spec, self.rank, self.world, self.local)
+            out = train_loop(spec, self.rank, self.world, self.local)
         finally:
-            reset_process()
+            t_reset = time.perf_counter()
+            parts = reset_process()
+        t_end = time.perf_counter()
+        out["rank"].update(reset_s=t_end - t_reset, span_s=t_end - t0, reset_parts_s=parts)
+        return out
 
 
 class Progress:

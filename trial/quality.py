@@ -138,7 +138,9 @@ def one_step(spec, device) -> dict:
             if torch.cuda.mem_get_info(device)[0] < 2.5 * size:  # the candidate's weights and gradients need ~2x
                 ref = {n: g.cpu() for n, g in ref.items()}
         ref_dtype = autocast_dtype(q["reference_plan"]["precision"])
+        t_ref = time.perf_counter()
         loss, grads, op = _loss_and_grads(spec, spec.plan, batch, device, reference_dtype=ref_dtype)
+    t_cand = time.perf_counter()
     names = [n for n, g_ref in ref.items() if n in grads and grads[n].shape == g_ref.shape]  # not a parameter the
     # candidate's transforms replaced (none of ours: FP8 keeps the weights); each sum in fp32 on the device, one copy
     sums = torch.stack([torch.stack([ref[n].float().pow(2).sum(),
@@ -162,7 +164,9 @@ def one_step(spec, device) -> dict:
             "grad_sqnr_db": _rounded(sqnr), "worst_grad_sqnr_db": _rounded(worst), "worst_tensor": worst_name,
             "loss": loss, "reference_loss": ref_loss, "loss_rel_diff": rel, "changes": q["changes"],
             "reference": q["reference"], "threshold_db": THRESHOLD_DB, "loss_tolerance": LOSS_TOLERANCE,
-            "batch": [GATE_BATCH, spec.recipe["seq_len"]], "seconds": round(time.perf_counter() - t0, 2)}
+            "batch": [GATE_BATCH, spec.recipe["seq_len"]], "seconds": round(time.perf_counter() - t0, 2),
+            "parts_s": {"reference": round(t_ref - t0, 3), "candidate": round(t_cand - t_ref, 3),
+                        "compare": round(time.perf_counter() - t_cand, 3)}}
 
 
 def _rounded(db: float) -> float | None:

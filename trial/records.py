@@ -126,6 +126,9 @@ class RankResult(_Json):
     peak_allocated_mib: float | None = None
     peak_reserved_mib: float | None = None
     device_name: str | None = None
+    gc_s: float | None = None       # of this rank's trial: Python's garbage collector, automatic and explicit
+    reset_s: float | None = None    # reset_process() after it (trial.pool.Rank.run)
+    span_s: float | None = None     # the rank's whole call: trial and reset (the caller's wall less it: hand-off)
     extra: dict = field(default_factory=dict)
     _absent: frozenset = field(default=frozenset(), repr=False, compare=False)
 

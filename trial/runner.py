@@ -294,6 +294,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         if compared:
             record = record.replace(plan=spec.plan, grad_accum=spec.grad_accum, measured_accum=spec.measured_accum,
                                     probe=ranks[0].probe, probe_compared=compared)
+        if ranks[0].span_s is not None:  # the wall less rank 0's own call: Ray's and the pool's hand-off both ways
+            m["handoff_s"] = round(wall - ranks[0].span_s, 3)
         record = record.replace(status=Status.OK, error=None, metrics=m)
     elif "unscheduled" in raw:
         record = record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
@@ -353,6 +355,11 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "compile_s": max((r.compile_s or 0.0) for r in ranks),
         "warmup_s": max(r.warmup_s for r in ranks),
         "timed_s": max(r.timed_s for r in ranks),
+        # rank 0's: Python's garbage collector in the trial; the reset after it (trial.pool.Rank.run)
+        "gc_s": ranks[0].gc_s,
+        "reset_s": ranks[0].reset_s,
+        "reset_parts_s": ranks[0].extra.get("reset_parts_s"),
+        "probe_steps_s": ranks[0].extra.get("probe_steps_s"),
         # micro_batch_size=max: the timed steps of the micro-batch compared with the first (probe.measure_below)
         "compared_timed_s": max((r.below or {}).get("timed_s", 0.0) for r in ranks),
         # CUDA: the caching allocator's retries in the timed steps (memory pressure); None on the CPU

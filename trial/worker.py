@@ -21,6 +21,24 @@ from .models import sizes
 from .records import RankResult, TrialSpec
 
 
+_gc = [0.0, 0.0]  # seconds Python's garbage collector has run in this process; when the running collection began
+
+
+def _gc_timer(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc[1] = time.perf_counter()
+    else:
+        _gc[0] += time.perf_counter() - _gc[1]
+
+
+def gc_seconds() -> float:
+    """Seconds the garbage collector has spent in this process since the first call (automatic collections, as
+    torch.compile's many objects set them off, and explicit ones)."""
+    if _gc_timer not in gc.callbacks:
+        gc.callbacks.append(_gc_timer)
+    return _gc[0]
+
+
 def _redirect_stderr(log_dir: str | None, rank: int) -> None:
     """Send this rank's stderr to a file the runner reads to explain a crash."""
     if not log_dir:
@@ -95,22 +113,36 @@ def train_loop(spec: TrialSpec, rank: int, world: int, local: int = 0) -> dict:
         raise RuntimeError(f"{type(e).__module__}.{type(e).__qualname__}: {str(e)[:2000]}") from None
 
 
-def reset_process() -> None:
+def reset_process() -> dict:
     """After a trial, in a process the next trial may reuse: free its objects and the device's cache, forget
     torch.compile's in-memory caches (the on-disk ones stay), and start the device's peak counters again (the next
-    trial resets the peak RSS as it starts)."""
+    trial resets the peak RSS as it starts). Returns the seconds of each part."""
     import torch
-    gc.collect()
+    marks = [time.perf_counter()]
     torch.compiler.reset()
+    marks.append(time.perf_counter())
+    collect()
+    marks.append(time.perf_counter())
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    marks.append(time.perf_counter())
     try:  # give freed heap back to the OS, so the next trial's peak RSS starts from what the process holds
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+    marks.append(time.perf_counter())
+    return {k: round(b - a, 3) for k, a, b in zip(("compiler", "gc", "device", "trim"), marks, marks[1:])}
+
+
+def collect() -> None:
+    """A full garbage collection, whose survivors are then frozen (gc.freeze): what a warm process keeps between
+    trials (its imports, torch.compile's code caches) is not traversed again by the collections of later trials."""
+    gc.collect()
+    if os.environ.get("TRAINSCOUT_GC_FREEZE", "1") != "0":
+        gc.freeze()
 
 
 def _reset_peak_rss() -> None:
@@ -142,16 +174,12 @@ def _quality_gate(spec: TrialSpec, device) -> dict:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    try:
+    try:  # what it built is freed by reset_process(), which follows every trial (trial.pool.Rank.run)
         return quality.one_step(spec, device)
     except Exception as e:  # out of memory for two more models, a transform that needs the engine
         traceback.print_exc()
         return {"changes": spec.quality["changes"], "reference": spec.quality["reference"],
                 "why": f"the gate's step failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-    finally:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
 
 
 def _stop_requested(progress, rank: int, world: int, device) -> bool:
@@ -175,7 +203,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     from .models import build_model
     from trainscout.spaces import ParallelDims
 
-    t0, compiled0 = time.perf_counter(), mbs_probe.compile_seconds()
+    t0, compiled0, gc0 = time.perf_counter(), mbs_probe.compile_seconds(), gc_seconds()
     plan, recipe = copy.deepcopy(spec.plan), spec.recipe  # the probe steps its micro-batch down in place
     if spec.device == "cuda":
         device = torch.device("cuda", local)
@@ -295,6 +323,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
                       probe=probe, below=below, build_s=t_built - t0, model_s=made[0], compile_s=compile_s,
                       warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
+                      gc_s=gc_seconds() - gc0, extra={"probe_steps_s": list(mbs_probe.steps_s)} if probe else {},
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
     return {"n_params": n_params, "rank": mine.to_dict()}
