@@ -49,7 +49,9 @@ def overhead_parts(records: list, overhead: list[float]) -> str:
         steps = [x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]
         if all(x.get("compile_s") is not None for x in m):  # records since 2026-12-05 time torch.compile too
             parts.append(f"torch.compile {median([x['compile_s'] for x in m]):.1f} s")
-            parts.append(f"probe or warm-up steps {median([s - x['compile_s'] for s, x in zip(steps, m)]):.1f} s")
+            tuned = (f" (inductor autotuning new kernels {median([x['autotune_s'] for x in m]):.1f} s)"
+                     if all(x.get("autotune_s") is not None for x in m) else "")
+            parts.append(f"probe or warm-up steps {median([s - x['compile_s'] for s, x in zip(steps, m)]):.1f} s{tuned}")
         else:
             parts.append(f"compile and probe or warm-up steps {median(steps):.1f} s")
     else:

@@ -303,7 +303,7 @@ def test_probed_micro_batch_compiles_static_graphs_after_an_oom(monkeypatch):
         (_, engine), accum, tried = probe.largest_fit(spec, plan, make, device)
         assert tried == [[4, "oom"], [2, "ok"]] and plan.micro_batch_size == 2
         # dynamo's timers, those of the refused candidate's graphs included (forget_graphs cleared them)
-        forgotten = probe._forgotten[0]
+        forgotten = probe._forgotten["compile"]
         assert forgotten > compiled and probe.compile_seconds() > forgotten  # then the fitting candidate's
         batches = [torch.randint(0, 64, (2, spec.recipe["seq_len"]))]
 

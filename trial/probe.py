@@ -91,19 +91,22 @@ def warmup_accum(engine, accum: int) -> int:
     return accum if type(engine).counts_micro_batches else min(accum, WARMUP_MICRO_BATCHES)
 
 
-_COMPILE_TIMERS = ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler")
-_forgotten = [0.0]  # compile seconds of the timers forget_graphs cleared
+# dynamo's own timers: compiling (its frames with their forward graphs; the backward graphs, compiled at their first
+# backward) and inductor's autotuning of a new kernel's configurations at its first run (outside the compile)
+_TIMERS = {"compile": ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler"),
+           "autotune": ("CachingAutotuner.benchmark_all_configs",)}
+_forgotten = dict.fromkeys(_TIMERS, 0.0)  # seconds of the timers forget_graphs cleared
 
 
-def compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling in this process, as dynamo's own timers count them (its frames
-    with their forward graphs; the backward graphs, compiled at their first backward), those forget_graphs cleared
-    included; a trial takes the difference. 0 where this torch has no such timers."""
+def compile_seconds(kind: str = "compile") -> float:
+    """Seconds torch.compile has spent compiling (kind="autotune": autotuning new kernels at their first run) in
+    this process, as dynamo's own timers count them, those forget_graphs cleared included; a trial takes the
+    difference. 0 where this torch has no such timers."""
     try:
         from torch._dynamo.utils import compilation_time_metrics as timers
     except ImportError:
-        return _forgotten[0]
-    return _forgotten[0] + sum(sum(timers.get(k, ())) for k in _COMPILE_TIMERS)
+        return _forgotten[kind]
+    return _forgotten[kind] + sum(sum(timers.get(k, ())) for k in _TIMERS[kind])
 
 
 def forget_graphs() -> None:
@@ -111,7 +114,8 @@ def forget_graphs() -> None:
     recompiles a changed batch size with a symbolic batch dimension (automatic dynamic): the micro-batch the probe
     settled on after an out-of-memory candidate ran dynamic-shape kernels that a run at that micro-batch does not."""
     import torch
-    _forgotten[0] = compile_seconds()  # the reset clears dynamo's timers
+    for kind in _TIMERS:  # the reset clears dynamo's timers
+        _forgotten[kind] = compile_seconds(kind)
     torch.compiler.reset()
 
 

@@ -119,6 +119,7 @@ class RankResult(_Json):
     loss: float | None = None
     model_s: float | None = None    # of build_s: building the model and its engine (every probed candidate's)
     compile_s: float | None = None  # of build_s + warmup_s: torch.compile compiling (trial.probe.compile_seconds)
+    autotune_s: float | None = None  # of build_s + warmup_s, not compile_s: inductor autotuning new kernels' configs
     probe: list = field(default_factory=list)  # micro_batch_size=max: [[mbs, "ok" | "oom"], ...]
     below: dict | None = None       # micro_batch_size=max: the candidate below, measured too
     alloc_retries: int | None = None  # CUDA: the caching allocator's retries during the timed steps

@@ -353,6 +353,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "build_s": max(r.build_s for r in ranks),
         "model_s": max((r.model_s or 0.0) for r in ranks),
         "compile_s": max((r.compile_s or 0.0) for r in ranks),
+        "autotune_s": max((r.autotune_s or 0.0) for r in ranks),
         "warmup_s": max(r.warmup_s for r in ranks),
         "timed_s": max(r.timed_s for r in ranks),
         # rank 0's: Python's garbage collector in the trial; the reset after it (trial.pool.Rank.run)

@@ -204,6 +204,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     from trainscout.spaces import ParallelDims
 
     t0, compiled0, gc0 = time.perf_counter(), mbs_probe.compile_seconds(), gc_seconds()
+    tuned0 = mbs_probe.compile_seconds("autotune")
     plan, recipe = copy.deepcopy(spec.plan), spec.recipe  # the probe steps its micro-batch down in place
     if spec.device == "cuda":
         device = torch.device("cuda", local)
@@ -284,6 +285,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     clock.sync()
     dist.barrier()
     t_warm, compile_s = time.perf_counter(), mbs_probe.compile_seconds() - compiled0
+    autotune_s = mbs_probe.compile_seconds("autotune") - tuned0
 
     steps = []
     retries = mbs_probe.alloc_retries(device)
@@ -321,6 +323,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     mine = RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
                       probe=probe, below=below, build_s=t_built - t0, model_s=made[0], compile_s=compile_s,
+                      autotune_s=autotune_s,
                       warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
                       gc_s=gc_seconds() - gc0, extra={"probe_steps_s": list(mbs_probe.steps_s)} if probe else {},
