@@ -62,10 +62,10 @@ def overhead_parts(records: list, overhead: list[float]) -> str:
     rest = [o - x["build_s"] - x["warmup_s"] - (x.get("gate_s") or 0.0) for o, x in zip(overhead, m)]
     if all(x.get("handoff_s") is not None for x in m):  # records since 2026-12-05 (session 21) time the rest too
         inside = [r - x["handoff_s"] - x["reset_s"] for r, x in zip(rest, m)]
-        parts.append(f"the rest {median(rest):.1f} s (Ray's hand-off and worker start {median([x['handoff_s'] for x in m]):.1f}, "
-                     f"the reset after {median([x['reset_s'] for x in m]):.1f}, in the trial otherwise "
-                     f"{max(0.0, median(inside)):.1f})")
-        parts.append(f"of all that, Python's garbage collector {median([x['gc_s'] for x in m]):.1f} s")
+        parts.append(f"the rest {median(rest):.1f} s (hand-off: Ray, a worker group's start or a stopped trial's "
+                     f"last step {median([x['handoff_s'] for x in m]):.1f}, the reset after "
+                     f"{median([x['reset_s'] for x in m]):.1f}, in the trial otherwise {max(0.0, median(inside)):.1f})")
+        parts.append(f"Python's garbage collector ran {median([x['gc_s'] for x in m]):.1f} s within the trial's parts")
     else:
         parts.append(f"the rest {median(rest):.1f} s (worker start or hand-off, teardown, the store"
                      f"{'' if timed_parts else ', any quality gate'})")

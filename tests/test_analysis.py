@@ -342,8 +342,9 @@ def test_the_summary_splits_what_trials_cost_outside_their_steps_into_the_parts_
     for r, handoff in zip(recs, (0.2, 0.4)):  # records since session 21 split the rest
         r.metrics.update(handoff_s=handoff, reset_s=0.5, gc_s=0.7, autotune_s=1.0)
     assert "probe or warm-up steps 2.5 s (inductor autotuning new kernels 1.0 s)" in overhead_parts(recs, [12.0, 14.0])
-    assert ("the rest 2.5 s (Ray's hand-off and worker start 0.3, the reset after 0.5, in the trial otherwise 1.7), "
-            "of all that, Python's garbage collector 0.7 s") in overhead_parts(recs, [12.0, 14.0])
+    assert ("the rest 2.5 s (hand-off: Ray, a worker group's start or a stopped trial's last step 0.3, the reset "
+            "after 0.5, in the trial otherwise 1.7), Python's garbage collector ran 0.7 s within the trial's parts"
+            ) in overhead_parts(recs, [12.0, 14.0])
     del recs[0].metrics["compile_s"]
     assert "compile and probe or warm-up steps 7.5 s" in overhead_parts(recs, [12.0, 14.0])
 

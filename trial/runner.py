@@ -294,7 +294,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         if compared:
             record = record.replace(plan=spec.plan, grad_accum=spec.grad_accum, measured_accum=spec.measured_accum,
                                     probe=ranks[0].probe, probe_compared=compared)
-        if ranks[0].span_s is not None:  # the wall less rank 0's own call: Ray's and the pool's hand-off both ways
+        if ranks[0].span_s is not None:  # the wall less rank 0's own call: hand-off both ways (Ray, the pool, a
+            # group's start, a stopped trial's last step before its group serves this one)
             m["handoff_s"] = round(wall - ranks[0].span_s, 3)
         record = record.replace(status=Status.OK, error=None, metrics=m)
     elif "unscheduled" in raw:

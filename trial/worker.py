@@ -139,7 +139,8 @@ def reset_process() -> dict:
 
 def collect() -> None:
     """A full garbage collection, whose survivors are then frozen (gc.freeze): what a warm process keeps between
-    trials (its imports, torch.compile's code caches) is not traversed again by the collections of later trials."""
+    trials (its imports, torch.compile's code caches) is not traversed again by the collections of later trials.
+    TRAINSCOUT_GC_FREEZE=0 leaves it out (bench/overhead_trials_gpu.py's "before", docs/BENCHMARKS.md)."""
     gc.collect()
     if os.environ.get("TRAINSCOUT_GC_FREEZE", "1") != "0":
         gc.freeze()
