@@ -35,9 +35,8 @@ with open(os.path.join(OUT, "overhead_trials.jsonl"), "a") as log:
         if r.ok:
             ran.append(r)
             row.update(overhead_s=round(overhead_s(r), 2), micro_batch_size=r.plan.micro_batch_size,
-                       **{k: m.get(k) for k in ("model_s", "compile_s", "autotune_s", "build_s", "warmup_s", "gate_s", "timed_s",
-                                                "gc_s", "reset_s", "handoff_s", "reset_parts_s",
-                                                "probe_steps_s")},
+                       **{k: m.get(k) for k in ("model_s", "compile_s", "autotune_s", "build_s", "warmup_s",
+                                                "gate_s", "timed_s", "gc_s", "reset_s", "handoff_s")},
                        gate_parts_s=(m.get("quality") or {}).get("parts_s"))
         print(json.dumps(row), flush=True)
         log.write(json.dumps(row) + "\n")

@@ -126,20 +126,12 @@ def _probe_step(engine, plan, spec: TrialSpec, accum: int, device) -> None:
     x = torch.randint(0, sizes(spec.model_config).vocab, (plan.sequences_per_call, spec.recipe["seq_len"]),
                       device=device)
     n = warmup_accum(engine, accum)
-    steps_s.clear()
     for _ in range(PROBE_STEPS):  # what warm-up runs, twice (allocator reuse included)
-        t = time.perf_counter()
         for i in range(n):
             engine.micro_step(x, is_last=(i == n - 1), scale=1.0 / n)
             if fake and plan.micro_batch_size > int(fake):  # after a compiled forward and backward, as on a GPU
                 torch.empty(1 << 46, dtype=torch.uint8, device=device)
         engine.optimizer_step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        steps_s.append(round(time.perf_counter() - t, 3))
-
-
-steps_s: list[float] = []  # the last probe's steps, seconds each (the first with its compile and first runs)
 
 
 def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:

@@ -360,8 +360,6 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # rank 0's: Python's garbage collector in the trial; the reset after it (trial.pool.Rank.run)
         "gc_s": ranks[0].gc_s,
         "reset_s": ranks[0].reset_s,
-        "reset_parts_s": ranks[0].extra.get("reset_parts_s"),
-        "probe_steps_s": ranks[0].extra.get("probe_steps_s"),
         # micro_batch_size=max: the timed steps of the micro-batch compared with the first (probe.measure_below)
         "compared_timed_s": max((r.below or {}).get("timed_s", 0.0) for r in ranks),
         # CUDA: the caching allocator's retries in the timed steps (memory pressure); None on the CPU

@@ -113,28 +113,22 @@ def train_loop(spec: TrialSpec, rank: int, world: int, local: int = 0) -> dict:
         raise RuntimeError(f"{type(e).__module__}.{type(e).__qualname__}: {str(e)[:2000]}") from None
 
 
-def reset_process() -> dict:
+def reset_process() -> None:
     """After a trial, in a process the next trial may reuse: free its objects and the device's cache, forget
     torch.compile's in-memory caches (the on-disk ones stay), and start the device's peak counters again (the next
-    trial resets the peak RSS as it starts). Returns the seconds of each part."""
+    trial resets the peak RSS as it starts)."""
     import torch
-    marks = [time.perf_counter()]
     torch.compiler.reset()
-    marks.append(time.perf_counter())
     collect()
-    marks.append(time.perf_counter())
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    marks.append(time.perf_counter())
     try:  # give freed heap back to the OS, so the next trial's peak RSS starts from what the process holds
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-    marks.append(time.perf_counter())
-    return {k: round(b - a, 3) for k, a, b in zip(("compiler", "gc", "device", "trim"), marks, marks[1:])}
 
 
 def collect() -> None:
@@ -327,7 +321,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
                       autotune_s=autotune_s,
                       warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
-                      gc_s=gc_seconds() - gc0, extra={"probe_steps_s": list(mbs_probe.steps_s)} if probe else {},
+                      gc_s=gc_seconds() - gc0,
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
     return {"n_params": n_params, "rank": mine.to_dict()}
