@@ -198,7 +198,6 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
               gpu_memory_gib: float | None = None) -> dict:
     """The predicted answer for a model or GPU kind not measured: rows labelled predicted, their leave-one-out
     error (the shipped rows, each predicted with its own model held out), the search command."""
-    from trainscout.trial.metrics import median  # noqa: F401
     kind = predict.gpu_kind(gpu) or gpu
     model = atlas.model
     cached = model.get("predictions", {}).get(f"{target['name']}|{kind}|{gpus}")

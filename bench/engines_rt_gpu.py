@@ -1,5 +1,5 @@
 """Refactor check on the GPU: each engine after the runtime refactor, with the new knobs where they apply."""
-import json, sys
+import json
 from trainscout.trial import execute, prepare
 from trainscout.trial.runner import ensure_ray
 ensure_ray()

@@ -1,5 +1,4 @@
 """The knob space: a contract test over every registered knob, and every constraint."""
-import itertools
 import random
 
 import pytest

@@ -64,7 +64,6 @@ class TorchEngine(Engine):
             return self.step(self.model, batch, scale)
 
     def optimizer_step(self):
-        import torch
         if self.scaler:
             self.scaler.unscale_(self.opt)
         if self.clip:
