@@ -37,9 +37,12 @@ def load(export: str | dict) -> dict:
 
 
 def model_config(export: str | dict):
-    """The exported model's transformers config (the model the measurement ran)."""
+    """The exported model's transformers config (the model the measurement ran), its dtype the measurement's master
+    weights' (fp32 under every mixed precision): from_config builds those, not the config.json's "torch_dtype"."""
     from transformers import AutoConfig
-    return AutoConfig.for_model(**load(export)["model_config"])
+    exp = load(export)
+    cfg = {k: v for k, v in exp["model_config"].items() if k not in ("dtype", "torch_dtype")}
+    return AutoConfig.for_model(**cfg, dtype=(exp.get("plan") or {}).get("master_dtype", "float32"))
 
 
 def prepare(model, export: str | dict, *, world_size: int | None = None):

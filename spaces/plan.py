@@ -48,6 +48,9 @@ class Plan:
     #                                           FSDP2: reshard_after_forward; pipeline: stages, schedule, chunks per
     #                                           rank, microbatches), written by the knobs that choose the engine
     precision: str = "bf16-mixed"             # fp32 | bf16-mixed | fp16-mixed
+    # the dtype of the parameters the optimizer updates (the master weights), of their gradients and of the
+    # optimizer's states: the model is built in it whatever its config.json's torch_dtype says (the precision knob)
+    master_dtype: str = "float32"
     micro_batch_size: int = 1
     micro_batch_probe: bool = False           # micro_batch_size=max: step down from micro_batch_size on OOM
     grad_accum: int = 1                       # micro-batches per optimizer step and rank

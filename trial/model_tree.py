@@ -114,7 +114,8 @@ def _build(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
     from .models import build_model
     config = json.loads(key)
     with torch.device("meta"):
-        model = build_model(config, attn_implementation, seq_len)
+        # fp32 weights, as a trial's master weights under every precision; count_saved casts them for 16-bit compute
+        model = build_model(config, attn_implementation, seq_len, "float32")
     model.config.use_cache = False  # as a trial (trial/worker.py) and the HF hook (runtime/hf.py) run it
     return model
 

@@ -272,8 +272,12 @@ def with_overrides(recipe: Recipe, *, global_batch=None, seq_len=None, total_ste
     return r
 
 
-def build_model(config: dict, attn_implementation: str, seq_len: int):
-    """A freshly initialised causal LM from its config dict (no weights are downloaded)."""
+def build_model(config: dict, attn_implementation: str, seq_len: int, dtype: str = "float32"):
+    """A freshly initialised causal LM from its config dict (no weights are downloaded), its parameters in dtype
+    (the plan's master_dtype). A Hub config.json's "torch_dtype"/"dtype" ("bfloat16" in Llama's, Qwen's, Mistral's;
+    "float16" in Pythia's) would make transformers build the weights in it, i.e. train pure 16-bit weights under a
+    mixed-precision label: the precision knob decides, never the file."""
+    import torch
     from transformers import AutoModelForCausalLM
     hf = hf_config(config)
     if (sizes(config).max_positions or seq_len) < seq_len:  # through the class: GPT-2 spells it n_positions
@@ -284,4 +288,11 @@ def build_model(config: dict, attn_implementation: str, seq_len: int):
         knob = {"sdpa": "sdpa", "flash_attention_2": "flash"}[attn_implementation]
         raise ConfigError("attention", f"attention={knob}: {model_class.__name__} has no {attn_implementation} "
                                        "attention in this transformers: set attention=eager")
-    return AutoModelForCausalLM.from_config(hf, attn_implementation=attn_implementation)
+    return AutoModelForCausalLM.from_config(hf, attn_implementation=attn_implementation, dtype=getattr(torch, dtype))
+
+
+def asked_dtype(config: dict) -> str | None:
+    """The weights' dtype a config.json asks for ("torch_dtype", or transformers 5's "dtype"), when not float32."""
+    v = config.get("dtype") or config.get("torch_dtype")
+    v = str(v).replace("torch.", "") if v else None
+    return None if v in (None, "float32", "auto") else v

@@ -85,7 +85,7 @@ def _loss_and_grads(spec, plan, batch, device, reference_dtype=None):
     from .models import build_model
     torch.manual_seed(GATE_SEED)
     with torch.device(device):
-        model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"])
+        model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"], plan.master_dtype)
     model.config.use_cache = False
     model.train()
     for knob in transforms(GATE_STAGES):

@@ -220,7 +220,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
 
     def _make(accum):
         with torch.device(device) if on_device else contextlib.nullcontext():
-            model = build_model(spec.model_config, plan.attn_implementation, recipe["seq_len"])
+            model = build_model(spec.model_config, plan.attn_implementation, recipe["seq_len"], plan.master_dtype)
         model.config.use_cache = False
         model.train()
         names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
