@@ -47,6 +47,14 @@ def sizes(config: dict) -> Sizes:
     return _SIZES[key]
 
 
+def asked_dtype(config: dict) -> str | None:
+    """The weights' dtype a model config asks for ("torch_dtype", or transformers 5's "dtype": nearly every Hub
+    config.json has one), when it is not float32; trainscout builds the plan's master dtype all the same."""
+    v = config.get("dtype") or config.get("torch_dtype")
+    v = str(v).replace("torch.", "") if v else None
+    return None if v in (None, "float32", "auto") else v
+
+
 def hf_config(config: dict):
     """The transformers config object of a model config dict (ConfigError when transformers cannot read it)."""
     from transformers import AutoConfig

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from trainscout.spaces.model_config import asked_dtype
+
 from . import shared
 
 if TYPE_CHECKING:
@@ -86,6 +88,8 @@ def measurement_key(spec: TrialSpec, hardware: dict, versions: dict, placement: 
         "hardware": {k: hardware.get(k) for k in ("gpu", "gpu_memory_gib", "cpu", "cpu_count")},
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "deepspeed")},
     }
+    if asked_dtype(spec.model_config):  # measured before 2026-12-06, such a config trained its asked 16-bit weights
+        ident["master_dtype"] = spec.plan.master_dtype  # under a mixed label: those records are never served for it
     if spec.fault:  # an injected failure is not a measurement of the configuration: never serve it for one
         ident["fault"] = spec.fault
     if placement and placement.get("split"):

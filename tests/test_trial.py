@@ -57,6 +57,9 @@ def test_trial_measures_each_engine(ray_local, name):
     assert math.isfinite(m["loss"]) and 0 < m["loss"] < 2 * math.log(512)
     assert r.config == {**r.config, **ENGINES[name]}
     assert r.hardware["device"] == "cpu" and r.versions["torch"]
+    # what the optimizer stepped, read from it (trial.dtypes): fp32 masters under fp32 and bf16-mixed, on every
+    # engine (DeepSpeed's bf16 model is 16-bit, its optimizer's partitions are not; FSDP2 keeps fp32 shards)
+    assert m["dtypes"] == {"weights": "float32", "gradients": "float32", "optimizer": "float32"}
     # torch.compile's own timers: what of the build and warm-up was compiling (the loss alone compiles too)
     compiles = ENGINES[name].get("compile") or ENGINES[name].get("loss_kernel") == "compiled"
     assert (m["compile_s"] > 0) == bool(compiles) and m["compile_s"] <= m["build_s"] + m["warmup_s"]

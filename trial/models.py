@@ -290,9 +290,3 @@ def build_model(config: dict, attn_implementation: str, seq_len: int, dtype: str
                                        "attention in this transformers: set attention=eager")
     return AutoModelForCausalLM.from_config(hf, attn_implementation=attn_implementation, dtype=getattr(torch, dtype))
 
-
-def asked_dtype(config: dict) -> str | None:
-    """The weights' dtype a config.json asks for ("torch_dtype", or transformers 5's "dtype"), when not float32."""
-    v = config.get("dtype") or config.get("torch_dtype")
-    v = str(v).replace("torch.", "") if v else None
-    return None if v in (None, "float32", "auto") else v

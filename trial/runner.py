@@ -370,6 +370,8 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # each timed step's loss (verify --quality compares them), from the rank that has them
         "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
         "micro_batch_size": spec.plan.micro_batch_size,
+        # the dtypes rank 0's optimizer really stepped (trial.dtypes: a trial whose dtypes differ from its label crashes)
+        "dtypes": ranks[0].dtypes,
     }
     if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
         out["quality"] = ranks[0].quality or spec.quality.get("known") or {

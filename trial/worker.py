@@ -194,7 +194,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
 
     _redirect_stderr(spec.log_dir, rank)
     _reset_peak_rss()
-    from . import engines, faults, probe as mbs_probe
+    from . import dtypes, engines, faults, probe as mbs_probe
     from .models import build_model
     from trainscout.spaces import ParallelDims
 
@@ -225,9 +225,11 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         model.train()
         names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
         n_params[0] = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them to empty
-        return model, names, engines.build(plan, model, recipe, device, world, accum)
+        engine = engines.build(plan, model, recipe, device, world, accum)
+        ran[0] = dtypes.watch(engine.optimizers())  # what its optimizer really steps (the record's dtypes)
+        return model, names, engine
 
-    probe, n_params, made = [], [0], [0.0]
+    probe, n_params, made, ran = [], [0], [0.0], [{}]
     if spec.probe:  # micro_batch_size=max: the largest candidate that survives a full step, in this process
         (model, names, engine), accum, probe = mbs_probe.largest_fit(spec, plan, make, device)
     else:
@@ -247,7 +249,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
                    for _ in range(min(accum, 4))]
         batch = lambda step, i: batches[i % len(batches)]  # noqa: E731
     clock = Clock(device)
-    n_steps, host = [0], [0.0]
+    n_steps, host, checked = [0], [0.0], []
 
     def optimizer_step_marks(accum):
         marks, losses = [clock.mark()], []
@@ -262,6 +264,9 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         n_steps[0] += 1
         engine.optimizer_step()
         marks.append(clock.mark())
+        if ran[0] and not checked:  # the first step that stepped: its dtypes are the label's, or no measurement
+            dtypes.check(ran[0], plan)
+            checked.append(True)
         # each micro-batch's loss comes scaled by 1/accum: their sum is the step's mean loss per token
         return marks, (torch.stack(losses).float().sum() if losses else None)
 
@@ -321,7 +326,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
                       autotune_s=autotune_s,
                       warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
-                      gc_s=gc_seconds() - gc0,
+                      gc_s=gc_seconds() - gc0, dtypes=ran[0] or None,
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
     return {"n_params": n_params, "rank": mine.to_dict()}

@@ -1,5 +1,10 @@
+import sys
+
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..model_config import asked_dtype
+
+_said: set = set()
 
 
 @register
@@ -23,6 +28,15 @@ class Precision(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.precision = value
+        # this knob owns the dtypes: fp32 master weights, gradients and AdamW states under every value, whatever
+        # the model's config.json says (the model is built in plan.master_dtype; trial.dtypes checks what ran)
+        plan.master_dtype = "float32"
+        asked = asked_dtype(ctx.model_config or {})
+        if asked and (asked, value) not in _said:
+            _said.add((asked, value))
+            print(f"trainscout: note: the model's config.json asks for {asked} weights; precision={value} keeps "
+                  f"{plan.master_dtype} master weights (the config's torch_dtype does not change what trains)",
+                  file=sys.stderr, flush=True)
 
     def export(self, fmt, plan, device):
         if fmt == "hf":

@@ -113,8 +113,13 @@ class Engine:
         raise NotImplementedError
 
     def full_state_dict(self, names: dict, rank: int) -> dict:
-        """The model's full state dict on rank 0 ({} on the other ranks), keyed by parameter name."""
+        """The model's full state dict on rank 0 ({} on the other ranks), keyed by parameter name, in the master
+        weights' dtype (a checkpoint keeps what trained)."""
         raise NotImplementedError
+
+    def optimizers(self) -> list:
+        """The torch optimizers that update the master weights (trial.dtypes reads what they step)."""
+        return [self.opt]
 
     def close(self) -> None:
         """Release what outlives the engine's objects in this process (the next trial may run in it)."""

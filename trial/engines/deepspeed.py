@@ -65,9 +65,25 @@ class DeepSpeedEngine(Engine):
     def close(self):
         self.engine.destroy()  # its hooks and the optimizer's buffers (ZeRO-3's partitioned parameters)
 
+    def optimizers(self):
+        # ZeRO 1-3 and bf16 wrap a torch optimizer over the fp32 master partitions; without them it is the client's
+        opt = self.engine.optimizer
+        return [getattr(opt, "optimizer", opt)]
+
     def full_state_dict(self, names, rank):
-        ds = self.engine  # ZeRO-3: DeepSpeed's consolidated 16-bit state dict (a collective)
-        return ds._zero3_consolidated_16bit_state_dict() if ds.zero_optimization_stage() == 3 else ds.module.state_dict()
+        # the fp32 master weights, not the module's 16-bit copies: DeepSpeed's safe_get_full_fp32_param assembles
+        # each from its partitions (a collective under ZeRO 1-3: every rank calls it, in the same order); None where
+        # the parameter has no master copy (fp32 without ZeRO), which trains the module's own
+        from deepspeed.utils import safe_get_full_fp32_param
+        ds = self.engine
+        full = {name: safe_get_full_fp32_param(p) for name, p in ds.module.named_parameters(remove_duplicate=False)}
+        if ds.zero_optimization_stage() == 3:  # the buffers and any parameter without a master (gathered in 16-bit)
+            sd = ds._zero3_consolidated_16bit_state_dict()
+        else:
+            sd = ds.module.state_dict()
+        if rank != 0:
+            return {}
+        return {k: (full[k] if full.get(k) is not None else v) for k, v in sd.items()}
 
     @classmethod
     def model_states(cls, c, plan, N, D, mixed):

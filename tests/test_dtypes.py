@@ -1,0 +1,99 @@
+"""Measured as labelled: a config.json's torch_dtype does not decide what trains (the precision knob does), and the
+dtypes a trial's optimizer really steps are read from it and checked against the label (trial.dtypes)."""
+import json
+
+import pytest
+import torch
+
+from trainscout.spaces import Context, resolve
+from trainscout.trial import dtypes, engines
+from trainscout.trial.models import build_model, resolve_model
+
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
+         "max_position_embeddings": 256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+RECIPE = {"lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.01, "grad_clip": 1.0, "seq_len": 32}
+FP32 = {"weights": "float32", "gradients": "float32", "optimizer": "float32"}
+
+
+@pytest.fixture
+def hub_config(tmp_path):
+    """A tiny Llama config.json as the Hub publishes them: with "torch_dtype": "bfloat16"."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    return str(path)
+
+
+def step(engine, vocab=512):
+    batch = torch.randint(0, vocab, (2, RECIPE["seq_len"]), generator=torch.Generator().manual_seed(0))
+    engine.micro_step(batch, is_last=True, scale=1.0)
+    engine.optimizer_step()
+
+
+def plan_of(config, precision="bf16-mixed"):
+    ctx = Context(world_size=1, device="cpu", num_layers=2, global_batch=2, model_config=config)
+    return resolve({"precision": precision, "micro_batch_size": 2}, ctx)[1]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_a_hub_config_json_trains_fp32_master_weights_and_says_so(hub_config, precision, capsys):
+    spec = resolve_model(hub_config)
+    plan = plan_of(spec.config, precision)
+    assert plan.master_dtype == "float32" and plan.precision == precision
+    assert f"asks for bfloat16 weights; precision={precision} keeps float32 master weights" in capsys.readouterr().err
+    model = build_model(spec.config, plan.attn_implementation, 32, plan.master_dtype)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    engine = engines.build(plan, model, RECIPE, torch.device("cpu"), 1, 1)
+    seen = dtypes.watch(engine.optimizers())
+    step(engine)
+    assert seen == FP32
+    dtypes.check(seen, plan)  # the label's
+
+
+def test_a_trial_whose_optimizer_steps_other_dtypes_than_its_label_is_no_measurement(hub_config):
+    """What every trial did before the precision knob owned the dtypes: the config.json's bf16 weights under a
+    bf16-mixed label. The real engine and optimizer step them, and the check names what ran."""
+    spec = resolve_model(hub_config)
+    plan = plan_of(spec.config)
+    model = build_model(spec.config, plan.attn_implementation, 32, "bfloat16")
+    engine = engines.build(plan, model, RECIPE, torch.device("cpu"), 1, 1)
+    seen = dtypes.watch(engine.optimizers())
+    step(engine)
+    assert seen == {"weights": "bfloat16", "gradients": "bfloat16", "optimizer": "bfloat16"}
+    with pytest.raises(dtypes.DtypeMismatch, match="precision=bf16-mixed trains float32 weights.*weights in bfloat16"):
+        dtypes.check(seen, plan)
+
+
+def test_the_watch_reads_the_first_step_that_stepped_and_then_lets_go():
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    seen = dtypes.watch([opt])
+    assert seen == {}  # nothing stepped yet: nothing to check
+    dtypes.check(seen, plan_of(resolve_model("tiny").config))
+    p.grad = torch.ones(4)
+    opt.step()
+    assert seen == FP32
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks  # removed after the first
+
+
+def test_a_stored_key_of_a_config_asking_16_bit_weights_is_not_the_one_measured_before():
+    """Records measured before 2026-12-06 of a config.json with torch_dtype trained its 16-bit weights under a mixed
+    label: the key of such a config now names the master dtype, so they are never served for it; a config without
+    the field keeps its key."""
+    from trainscout.store.schema import measurement_key
+    from trainscout.trial import prepare
+    hw = {"device": "cpu", "cpu": "x", "cpu_count": 2}
+    with_dtype = prepare(resolve_model("tiny").__class__("m", dict(LLAMA), resolve_model("tiny").recipe), {},
+                         device="cpu", hw=hw)
+    without = prepare(resolve_model("tiny").__class__("m", {k: v for k, v in LLAMA.items() if k != "torch_dtype"},
+                                                      resolve_model("tiny").recipe), {}, device="cpu", hw=hw)
+    import hashlib
+    old = {"config": with_dtype.config, "model_config": with_dtype.model_config, "recipe": with_dtype.recipe,
+           "device": "cpu", "world_size": 1, "hardware": {k: hw.get(k) for k in ("gpu", "gpu_memory_gib", "cpu",
+                                                                                   "cpu_count")},
+           "versions": {"torch": None, "transformers": None, "deepspeed": None}}
+    old_key = hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    assert measurement_key(with_dtype, hw, {}) != old_key
+    old["model_config"], old["config"] = without.model_config, without.config
+    assert measurement_key(without, hw, {}) == hashlib.sha256(
+        json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:32]
