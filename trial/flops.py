@@ -40,7 +40,8 @@ class Count:
 
     layer_weights: tuple[float, ...]  # per decoder layer: active matmul parameters (x 2 = forward FLOPs per token)
     outside: float                    # active matmul parameters outside the layers: the head (once), projections
-    attention_width: tuple[int, ...]  # per decoder layer: query heads x head_dim (0: no attention)
+    attention_width: tuple[float, ...]  # per decoder layer: query heads x head_dim (0: no attention; MLA: the mean
+    #                                     of its query-key and value head widths)
     total_params: int                 # every parameter once (what the dense count multiplied by 6)
     note: str = ""                    # what the count could not read (e.g. an MoE top_k), shown with the record
 
@@ -104,6 +105,9 @@ def _count(key: str) -> Count:
         outside += sum(p.numel() for _, p in sub.named_parameters(recurse=False) if p.dim() >= 2)
     # a tied head: its module's weight is counted above, the embedding module's is not (the same tensor, once)
     width = (z.heads or 0) * (getattr(hf, "head_dim", None) or (z.hidden // z.heads if z.heads else 0))
+    qk, v = getattr(hf, "qk_head_dim", None), getattr(hf, "v_head_dim", None)
+    if qk and v:  # multi-head latent attention (DeepSeek-V2/V3): scores over qk_head_dim, values over v_head_dim
+        width = (z.heads or 0) * (qk + v) / 2  # (its config's head_dim is the rope part alone)
     kinds = getattr(hf, "layer_types", None)
     attends = [("attention" in t and "linear" not in t) if isinstance(t, str) else True
                for t in (kinds or ["attention"] * len(layers))][:len(layers)]
