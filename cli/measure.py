@@ -106,8 +106,15 @@ def cmd_estimate(a) -> int:
     from trainscout.trial import memory, prepare
     capacity = None if a.gpu_memory is None else gpu_memory(a.gpu_memory)
     input_file("--model", a.model)
-    hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu}
-    spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, **recipe_kwargs(a))
+    from trainscout.spaces import all_knobs
+    from trainscout.trial.metrics import gpu_facts
+    # the GPU box estimated for, not this machine: --gpu's compute capability where it is known (fp8 needs 8.9),
+    # else a Hopper's, and every package a knob runs on (liger-kernel for the fused linear loss, torchao for fp8)
+    facts = gpu_facts(a.gpu) if a.gpu else None
+    assumed = None if facts else "compute capability 9.0 (give --gpu NAME for another)"
+    hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu, "capability": facts[1] if facts else "9.0"}
+    installed = frozenset(p for k in all_knobs() for p in k.packages)
+    spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, installed=installed, **recipe_kwargs(a))
     cal = None
     if a.calibrate:
         from trainscout.analysis.table import store_of
@@ -120,7 +127,9 @@ def cmd_estimate(a) -> int:
         print(json.dumps({"config": spec.config, "components_gib": {k: v / memory.GiB for k, v in comp.items()},
                           "host_gib": {k: v / memory.GiB for k, v in host.items()},
                           "predicted_gib": total / memory.GiB, "calibration": cal,
-                          "capacity_gib": capacity / memory.GiB if capacity else None, "fits": fits}))
+                          "capacity_gib": capacity / memory.GiB if capacity else None, "fits": fits,
+                          "assumed": {"capability": hw["capability"], "packages": sorted(installed),
+                                      "gpu_known": facts is not None}}))
         return 1 if fits is False else 0
     print(f"model {spec.model}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec.config.items()))
     for k, v in comp.items():
@@ -128,7 +137,10 @@ def cmd_estimate(a) -> int:
     how = (f"calibrated on {cal['n']} measured peaks: {cal['a']:.2f}·states + {cal['b']:.2f}·activations + "
            f"{cal['c'] / memory.GiB:.2f} GiB") if cal else "analytic sum + 1 GiB workspace"
     print(f"  {'predicted':12} {total / memory.GiB:8.2f} GiB per rank ({how})")
-    print("  host memory, all ranks: " + ", ".join(f"{k} {v / memory.GiB:.1f}" for k, v in host.items()) + " GiB")
+    print("  host memory, all ranks: " + ", ".join(f"{k} {v / memory.GiB:.1f}" for k, v in host.items())
+          + f" GiB: {memory.host_need(host) / memory.GiB:.1f} GiB at the peak")
+    if assumed:
+        print(f"  assumed: a GPU of {assumed}, with every knob's packages installed")
     if capacity:
         verdict = "fits" if fits else "does NOT fit"
         print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
@@ -222,7 +234,7 @@ def cmd_train(a) -> int:
         bar.set_postfix_str(f"loss {loss}  {m['tokens_per_s']:,.0f} tok/s")
     r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype or "uint16", out=a.out,
               workers=a.workers, device=a.device, timeout=a.timeout, address=a.address, on_step=on_step,
-              **recipe_kwargs(a))
+              save_dtype=a.save_dtype, **recipe_kwargs(a))
     for bar in bars:
         bar.close()
     if a.json:

@@ -9,10 +9,13 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   knobs adjust, e.g. loss_kernel=compiled keeps no fp32 logits), written once and read once, and read and written
   once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
   a checkpointed layer's activations as if it kept them, once more for its recomputed forward;
-- launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer.
+- launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer;
+- offload (offload_s, per optimizer step, not overlapped with the GPU's work): what an engine keeps in host memory
+  (Engine.offloaded) moves over the GPU's PCIe link at PCIE_BPS, and the CPU's optimizer step reads and writes its
+  states at HOST_MEMORY_BPS, a bandwidth all the box's ranks share.
 Its constants are round first-principles figures, not fitted: only the order it puts configurations in is used,
 and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
-between ranks (ZeRO, FSDP and DDP on several GPUs), CPU offload transfers, pipeline bubbles, fp8 linears.
+between ranks (ZeRO, FSDP and DDP on several GPUs), pipeline bubbles, fp8 linears.
 """
 from __future__ import annotations
 
@@ -35,6 +38,15 @@ PASSES_EAGER, PASSES_COMPILED = 4, 2  # traffic over the held bytes: write + rea
 LAUNCH_S = 5e-6  # one kernel launch
 KERNELS_EAGER, KERNELS_COMPILED = 40, 10  # per layer, forward and backward
 FP32_RATE = {True: 0.5, False: 1 / 16}  # of the bf16 peak, by tf32
+# Host <-> device over PCIe, bytes/s per GPU and direction: an x16 link of Gen4 is 32 GB/s on paper, Gen5 64; about
+# 25 GB/s is what pinned copies of Gen4 reach (and what a Gen5 GPU behind a Gen4 host gets): a round effective figure.
+PCIE_BPS = 25e9
+# The CPU optimizer's state traffic, bytes/s for the whole host: ZeRO-Offload's CPU-Adam stepped 8 B parameters in
+# 2.4 s on a two-socket Xeon (Ren et al. 2021, table 4), ~3.3e9 parameters/s at CPU_ADAM_BYTES each: ~90 GB/s.
+HOST_MEMORY_BPS = 90e9
+# per parameter of a CPU AdamW step: fp32 weight, gradient, two moments read (16 B), weight and moments written
+# (12 B) and the 16-bit copy the GPU gets back (2 B)
+CPU_ADAM_BYTES = 30
 
 
 def _lookup(table: list[tuple[str, float]], name: str | None, default: float) -> float:
@@ -69,4 +81,34 @@ def step_s(spec: TrialSpec) -> float:
     if plan.loss_kernel != "eager":  # a compiled or fused loss: its logits in fused kernels
         traffic -= held["logits"] * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
     launches = z.layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
-    return plan.grad_accum * (compute + traffic + launches)
+    return plan.grad_accum * (compute + traffic + launches) + offload_s(spec)
+
+
+def offload_s(spec: TrialSpec) -> float:
+    """Seconds per optimizer step a rank spends on what its engine keeps in host memory (0 where nothing is):
+    - optimizer states offloaded (ZeRO-Offload): every micro-batch's reduced 16-bit gradient shard goes to the host,
+      where DeepSpeed accumulates it (2·N/D bytes each); the CPU steps AdamW over the states of every rank's shard
+      (CPU_ADAM_BYTES per parameter, N in all on the host, at HOST_MEMORY_BPS shared by the ranks); the updated 16-bit
+      shard comes back (2·N/D, unless the parameters live on the host too);
+    - parameter shards offloaded (ZeRO-3): each is fetched as 16 bits (2·N/D) for every forward and backward of
+      every micro-batch, and once more per checkpointed forward recomputed.
+    PCIe bytes at PCIE_BPS, no overlap with compute assumed (an upper bound on what offload costs a step)."""
+    from . import engines
+    plan = spec.plan
+    engine = engines.get(plan.engine)
+    optimizer, params = engine.offloaded(plan)
+    if not (optimizer or params):
+        return 0.0
+    n = memory._counts(memory._with_config(spec).model_config)["N"]
+    shard = n / engine.data_ranks(plan, spec.world_size)
+    accum = plan.grad_accum
+    pcie = accum * 2 * shard  # the gradient shards down, every micro-batch
+    host = 0.0
+    if optimizer:
+        host = n * CPU_ADAM_BYTES / HOST_MEMORY_BPS
+        if not params:
+            pcie += 2 * shard  # the updated 16-bit shard back
+    if params:
+        passes = 2 + (1 if plan.checkpoint_every else 0)  # forward, backward, the recomputed forward
+        pcie += accum * passes * 2 * shard
+    return pcie / PCIE_BPS + host
