@@ -19,6 +19,7 @@ class Context:
     installed: frozenset = frozenset()  # optional packages present (e.g. "flash_attn"), as knobs' `packages` name them
     capability: str = ""           # the GPU's CUDA compute capability ("9.0" on an H100/H200), "" without a GPU
     model_config: dict = field(default_factory=dict)  # the transformers config of the model, as a dict
+    seq_len: int = 0               # tokens per sequence of the recipe (0: not known here)
 
     def data_parallel_ranks(self, cfg: dict) -> int:
         """Ranks that each hold a slice of the batch: the world over every parallel degree the knobs set

@@ -107,3 +107,34 @@ def test_the_export_refuses_hf_and_accelerate_in_one_line(tmp_path):
             export(rec, str(tmp_path / fmt), formats=(fmt,))
         assert "context_parallel=2" in str(e.value) and "use --format command" in str(e.value)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cp, seq_len, fix", [
+    (2, 63, "context_parallel=2 splits each sequence into 4 equal chunks: --seq-len 63 is not a multiple of 4: "
+            "use --seq-len 60 or 64"),
+    (4, 100, "context_parallel=4 splits each sequence into 8 equal chunks: --seq-len 100 is not a multiple of 8: "
+             "use --seq-len 96 or 104"),
+    (4, 6, "context_parallel=4 splits each sequence into 8 equal chunks: --seq-len 6 is not a multiple of 8: "
+           "use --seq-len 8"),
+])
+def test_a_sequence_the_load_balanced_split_cannot_divide_is_refused(cp, seq_len, fix):
+    """torch's load-balanced split gives each cp rank a head and a tail chunk of every sequence: 2*cp equal chunks
+    (at 63 tokens over 2 ranks it cut 32/31 without a word); a length they divide runs."""
+    with pytest.raises(ConfigError) as e:
+        resolve({"context_parallel": cp}, Context(world_size=cp, seq_len=seq_len, **GPUS))
+    assert e.value.field == "context_parallel" and str(e.value).endswith(fix), str(e.value)
+    assert resolve({"context_parallel": cp}, Context(world_size=cp, seq_len=64, **GPUS))[1].mesh == {"cp": cp}
+
+
+def test_trial_refuses_the_sequence_length_in_one_line_with_exit_2(tmp_path):
+    """Through the CLI: the runner's context carries the recipe's sequence length (--seq-len) to the knob's check."""
+    import json
+    import subprocess
+    import sys
+    cfg = tmp_path / "neox.json"
+    cfg.write_text(json.dumps(CONFIG))
+    res = subprocess.run([sys.executable, "-m", "trainscout.cli", "estimate", "--model", str(cfg), "--workers", "2",
+                          "--seq-len", "63", "--set", "context_parallel=2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, (res.stdout, res.stderr[-2000:])
+    lines = [ln for ln in res.stderr.splitlines() if "context_parallel" in ln]
+    assert len(lines) == 1 and "--seq-len 63 is not a multiple of 4: use --seq-len 60 or 64" in lines[0], res.stderr

@@ -71,7 +71,7 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     recipe = with_overrides(spec.recipe, global_batch=global_batch, seq_len=seq_len, total_steps=total_steps,
                             total_tokens=total_tokens, grad_clip=grad_clip)
-    ctx = context(spec.config, recipe.global_batch, workers, hw, installed)
+    ctx = context(spec.config, recipe.global_batch, workers, hw, installed, recipe.seq_len)
     cfg, plan = resolve(settings, ctx)
 
     def measured(full: int) -> int:
@@ -102,13 +102,13 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
 
 
 def context(model_config: dict, global_batch: int, workers: int, hw: dict,
-            installed: frozenset | None = None) -> Context:
+            installed: frozenset | None = None, seq_len: int = 0) -> Context:
     """What knobs are checked against: the box (hardware fingerprint and its optional packages, default this
     one's), the model and the recipe's batch."""
     return Context(world_size=workers, device=hw["device"], num_layers=sizes(model_config).layers,
                    global_batch=global_batch,
                    installed=hardware.installed_optional() if installed is None else installed,
-                   capability=str(hw.get("capability") or ""), model_config=model_config)
+                   capability=str(hw.get("capability") or ""), model_config=model_config, seq_len=seq_len)
 
 
 def cluster_address(address: str | None = None) -> str | None:

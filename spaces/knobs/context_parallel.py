@@ -31,6 +31,12 @@ class ContextParallel(Knob):
             raise ConfigError(self.name, f"context_parallel={value} does not divide the {ctx.world_size} rank(s): "
                                          f"choose a divisor of {ctx.world_size}" +
                                          (" (on one rank only context_parallel=1)" if ctx.world_size == 1 else ""))
+        chunks = 2 * value  # torch's load-balanced split: each rank a head and a tail chunk of every sequence
+        if ctx.seq_len and ctx.seq_len % chunks:
+            low = ctx.seq_len // chunks * chunks
+            near = "--seq-len " + " or ".join(str(n) for n in (low, low + chunks) if n > 0)
+            raise ConfigError(self.name, f"context_parallel={value} splits each sequence into {chunks} equal chunks: "
+                                         f"--seq-len {ctx.seq_len} is not a multiple of {chunks}: use {near}")
         if ctx.device != "cuda":
             raise ConfigError(self.name, f"context_parallel={value} needs CUDA GPUs: torch's ring attention shards only "
                                          f"the CUDA SDPA kernels (on the CPU: {CPU_ERROR}): set context_parallel=1")
