@@ -195,18 +195,21 @@ def search_command(target: dict, gpus: int, global_batch: int | None) -> str:
 
 
 def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None, prices,
-              gpu_memory_gib: float | None = None) -> dict:
+              gpu_memory_gib: float | None = None, host_memory_gib: float | None = None) -> dict:
     """The predicted answer for a model or GPU kind not measured: rows labelled predicted, their leave-one-out
-    error (the shipped rows, each predicted with its own model held out), the search command."""
+    error (the shipped rows, each predicted with its own model held out), the search command. Every row is one
+    `trainscout search` would run on that box: it fits the GPU by the memory model and the host (host_memory_gib,
+    default predict.HOST_GIB_PER_GPU per GPU) by the rule the search prunes its trials by."""
     kind = predict.gpu_kind(gpu) or gpu
     model = atlas.model
     cached = model.get("predictions", {}).get(f"{target['name']}|{kind}|{gpus}")
-    if cached and not atlas.extra and target["path"] is None and not global_batch and gpu_memory_gib is None:
+    if cached and not atlas.extra and target["path"] is None and not global_batch and gpu_memory_gib is None \
+            and host_memory_gib is None:
         got = dict(cached, source="precomputed from the shipped rows by bench/build_atlas.py (atlas/model.json)")
     else:
         pool = predict.samples(atlas.rows, _features(atlas))
         got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
-                                         gpu_memory_gib), source="computed now from the atlas's rows")
+                                         gpu_memory_gib, host_memory_gib), source="computed now from the atlas's rows")
     loo = model["loo"]["model"]
     rows = []
     for r in got["rows"]:
@@ -241,9 +244,11 @@ def _features(atlas) -> dict:
 
 
 def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, global_batch: int | None = None,
-           budget: str | None = None, gpu_memory_gib: float | None = None, top: int = TOP) -> dict:
+           budget: str | None = None, gpu_memory_gib: float | None = None, top: int = TOP,
+           host_memory_gib: float | None = None) -> dict:
     """The whole answer for one model (JSON-ready): measured groups, else (for the asked GPU kind and count) the
-    prediction, the budget's verdict, notes."""
+    prediction (on a box of host_memory_gib, default predict.HOST_GIB_PER_GPU per GPU), the budget's verdict,
+    notes."""
     target = target_of(model)
     prices = _prices()
     want = parse_budget(budget)
@@ -256,7 +261,8 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
     if not any_ok:
         kinds = [predict.gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
         kind = gpu or (max(set(kinds) - {None}, key=kinds.count) if set(kinds) - {None} else "H200")
-        out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib)
+        out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib,
+                                     host_memory_gib)
     if want:
         out["budget"] = verdict(out, want)
     return out

@@ -303,18 +303,27 @@ def loo_summary(results: list[dict], level: int | None = None) -> dict:
 
 
 # --- a model never measured -------------------------------------------------------------------------------------
+# Host memory a GPU box is assumed to have where the question does not say (lookup --host-memory): per GPU, the
+# smaller end of what boxes come with (one H100 in 128 GiB; a DGX H100 has 2 TiB for 8)
+HOST_GIB_PER_GPU = 128
+
+
 def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_batch: int | None = None,
-                  capacity_gib: float | None = None) -> dict:
+                  capacity_gib: float | None = None, host_memory_gib: float | None = None) -> dict:
     """Predicted best configurations of a model on `gpus` GPUs of a kind. Candidates: the configurations of the
     CANDIDATES fastest rows (against their roofline) of the nearest measured models on that kind and count (any
-    count where that one was not measured), each at the largest micro-batch the calibrated memory model fits in
-    the share of the GPU a search's start point uses (trial.memory.FIT_SHARE); where none fits, with the
-    cheapest memory saver that does (spaces.memory_savers); where nothing fits, on 2, 4, 8 GPUs, with FSDP2
-    full_shard + full checkpointing too. Each one's roofline step is calibrated (calibrate). Returns {"model",
-    "gpu", "gpus", "rows": [{config, describe, tokens_per_s, step_s, peak_memory_gib, level, calibrated_on,
-    projected_days, ...}], "notes", "n_params", "capacity_gib"}; ConfigError for a GPU kind whose memory is not
-    known without capacity_gib."""
-    from trainscout.spaces import ConfigError, all_knobs, memory_savers
+    count where that one was not measured), each at the largest micro-batch that fits in the share of the GPU a
+    search's start point uses (trial.memory.FIT_SHARE) by the calibrated memory model and by the uncalibrated one
+    (what `trainscout estimate` and a search without measurements predict); where none fits, with the memory saver
+    (spaces.memory_savers) predicted fastest by the step-time model (trial.steptime, offload's PCIe and host traffic
+    included) of those that fit: sharding over the ranks before offload where the GPUs hold it. Every candidate must
+    fit the host by the rule a search prunes its trials by (trial.memory.host_refusal: host_memory_gib, default
+    HOST_GIB_PER_GPU per GPU, less trial.memory.MARGIN). Where nothing fits, on 2, 4, 8 GPUs. Each one's roofline
+    step is calibrated (calibrate). Returns {"model", "gpu", "gpus", "rows": [{config, describe, tokens_per_s,
+    step_s, peak_memory_gib, host_memory_gib, level, calibrated_on, projected_days, ...}], "notes", "n_params",
+    "capacity_gib", "host_memory_gib"}; ConfigError for a GPU kind whose memory is not known without
+    capacity_gib."""
+    from trainscout.spaces import ConfigError, all_knobs
     from trainscout.trial import memory
     from trainscout.trial.memory import FIT_SHARE
     from trainscout.trial.models import resolve_model, sizes
@@ -342,15 +351,20 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
                      "its prediction on the H200, docs/BENCHMARKS.md): measure it")
     cap = FIT_SHARE * capacity_gib * GiB
     rows: list[dict] = []
+    host_gib = host_memory_gib
     for want in sorted({gpus, *[g for g in (2, 4, 8) if g > gpus]}):
+        host_gib = host_memory_gib or HOST_GIB_PER_GPU * want
         hw = {"device": "cuda", "gpu": hw_name, "gpu_memory_gib": capacity_gib, "gpu_count": want,
-              "capability": capability}
-        savers = [*memory_savers(), *([{"fsdp": "full_shard", "activation_checkpointing": "full"}] if want > 1 else [])]
-        rows = _candidates(spec_model, want, n, arch, on_kind, global_batch, hw, installed, cap, savers, notes)
+              "capability": capability, "host_memory_gib": host_gib}
+        rows = _candidates(spec_model, want, n, arch, on_kind, global_batch, hw, installed, cap, notes)
         if rows:
             break
         notes.append(f"nothing is predicted to fit {want} x {kind} ({FIT_SHARE:.0%} of {capacity_gib:.1f} GiB, the "
-                     "share a search's start point uses)")
+                     f"share a search's start point uses; {host_gib:.0f} GiB of host memory less "
+                     f"{memory.MARGIN:.0%})")
+    if host_memory_gib is None:
+        notes.append(f"host memory assumed {HOST_GIB_PER_GPU} GiB per GPU ({host_gib:.0f} GiB): --host-memory "
+                     "gives the box's")
     from trainscout.trial import flops, metrics
     count = flops.count(spec_model.config)
     peak_tflops = metrics.gpu_peak_tflops(hw_name)
@@ -371,15 +385,16 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
                      f"parameters, against {n / 1e6:,.0f} M) is farther than any the leave-one-out held out: its "
                      "error may be larger than the error shown")
     return {"model": spec_model.name, "gpu": kind, "gpus": rows[0]["gpus"] if rows else gpus, "rows": rows,
-            "notes": notes, "n_params": n, "capacity_gib": capacity_gib}
+            "notes": notes, "n_params": n, "capacity_gib": capacity_gib, "host_memory_gib": host_gib}
 
 
 def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], global_batch: int | None, hw: dict,
-                installed: frozenset, cap: float, savers: list[dict], notes: list[str]) -> list[dict]:
+                installed: frozenset, cap: float, notes: list[str]) -> list[dict]:
     """predict_model's candidates on `gpus` GPUs, each at its largest fitting micro-batch (unsorted, uncalibrated):
     the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
-    the nearest models' rows."""
-    from trainscout.spaces import fmt
+    the nearest models' rows; one that does not fit as it is gets the memory saver predicted fastest of those that
+    fit (search.start.fits' rule)."""
+    from trainscout.spaces import fmt, memory_savers
     from trainscout.trial import engines, memory, steptime
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
@@ -392,43 +407,55 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
             picked.append(s)
         if len(picked) == CANDIDATES:
             break
+    host = hw["host_memory_gib"] * GiB
     out = []
     for s in picked:
         base = {k: v for k, v in s.config.items() if k != "micro_batch_size"}
-        why, added = None, False
-        for extra in ({}, *savers):
+        fitting, why = [], None
+        for rank, extra in enumerate(({}, *memory_savers())):
             settings = {**base, **extra}
             if settings.get("zero_stage") and settings.get("compile_scope") == "layers":
                 settings["compile_scope"] = "auto"  # DeepSpeed compiles the whole model (compile_scope's rule)
-            spec, mem, why, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
-                                                   lambda fam: memory_calibration(fam, n, arch, pool), cap)
+            spec, mem, why_not, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
+                                                       lambda fam: memory_calibration(fam, n, arch, pool), cap, host)
             if spec is None:
                 if refused and not extra:
+                    why = why_not
                     break  # the model or the GPU refuses the configuration itself: no saver changes that
+                why = why or why_not
                 continue
-            fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
-            host = memory.host_need(memory.host_peak(spec))
-            offload = f" [needs {host / GiB:.0f} GiB of host memory]" if any(
-                engines.get(spec.plan.engine).offloaded(spec.plan)) else ""
-            out.append({"config": spec.config, "plan": spec.plan.to_dict(), "gpus": gpus,
-                        "describe": describe(spec.config, spec.plan) + fitted + offload, "peak_memory_gib": mem / GiB,
-                        "host_memory_gib": host / GiB,
-                        "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
-                        "total_steps": spec.recipe["total_steps"], "from": s.model,
-                        "_fam": tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))),
-                        "_roofline_s": steptime.step_s(spec)})
-            added = True
-            break
-        if not added and why:
-            notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
+            if extra and memory.shards_nothing(spec):
+                continue  # sharding over one rank: offload is one GPU's saver
+            fitting.append((steptime.step_s(spec), rank, extra, spec, mem))
+            if not extra:
+                break  # the configuration as measured fits: no saver
+        if not fitting:
+            if why:
+                notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
+            continue
+        step, _, extra, spec, mem = min(fitting, key=lambda f: f[:2])  # fastest predicted; ties in the savers' order
+        fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
+        host_need = memory.host_need(memory.host_peak(spec))
+        offload = f" [needs {host_need / GiB:.0f} GiB of host memory]" if any(
+            engines.get(spec.plan.engine).offloaded(spec.plan)) else ""
+        out.append({"config": spec.config, "plan": spec.plan.to_dict(), "gpus": gpus,
+                    "describe": describe(spec.config, spec.plan) + fitted + offload, "peak_memory_gib": mem / GiB,
+                    "estimate_gib": memory.predict(spec) / GiB, "host_memory_gib": host_need / GiB,
+                    "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
+                    "total_steps": spec.recipe["total_steps"], "from": s.model,
+                    "savers_fitting": len(fitting) - (0 if extra else 1),
+                    "_fam": tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))),
+                    "_roofline_s": step})
     return out
 
 
 def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw: dict, installed: frozenset,
-                 calibration, cap: float):
-    """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes, or (None,
-    None, why not, refused): refused=True where a knob rule refuses the configuration on this model and GPU, False
-    where the smallest micro-batch is predicted over cap. calibration(fam): the memory calibration of a family."""
+                 calibration, cap: float, host: float):
+    """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes by the
+    calibrated memory model and by the uncalibrated one (trainscout estimate's, a fresh search's), on a host of
+    `host` bytes by trial.memory.host_refusal, the search's rule; or (None, None, why not, refused): refused=True
+    where a knob rule refuses the configuration on this model and GPU, False where it does not fit.
+    calibration(fam): the memory calibration of a family."""
     from trainscout.spaces import ConfigError, Context
     from trainscout.trial import memory, prepare
     batch = global_batch or model.recipe.global_batch
@@ -443,11 +470,14 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
             if e.field == "micro_batch_size":
                 continue
             return None, None, str(e), True
+        over_host = memory.host_refusal(spec, host, memory.MARGIN)  # the same at every micro-batch
+        if over_host:
+            return None, None, over_host, False
         got = calibration(tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))))
         mem = memory.predict_terms(*memory.terms(spec), got[0] if got else None)
-        if mem <= cap:
+        if mem <= cap and memory.predict(spec) <= cap:
             return spec, mem, None, False
-        smallest = (mbs, mem)
+        smallest = (mbs, max(mem, memory.predict(spec)))
     if smallest is None:
         return None, None, "no micro-batch divides the batch", True
     return None, None, f"predicted {smallest[1] / GiB:.1f} GiB at micro-batch {smallest[0]} > {cap / GiB:.1f} GiB", False

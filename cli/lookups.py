@@ -31,6 +31,15 @@ def lookup_models(values: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def host_memory(text: str) -> float:
+    """--host-memory: a positive size with a unit, in bytes (--gpu-memory's rule, its own flag named)."""
+    try:
+        return gpu_memory(text)
+    except ConfigError:
+        raise ConfigError("--host-memory", f"--host-memory {text} is not a size: give a positive size with a unit, "
+                                           "e.g. 128GiB or 512GB (GiB, GB, MiB or MB)") from None
+
+
 def cmd_lookup(a) -> int:
     """`trainscout lookup`: measured best configurations from the atlas, else a labelled prediction; exit 1 when a
     --db file had refused rows (each printed with its reason)."""
@@ -40,12 +49,13 @@ def cmd_lookup(a) -> int:
         input_file("--db", path)
     models = lookup_models(a.model)
     capacity = gpu_memory(a.gpu_memory) / 2**30 if a.gpu_memory else None
+    host = host_memory(a.host_memory) / 2**30 if a.host_memory else None
     atlas = db.load(a.db)
     refused = [(layer.name, *r) for layer in atlas.layers for r in layer.refused]
     for name, n, key, why in refused:
         print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
     answers = [lookup(atlas, m, gpu=a.gpu, gpus=a.gpus, global_batch=a.global_batch, budget=a.budget,
-                      gpu_memory_gib=capacity, top=a.top) for m in models]
+                      gpu_memory_gib=capacity, top=a.top, host_memory_gib=host) for m in models]
     if a.json:
         print(json.dumps(answers[0] if len(answers) == 1 else answers))
     elif len(answers) == 1 or a.verbose:

@@ -79,6 +79,9 @@ def build_parser() -> Parser:
     lk.add_argument("--budget", default=None, help="days (30d) or dollars of rent ($5000): what fits in it")
     lk.add_argument("--gpu-memory", default=None,
                     help="memory per GPU for a prediction, e.g. 80GiB (default: the GPU kind's datasheet)")
+    lk.add_argument("--host-memory", default=None,
+                    help="host (CPU) memory of the GPU box for a prediction, e.g. 128GiB: a prediction is what a "
+                         "search there would run, its host memory within this less 10 %% (default: 128 GiB per GPU)")
     lk.add_argument("--db", action="append", metavar="STORE|FILE",
                     help="a results store (--out folder, .db, URL) or an export/share file on top of the shipped "
                          "measurements (repeatable; a file's rows are checked as an import checks them)")
@@ -260,6 +263,8 @@ def build_parser() -> Parser:
     tr.add_argument("--data-dtype", default=None,
                     help="token id type of --data: uint16, uint32, int32, int64 (default: uint16)")
     tr.add_argument("--out", default="runs/train", help="checkpoint folder (config.json + model.safetensors)")
+    tr.add_argument("--save-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                    help="cast the checkpoint's weights on save (default: the master weights' dtype, which trained)")
     tr.add_argument("--workers", type=positive_int("--workers"), default=None, help="ranks (default: as exported)")
     tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
     tr.add_argument("--timeout", type=positive_seconds("--timeout"), default=None,

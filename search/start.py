@@ -80,12 +80,14 @@ def space_defaults(space: Space) -> dict:
 
 def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,
          notes: list[str] | None = None, host: float | None = None) -> dict | None:
-    """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the
-    cheapest memory saver (spaces.memory_savers) that fits the GPU and the host (host: its bytes; default this
-    machine's); None where none does (notes: why)."""
+    """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the memory
+    saver of the space (spaces.memory_savers) predicted fastest (trial.steptime, at the largest micro-batch that fits
+    it) of those that fit the GPU and the host (host: its bytes; default this machine's; the rule a search's trials
+    are pruned by, trial.memory.host_refusal): sharding over the ranks before offload where the GPUs hold the states,
+    checkpointing every 4th layer before every layer; None where none fits (notes: why)."""
     import psutil
 
-    from trainscout.trial import memory
+    from trainscout.trial import memory, steptime
     mb = micro_batch().name
     searched = mb in space.domains
     sizes = [m for m in space.domains.get(mb, ()) if m != "max"] or [1]
@@ -97,30 +99,49 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
     host = host or psutil.virtual_memory().total
 
-    def need(p: dict) -> tuple[float, str | None] | None:
-        spec = spec_at(args, space, hw, p, **smallest)
+    def need(p: dict, **at) -> tuple[float, str | None] | None:
+        spec = spec_at(args, space, hw, p, **(at or smallest))
         if spec is None:
             return None
         return (memory.predict(spec, calibration) if gpu else 0.0), memory.host_refusal(spec, host, MEMORY_MARGIN)
+
+    def speed(p: dict) -> float:
+        """Predicted step seconds of p at the largest micro-batch of the space that fits (the smallest's otherwise)."""
+        for m in sorted(sizes, reverse=True) if searched or probed else [None]:
+            at = {mb: m} if m is not None else {}
+            got = need(p, **at)
+            if got is not None and got[0] <= cap and got[1] is None:
+                return steptime.step_s(spec_at(args, space, hw, p, **at))
+        return math.inf
     first = need(point)
     if first is None or (first[0] <= cap and first[1] is None):
         return point
-    tried = []
+    tried, fitting = [], []
     for saver in memory_savers():
         if any(v not in space.domains.get(k, ()) for k, v in saver.items()):
             continue
         got = need(dict(point, **saver))
         if got is None:
             continue
-        tried.append(f"{' '.join(f'{k}={fmt(v)}' for k, v in saver.items())}: {got[0] / memory.GiB:.1f} GiB"
+        spec = spec_at(args, space, hw, dict(point, **saver), **smallest)
+        if memory.shards_nothing(spec):  # sharding over one rank
+            continue
+        label = " ".join(f"{k}={fmt(v)}" for k, v in saver.items())
+        tried.append(f"{label}: {got[0] / memory.GiB:.1f} GiB"
                      + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
         if got[0] <= cap and got[1] is None:
-            if notes is not None:
-                over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
-                        f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
-                notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}): the start point adds "
-                             + " ".join(f"{k}={fmt(v)}" for k, v in saver.items()))
-            return dict(point, **saver)
+            fitting.append((speed(dict(point, **saver)), len(fitting), label, saver))
+    if fitting:
+        fitting.sort(key=lambda f: f[:2])  # fastest predicted; equal ones in the savers' rank order
+        best = fitting[0]
+        if notes is not None:
+            over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
+                    f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
+            why = ("; predicted step of each saver that fits: " + ", ".join(
+                f"{label} {t:.3g} s" for t, _, label, _ in fitting) + ", the fastest taken") if len(fitting) > 1 else ""
+            notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}){why}: the start point adds "
+                         f"{best[2]}")
+        return dict(point, **best[3])
     if notes is not None:
         need_text = f"{first[0] / memory.GiB:.1f} GiB" if gpu else f"more than the host has ({first[1]})"
         notes.append(f"no start point: the defaults need {need_text} at micro-batch {min(sizes)} "

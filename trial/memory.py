@@ -52,7 +52,8 @@ GiB = 2**30
 # micro_batch_size=max does not probe such a micro-batch (trial/probe.py).
 MARGIN = 0.10
 # A search's start point (search.start.fits) and the atlas' predictions must be predicted to fit in this share of
-# the GPU's memory; where the defaults do not, they add the knobs' memory savers (spaces.memory_savers), cheapest first.
+# the GPU's memory; where the defaults do not, they add the knobs' memory saver (spaces.memory_savers) predicted
+# fastest (trial/steptime.py) of those that fit the GPU and the host (host_refusal).
 FIT_SHARE = 0.85
 
 
@@ -185,6 +186,22 @@ def calibration_pairs(records: list[Record], gpu: str | None) -> list[tuple[Reco
             continue
         pairs.append((r, max(m["peak_allocated_mib"]) * 2**20))
     return pairs
+
+
+def shards_nothing(spec: TrialSpec | Record) -> bool:
+    """Whether the spec's engine divides the model states over its data ranks, keeps none of them on the host (FSDP,
+    ZeRO without offload) and has one data rank: as a memory saver it shards nothing there, and the start points and
+    the atlas leave it out (what it saves on one GPU, autocast's 16-bit copies, bought micro-batch 1 or 2 over
+    checkpointing: offload is one GPU's saver)."""
+    from . import engines
+    spec = _with_config(spec)
+    c, plan = _counts(spec.model_config), spec.plan
+    engine = engines.get(plan.engine)
+    if engine.data_ranks(plan, spec.world_size) > 1 or any(engine.offloaded(plan)):
+        return False
+    mixed = plan.precision != "fp32"
+    one, two = (sum(engine.model_states(c, plan, c["N"], d, mixed).values()) for d in (1, 2))
+    return two < 0.75 * one
 
 
 HOST_PROCESS = 1.5 * GiB  # a rank's process before its model: Python, torch, transformers, Ray's worker

@@ -10,6 +10,11 @@ class Fsdp(Knob):
     default = "off"
     choices = ("off", "shard_grad_op", "full_shard")
     requires = {"zero_stage": (0,)}  # one sharding engine per trial: FSDP or DeepSpeed
+    # memory savers: the model states sharded over the ranks, the GPUs' memory instead of the host's (start points
+    # and the atlas pick among the savers that fit by predicted step time, so these come before offload where the
+    # ranks hold them)
+    savers = ((45, {"fsdp": "shard_grad_op"}), (46, {"fsdp": "full_shard"}),
+              (47, {"fsdp": "full_shard", "activation_checkpointing": "full"}))
     column = 3
 
     def check(self, value, cfg, ctx):
