@@ -146,10 +146,10 @@ def run(path: str) -> dict:
     try:
         spec = resolve_model(path)
     except ConfigError as e:
-        row["refused"] = str(e)
+        row["refused"] = str(e).replace(ROOT + os.sep, "")
         return row
     c = flops.count(spec.config)
-    row.update(params=c.total_params, active_params=c.active_params, seq_len=spec.recipe.seq_len,
+    row.update(moe=_moe(raw), params=c.total_params, active_params=c.active_params, seq_len=spec.recipe.seq_len,
                flops_per_token=c.per_token(spec.recipe.seq_len), estimate_gib=estimate_gib(path))
     small = shrink(raw)
     row["ours"], row["theirs"], row["flops_ratio"] = flop_counter_ratio(small)
@@ -168,7 +168,7 @@ def table(rows: list[dict]) -> str:
                        f"{r['refused'].replace('|', '/')} | | | |")
             continue
         d = r["dtypes"]
-        active = f" ({r['active_params'] / 1e9:.2f}B active)" if r["active_params"] < 0.9 * r["params"] else ""
+        active = f" ({r['active_params'] / 1e9:.2f}B active)" if r["moe"] else ""
         out.append(f"| {r['model']} | {r['model_type']} | {r['params'] / 1e9:.2f}B{active} | {r['torch_dtype'] or '-'} "
                    f"| {r['estimate_gib']:.1f} | {r['flops_per_token'] / 1e9:.2f} G ({r['seq_len']}) | "
                    f"{r['flops_ratio']:.3f} | {'/'.join(sorted(d['params']))} / {'/'.join(sorted(d['grads']))} / "
