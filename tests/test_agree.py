@@ -1,0 +1,109 @@
+"""lookup, estimate and search agree (issue 45 item 4, issue 46 item 2): what lookup puts first for a model never
+measured is a configuration `trainscout search` would run on that box: it fits the GPU by `trainscout estimate`
+and the host by the rule the search prunes its trials by (trial.memory.host_refusal); memory savers are chosen by
+predicted step time (sharding over the ranks before offload where the GPUs hold it), in lookup and in the search's
+start points alike. No GPU: the Mistral-7B-v0.3 shape's config.json as published, the real memory and step-time
+models, the shipped atlas."""
+import json
+import os
+
+import pytest
+
+from trainscout.atlas import db, lookup
+from trainscout.cli.main import main
+from trainscout.spaces import fmt
+from trainscout.trial import memory, prepare, steptime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HUB = os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json")
+MISTRAL = HUB if os.path.exists(HUB) else os.path.join(ROOT, "tests", "data", "mistral-7b-v0.3.json")
+H100 = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 80.0, "gpu_count": 1, "capability": "9.0"}
+
+
+def estimate(config: dict, gpus: int, capacity_gib: float, capsys) -> dict:
+    """`trainscout estimate` of a configuration as lookup gives it (--json), with its exit status."""
+    sets = [x for k, v in config.items() for x in ("--set", f"{k}={fmt(v)}")]
+    rc = main(["estimate", "--model", MISTRAL, *sets, "--workers", str(gpus), "--gpu-memory", f"{capacity_gib}GiB",
+               "--json"])
+    return dict(json.loads(capsys.readouterr().out), rc=rc)
+
+
+def test_lookups_first_answer_is_what_a_search_would_run_on_one_h100_with_128_gib(capsys):
+    """The finding: lookup answered ZeRO-2 + optimizer offload first (123 GiB of host memory), which the search on
+    that box refused (> 126 GiB less 10 %). Now its first answer fits the GPU by estimate and the host by the
+    search's rule: nothing fits one H100 there, so it is on two."""
+    answer = lookup.lookup(db.load([]), MISTRAL, gpu="H100", gpus=1, gpu_memory_gib=80.0, host_memory_gib=128.0)
+    p = answer["predicted"]
+    first = p["rows"][0]
+    assert first["host_memory_gib"] <= 113
+    got = estimate(first["config"], first["gpus"], 80.0, capsys)
+    assert got["rc"] == 0 and got["fits"] is True and got["predicted_gib"] <= 80.0
+    spec = prepare(MISTRAL, first["config"], workers=first["gpus"], hw=dict(H100, gpu_count=first["gpus"]),
+                   installed=frozenset({"torchao", "liger_kernel", "flash_attn"}))
+    assert memory.host_refusal(spec, 128 * memory.GiB, memory.MARGIN) is None  # the search's own rule
+    assert any("nothing is predicted to fit 1 x H100" in n and "128 GiB of host memory" in n for n in p["notes"])
+    # the offload the finding saw is refused for the host, and says so
+    off = prepare(MISTRAL, {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full",
+                            "micro_batch_size": 1}, hw=H100, installed=frozenset())
+    assert memory.host_refusal(off, 128 * memory.GiB, memory.MARGIN)
+
+
+def test_on_eight_h200s_lookup_puts_sharding_first_not_offload():
+    """The finding: on 8 H200s lookup answered ZeRO-2 with optimizer offload (228 GiB of host memory) where FSDP
+    over 8 ranks fits; savers had been tried in a fixed order, offload before sharding."""
+    answer = lookup.lookup(db.load([]), MISTRAL, gpu="H200", gpus=8, host_memory_gib=1024.0)
+    first = answer["predicted"]["rows"][0]
+    c = first["config"]
+    assert first["gpus"] == 8
+    assert c.get("fsdp", "off") != "off" or c.get("zero_stage") == 3
+    assert not c.get("offload_optimizer") and not c.get("offload_params")
+    assert all(not r["config"].get("offload_optimizer") for r in answer["predicted"]["rows"])  # none slower wins
+
+
+def test_offload_costs_step_time_over_pcie_and_the_hosts_memory():
+    """The step-time model counts offload: ZeRO-2 + optimizer offload is slower than ZeRO-2 alone by the PCIe and
+    host traffic the model states (their bytes) make, and parameter offload slower again."""
+    hw = dict(H100, gpu_count=8)
+    at = dict(micro_batch_size=4, activation_checkpointing="full")
+    plain = prepare(MISTRAL, dict(at, zero_stage=2), workers=8, hw=hw, installed=frozenset())
+    opt = prepare(MISTRAL, dict(at, zero_stage=2, offload_optimizer=True), workers=8, hw=hw, installed=frozenset())
+    both = prepare(MISTRAL, dict(at, zero_stage=3, offload_optimizer=True, offload_params=True), workers=8, hw=hw,
+                   installed=frozenset())
+    assert steptime.offload_s(plain) == 0.0
+    n = memory._counts(memory._with_config(opt).model_config)["N"]
+    expected = (opt.plan.grad_accum * 2 + 2) * n / 8 / steptime.PCIE_BPS + n * steptime.CPU_ADAM_BYTES / \
+        steptime.HOST_MEMORY_BPS
+    assert steptime.offload_s(opt) == pytest.approx(expected)
+    assert steptime.step_s(opt) == pytest.approx(steptime.step_s(plain) + expected)
+    assert steptime.offload_s(both) > steptime.offload_s(opt)
+
+
+def test_search_start_point_takes_the_fastest_saver_that_fits(tmp_path):
+    """search/start.py's start point on 8 x 80 GiB GPUs: the defaults (DDP) do not fit, and of the savers that do
+    (FSDP2, ZeRO with offload, ...) the one predicted fastest is added: sharding, not offload; the note names each
+    saver's predicted step."""
+    from trainscout.search.service import SearchArgs, fits, space_defaults, validate
+    args = SearchArgs(model=MISTRAL, out=str(tmp_path), device="cpu", trials=4, gpus_per_trial=1)
+    space, _, hw = validate(args)
+    args.gpus_per_trial = 8
+    gpu = dict(hw, **dict(H100, gpu_count=8))
+    notes = []
+    point = fits(args, space, gpu, None, space_defaults(space), notes, host=1024 * memory.GiB)
+    assert point.get("fsdp", "off") != "off" and not point.get("offload_optimizer"), notes
+    assert "the fastest taken" in notes[0] and "offload_optimizer=true" in notes[0]
+
+
+def test_estimate_handles_fp8_and_the_fused_linear_loss(capsys):
+    """estimate refused them (no GPU capability, no liger-kernel here): it estimates for the GPU box. fp8 keeps a
+    third less of the layers' activations, the fused linear loss one chunk of logits."""
+    base = {"fsdp": "full_shard", "micro_batch_size": 4, "compile": True}
+    plain = estimate(base, 8, 80.0, capsys)
+    fp8 = estimate(dict(base, fp8="tensorwise"), 8, 80.0, capsys)
+    fused = estimate(dict(base, loss_kernel="fused_linear"), 8, 80.0, capsys)
+    assert plain["rc"] == fp8["rc"] == fused["rc"] == 0
+    assert fp8["components_gib"]["activations"] < 0.7 * plain["components_gib"]["activations"]
+    assert fused["components_gib"]["logits"] < 0.25 * plain["components_gib"]["logits"]
+    assert fp8["assumed"]["capability"] == "9.0" and not fp8["assumed"]["gpu_known"]
+    assert main(["estimate", "--model", MISTRAL, "--set", "fp8=tensorwise", "--gpu", "A100"]) == 2  # no FP8 there
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "fp8" in err and "capability" in err
