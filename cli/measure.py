@@ -183,13 +183,15 @@ def verify_quality(a) -> int:
         raise ConfigError("--runner", "--quality trains in trainscout's workers: leave --runner out")
     r = run(a.source, key=a.trial, steps=a.quality, seeds=a.seeds, global_batch=a.global_batch, seq_len=a.seq_len,
             timeout=a.timeout, address=a.address)
+    # exit 0: verified (or the same model); 1: failed, whether a run ended badly or the losses differ
+    code = 0 if r["verdict"] == "same" or (r.get("status") == "ok" and r["verdict"] != "failed") else 1
     if a.json:
         print(json.dumps(r))
-        return 0 if r.get("status") == "ok" or r["verdict"] == "same" else 1
+        return code
     print(f"verify --quality {r['key'][:12]}  {r['model']}: {r['verdict']}")
     if r.get("status") != "ok":
         print(f"  {r['why']}")
-        return 0 if r["verdict"] == "same" else 1
+        return code
     changed = ", ".join(f"{k} ({why})" for k, why in r["changes"].items())
     ref = " ".join(f"{k}={v}" for k, v in r["reference"].items())
     loss = r["loss"]
@@ -209,7 +211,9 @@ def verify_quality(a) -> int:
               f"{r['speed_at_equal_loss']:.3f}x")
     else:
         print("  the reference never reached the candidate's final loss: no speed at equal loss")
-    return 0
+    if r["verdict"] == "failed":
+        print(f"  failed: {r.get('why') or 'the loss is not within +' + format(TOLERANCE, '.0%') + ' of the reference'}")
+    return code
 
 
 def cmd_train(a) -> int:

@@ -97,3 +97,42 @@ def test_a_stored_key_of_a_config_asking_16_bit_weights_is_not_the_one_measured_
     old["model_config"], old["config"] = without.model_config, without.config
     assert measurement_key(without, hw, {}) == hashlib.sha256(
         json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "tf32=true", "--set", "attention=sdpa",
+         "--set", "sdpa_backend=math", "--set", "precision=bf16-mixed", "--set", "fsdp=off",
+         "--set", "micro_batch_size=2", "--set", "activation_checkpointing=none", "--set", "offload_optimizer=false"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("zero", [0, 2])  # plain PyTorch; DeepSpeed ZeRO-2 (its bf16 module, fp32 partitions)
+def test_a_hub_config_json_searched_exported_and_trained_under_bf16_mixed_writes_fp32(
+        hub_config, tmp_path, capsys, ray_local, zero):
+    """The bar: a tiny Llama config.json with "torch_dtype": "bfloat16", searched, exported and trained under
+    precision=bf16-mixed, writes a float32 checkpoint, and its record's dtypes say float32 three times."""
+    from safetensors import safe_open
+
+    from trainscout.cli.main import main
+    from trainscout.store import Store, default_url
+    out, exp, ckpt = tmp_path / "s", tmp_path / "exp", tmp_path / "ckpt"
+    assert main(["search", "--model", hub_config, "--device", "cpu", "--trials", "1", "--steps", "1", "--warmup", "1",
+                 "--global-batch", "4", "--seq-len", "32", "--out", str(out), "--set", f"zero_stage={zero}",
+                 *FIXED]) == 0
+    (rec,) = [m for m in Store(default_url(str(out))).measurements() if m.ok]
+    assert rec.config["precision"] == "bf16-mixed" and rec.plan.master_dtype == "float32"
+    assert rec.m["dtypes"] == FP32
+    assert main(["export", str(out), "--best", "--format", "all", "--out", str(exp)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(exp), "--steps", "2", "--out", str(ckpt), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["metrics"]["dtypes"] == FP32 and r["saved_dtype"] == "float32"
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
+    assert json.loads((ckpt / "config.json").read_text())["dtype"] == "float32"
+    if zero:  # a cast on save, when asked, says so in the checkpoint's config.json
+        half = tmp_path / "half"
+        assert main(["train", "--config", str(exp), "--steps", "1", "--out", str(half), "--save-dtype", "bfloat16",
+                     "--json"]) == 0
+        with safe_open(str(half / "model.safetensors"), "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"

@@ -88,6 +88,7 @@ class TrialSpec(_Json):
     data: str | None = None         # `trainscout train`: a flat token file, its dtype, the checkpoint folder
     data_dtype: str | None = None
     save_dir: str | None = None
+    save_dtype: str | None = None   # `trainscout train --save-dtype`: the checkpoint cast on save (None: as trained)
     extra: dict = field(default_factory=dict)
     _absent: frozenset = field(default=frozenset(), repr=False, compare=False)
 

@@ -67,9 +67,10 @@ def check_data(path: str | None, dtype: str, seq_len: int, vocab: int | None = N
 
 def train(config: str, *, model: str | None = None, steps: int = 100, data: str | None = None, data_dtype: str = "uint16",
           out: str = "runs/train", workers: int | None = None, device: str = "auto", timeout: float | None = None,
-          address: str | None = None, on_step=None, **recipe) -> dict:
+          address: str | None = None, on_step=None, save_dtype: str | None = None, **recipe) -> dict:
     """Train an exported configuration for `steps` optimizer steps in fresh workers, checkpointing into out; returns
-    the summary (status, metrics, checkpoint folder) it also writes to out/train.json."""
+    the summary (status, metrics, checkpoint folder) it also writes to out/train.json. The checkpoint keeps the master
+    weights' dtype (what trained: fp32 under the mixed precisions) unless save_dtype casts it."""
     from trainscout.trial import execute, prepare
     from trainscout.trial.models import overrides_of
     exp = load_exported(config)
@@ -85,12 +86,14 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     ensure_ray(address)  # reached before the checkpoint folder is made: an unreachable address writes nothing
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
-    spec = spec.replace(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out)
+    spec = spec.replace(data=os.path.abspath(data) if data else None, data_dtype=data_dtype, save_dir=out,
+                        save_dtype=save_dtype)
     record = execute(spec, timeout=timeout or 10**7, address=address, on_step=on_step or (lambda m: None))
     summary = {"status": str(record.status), "error": record.error, "model": record.model, "config": record.config,
                "recipe": record.recipe, "world_size": record.world_size, "wall_s": record.wall_s}
     summary.update(steps=steps, data=spec.data, checkpoint=out if record.ok else None,
-                   metrics={k: record.m.get(k) for k in ("tokens_per_s", "measured_step_s", "loss", "mfu")})
+                   metrics={k: record.m.get(k) for k in ("tokens_per_s", "measured_step_s", "loss", "mfu", "dtypes")},
+                   saved_dtype=save_dtype or spec.plan.master_dtype if record.ok else None)
     with open(os.path.join(out, "train.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return summary

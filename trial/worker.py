@@ -310,7 +310,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     if probe and not spec.data and len(steps) == spec.timed_steps:
         below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks, retries)
     if spec.save_dir:
-        engines.save(engine, model, names, spec.save_dir, rank)
+        engines.save(engine, model, names, spec.save_dir, rank, spec.save_dtype)
     engine.close()
     last_loss = None if loss is None else float(loss.item())
     gate = None
