@@ -34,6 +34,12 @@ def autocast_dtype(precision: str):
     return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
 
 
+def master_bytes(plan) -> int:
+    """Bytes per element of the master weights, their gradients and AdamW's states (the plan's master_dtype, which
+    the model is built in and trial.dtypes checks): the memory model's one source for them."""
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[plan.master_dtype]
+
+
 def adamw(params, recipe: dict, device):
     """torch AdamW over params with the recipe's lr, betas and weight decay: fused on CUDA, foreach otherwise."""
     import torch

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from trainscout.runtime import decoder_layers
 
-from .base import autocast_dtype, causal_lm_loss, register_engine
+from .base import autocast_dtype, causal_lm_loss, master_bytes, register_engine
 from .plain import TorchEngine
 
 
@@ -44,9 +44,11 @@ class FsdpEngine(TorchEngine):
 
     @classmethod
     def model_states(cls, c, plan, N, D, mixed):
-        # fp32 shards of weights, gradients and AdamW states; the gathered 16-bit copies of two layers
-        return {"weights": 4 * N / D + (2 if mixed else 4) * 2 * c["per_layer"], "gradients": 4 * N / D,
-                "optimizer": 8 * N / D, "buffers": 0.0}
+        # shards of the master weights, gradients and AdamW states (fp32: 4 bytes each); the gathered 16-bit copies
+        # of two layers
+        m = master_bytes(plan)
+        return {"weights": m * N / D + (2 if mixed else 4) * 2 * c["per_layer"], "gradients": m * N / D,
+                "optimizer": 2 * m * N / D, "buffers": 0.0}
 
     @classmethod
     def hf_args(cls, rec, paths):

@@ -5,7 +5,7 @@ import contextlib
 
 from trainscout.runtime import parallel_dims, prepare_model, wrap_step
 
-from .base import Engine, adamw, autocast_dtype, causal_lm_loss, clip_grad_norm_, register_engine
+from .base import Engine, adamw, autocast_dtype, causal_lm_loss, clip_grad_norm_, master_bytes, register_engine
 
 
 @register_engine
@@ -80,7 +80,8 @@ class TorchEngine(Engine):
 
     @classmethod
     def model_states(cls, c, plan, N, D, mixed):
-        # fp32 weights, gradients and AdamW states; autocast's bf16 copies of the linears (of a tied head too); DDP's
-        # buckets
-        return {"weights": 4 * N + (2 * c["cast"] * N / c["N"] if mixed else 0), "gradients": 4 * N, "optimizer": 8 * N,
-                "buffers": 4 * N if D > 1 else 0.0}
+        # master weights, gradients and AdamW's two states (fp32: 4 bytes each); autocast's bf16 copies of the
+        # linears (of a tied head too); DDP's buckets (the gradients' dtype)
+        m = master_bytes(plan)
+        return {"weights": m * N + (2 * c["cast"] * N / c["N"] if mixed else 0), "gradients": m * N,
+                "optimizer": 2 * m * N, "buffers": m * N if D > 1 else 0.0}
