@@ -14,8 +14,15 @@ The convention (torchtitan's and Megatron's, the one every public MFU figure we 
   grouped-query attention changes nothing here (its smaller projections are in the weights); a sliding window is
   counted over the whole sequence, as an SDPA or eager kernel with a mask computes it (a windowed flash kernel
   skips keys: its MFU then reads as with dense attention).
-- Model FLOPs (MFU) leave out recomputation; hardware FLOPs (HFU) add the forward of each checkpointed layer once
-  more. Neither counts the flash kernel's backward recomputation nor what inductor's partitioner recomputes.
+- Model FLOPs (MFU) leave out recomputation; hardware FLOPs (HFU) add what activation checkpointing recomputes of
+  each checkpointed layer: its forward, less what torch's non-reentrant checkpoint does not run again. That
+  checkpoint stops its recompute early, once every tensor the backward needs is back, so a layer's last products
+  whose outputs nothing saves (a dense layer's MLP down projection: 4.7-6 % of HFU counted as a whole forward) are
+  not recomputed. What it skips is measured once per model and kind of layer on the meta device: FlopCounterMode
+  over a forward and backward with one layer checkpointed as the activation_checkpointing knob wraps it, early stop
+  off minus on (`recompute_skipped`). Where that trace fails (transformers' MoE experts on the meta device), each
+  checkpointed layer's whole forward is counted, with a warning (on the CPU a MoE layer was recomputed whole).
+  Neither counts the flash kernel's backward recomputation nor what inductor's partitioner recomputes.
 
 Checked against torch.utils.flop_counter.FlopCounterMode over a real forward + backward (tests/test_flops.py: tied,
 untied, GQA, MoE, sliding window; eager attention and experts, as FlopCounterMode has no formula for the CPU SDPA
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .model_tree import memo
 
@@ -44,6 +51,7 @@ class Count:
     #                                     of its query-key and value head widths)
     total_params: int                 # every parameter once (what the dense count multiplied by 6)
     note: str = ""                    # what the count could not read (e.g. an MoE top_k), shown with the record
+    key: str = field(default="", compare=False, repr=False)  # the config it counts (recompute_skipped reads it)
 
     @property
     def active_params(self) -> float:
@@ -59,9 +67,13 @@ class Count:
         return 6.0 * self.active_params + 12.0 * sum(self.attention_width) * seq_len
 
     def hardware_per_token(self, seq_len: int, checkpoint_every: int = 0) -> float:
-        """per_token plus the forward recomputed by activation checkpointing (every n-th layer from the first)."""
-        again = sum(self.layer_forward(i, seq_len) for i in range(0, len(self.layer_weights), checkpoint_every)) \
-            if checkpoint_every else 0.0
+        """per_token plus what activation checkpointing recomputes (every n-th layer from the first): each such
+        layer's forward less the products torch's checkpoint does not run again (recompute_skipped)."""
+        if not checkpoint_every:
+            return self.per_token(seq_len)
+        skipped = recompute_skipped(self.key) if self.key else (0.0,) * len(self.layer_weights)
+        again = sum(max(0.0, self.layer_forward(i, seq_len) - skipped[i])
+                    for i in range(0, len(self.layer_weights), checkpoint_every))
         return self.per_token(seq_len) + again
 
 
@@ -116,7 +128,57 @@ def _count(key: str) -> Count:
     if note:
         print(f"trainscout: warning: FLOP count of the {config.get('model_type')} model: {note}", file=sys.stderr)
     return Count(layer_weights=per_layer, outside=outside, attention_width=tuple(width if a else 0 for a in attends),
-                 total_params=sum(p.numel() for p in model.parameters()), note=note)
+                 total_params=sum(p.numel() for p in model.parameters()), note=note, key=key)
+
+
+SKIP_SEQ = 16  # tokens of the meta-device trace that measures what the recompute skips (weights' products: per token)
+
+
+@memo("recompute_skipped")
+def recompute_skipped(key: str) -> tuple[float, ...]:
+    """Per decoder layer, the forward FLOPs per token that torch's non-reentrant checkpoint (as the
+    activation_checkpointing knob wraps a layer) does not recompute: FlopCounterMode over a meta-device forward and
+    backward with that layer checkpointed, early stop off minus on; one layer of each kind (its class and parameter
+    shapes) is traced. Where the trace fails: zeros (the whole forward counted), with a warning naming why."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainscout.spaces.layers import decoder_layers
+
+    from .model_tree import _build, _cuda_like
+    model = _build(key, "eager", seq_len=SKIP_SEQ).to(torch.bfloat16)  # 16-bit: the meta grouped GEMM takes no fp32
+    model.train()
+    layers = decoder_layers(model)
+
+    def kind(layer) -> tuple:
+        return type(layer).__name__, tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())
+    first: dict[tuple, int] = {}
+    for i, layer in enumerate(layers):
+        first.setdefault(kind(layer), i)
+    ids = torch.zeros(1, SKIP_SEQ, dtype=torch.long, device="meta")
+
+    def traced(i: int, early: bool) -> int:
+        inner = layers[i]
+        layers[i] = checkpoint_wrapper(inner, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        try:
+            with set_checkpoint_early_stop(early), FlopCounterMode(display=False) as counter, \
+                    _cuda_like(None, fused=False):
+                model(input_ids=ids).logits.float().sum().backward()
+        finally:
+            layers[i] = inner
+            model.zero_grad(set_to_none=True)
+        return counter.get_total_flops()
+    try:
+        skip = {k: max(0.0, (traced(i, False) - traced(i, True)) / SKIP_SEQ) for k, i in first.items()}
+    except Exception as e:  # noqa: BLE001 - the count stays usable: the whole forward, said aloud
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        print(f"trainscout: warning: FLOP count of the {json.loads(key).get('model_type')} model: what activation "
+              f"checkpointing skips of its recompute could not be traced on the meta device ({why}): HFU counts "
+              "each checkpointed layer's whole forward", file=sys.stderr)
+        return (0.0,) * len(layers)
+    return tuple(skip[kind(layer)] for layer in layers)
 
 
 def _routed_share(module, path: str, p, k: int | None, experts: int | None, notes: list) -> float:
