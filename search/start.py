@@ -26,8 +26,9 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     CPU the knob's default (auto) or the largest below it that fits the host's memory (a CPU step of a larger one
     ran past the trial's time limit). On a GPU the knobs' start values follow, step by step (Knob.start: compile on
     with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor cores). With two or more trials at
-    once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the cheapest memory
-    saver of the space that makes them fit is added first (fits), and `notes` says which and why. A CPU search of a
+    once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the memory saver of
+    the space predicted fastest of those that make them fit (the GPU and the host) is added first (fits), and
+    `notes` says which and why. A CPU search of a
     real model (pythia-14m, 3 trials) drew 1 invalid and 2 pruned configurations and measured nothing; `--trials 1
     --set micro_batch_size=...` drew random values for the knobs left (eager attention, full checkpointing, FSDP on
     one GPU)."""
