@@ -7,17 +7,22 @@ candidate are built from the same seed (the same weights) and take one forward a
 The verdict, as torchao gates its float8 linears (a signal-to-noise ratio above 20 dB): every linear's output in the
 candidate's forward against what the reference's op (bf16 autocast) computes from the same input, the worst
 SQNR = 10·log10(|y_ref|² / |y_ref - y|²) over the linears must be >= THRESHOLD_DB, and the loss must be within
-LOSS_TOLERANCE of the reference's. The SQNR of all gradients together is recorded beside it, not gated: a whole
-model's gradients at initialisation carry every op's error through every layer, so a fixed line on them would be a
-line on depth (measured on the H200, one step: fp8 tensorwise 16.2 dB on Pythia-1B and 6.5 dB on the Llama-1B shape,
-with the loss within 0.01 %; docs/BENCHMARKS.md). 20 dB is an op's error a tenth of its output's amplitude: bf16
+LOSS_TOLERANCE of the reference's. Neither sees what the step changes (a knob that zeroes, freezes or halves the
+gradients leaves every output and the loss as they were), so the gradients are compared too: per decoder layer and per
+parameter, the candidate's gradient's gain along the reference's, <g, g_ref> / |g_ref|², must be within LAYER_GAIN
+and PARAM_GAIN of 1 (the reason names the layer or parameter and its ratio); a parameter the reference moves and the
+candidate does not (frozen) fails. The gradients' SQNR is recorded beside it, not gated: a whole model's gradients at
+initialisation carry every op's error through every layer, so a fixed line on them would be a line on depth
+(measured on the H200, one step: fp8 tensorwise 16.2 dB on Pythia-1B and 6.5 dB on the Llama-1B shape, with the loss
+within 0.01 %; docs/BENCHMARKS.md), while noise that large leaves the gain at 1. Gradients, not the optimizer's
+update: AdamW's first update is about lr·sign(g), blind to a gradient's scale. 20 dB is an op's error a tenth of its output's amplitude: bf16
 keeps 8 mantissa bits (~48 dB a rounding), e4m3 FP8 3 (~25 dB), a one-bit rounding fails it (tests/test_quality.py).
 A step at initialisation cannot show what many steps do (FP8 rowwise passed it and failed a 30-step convergence
 check on a 128k-vocabulary model): `trainscout verify --quality STEPS` trains both on real text
 (analysis/quality.py) and its verdict ("verified" or "failed") outranks this one ("passed" or "failed").
 
 The candidate runs its knobs' model transforms of the stages that change numbers (process settings, module swaps,
-the loss) and its engine's compute (autocast over fp32 weights, or 16-bit weights without autocast as FSDP2's
+the loss), a changed knob's transform at any stage and its wrap_step around the step, and its engine's compute (autocast over fp32 weights, or 16-bit weights without autocast as FSDP2's
 param_dtype and DeepSpeed's bf16 model compute), on one rank: an engine's sharding, checkpointing and compile are
 left out, as they change no numbers beyond rounding order (a transform's torch.compile runs eager there: graphs for
 the gate's batch would be compiled for its one step alone, no timed step runs them).
@@ -31,6 +36,20 @@ import time
 
 THRESHOLD_DB = 20.0
 LOSS_TOLERANCE = 0.01  # relative to the reference's loss
+# What the step changes: the candidate's gradient projected on the reference's, gain = <g, g_ref> / |g_ref|^2, is 1
+# for the same gradient plus rounding noise of any size (the noise is not aligned with the gradient), 0.5 for a
+# halved one, 0 for one zeroed or frozen. Measured on this CPU box (one step, batch 2, against bf16 autocast; tiny at
+# 64 tokens, Pythia-14M and 8-layer Llama (GQA, tied) and 4-layer Mixtral (8 experts) shapes at 256, Pythia-70M at
+# 128), the worst |gain - 1| of any decoder layer (its parameters together; an embedding, head or final norm on its
+# own): fp32 0.004, FSDP2's and DeepSpeed's bf16 compute 0.004, fp8 tensorwise 0.022 and rowwise 0.014 (Mixtral
+# layers); of any single parameter: fp32 0.038, 16-bit compute 0.057 (a NeoX layer norm bias), fp8 tensorwise 0.065
+# and rowwise 0.149 (Mixtral's routers, whose gradients' SQNR is 5-8 dB; the H200 saw 1.8 dB on one with FSDP2), while
+# their norm ratios reached 1.22 and their cosines 0.85. A layer's gain outside 1 +- LAYER_GAIN (4.5x the worst
+# measured) or a parameter's outside 1 +- PARAM_GAIN (3x the worst, 1 away from frozen) fails the gate; rescaling
+# by 0.9 passes it, by 0.5 or 2 fails. The fused linear loss (liger, CUDA only) and fp16 (refused on the CPU) were
+# not measured here; both compute the same gradients up to rounding.
+LAYER_GAIN = 0.1
+PARAM_GAIN = 0.5
 GATE_STAGES = ("process", "modules", "loss")  # the transform stages that change numbers
 GATE_BATCH = 2  # sequences of the gate's step (of the recipe's length)
 GATE_SEED = 1234
@@ -72,13 +91,17 @@ def gate_key(spec) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _loss_and_grads(spec, plan, batch, device, reference_dtype=None):
+def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=()):
     """Loss and gradients (fp32, on the host) of one step of the model built from GATE_SEED under a plan, and, with
     reference_dtype, the worst SQNR of its linears' outputs against the reference op (autocast to reference_dtype,
-    None: fp32) on the same inputs: (loss, grads, (worst dB, its module) or None)."""
+    None: fp32) on the same inputs: (loss, grads, (worst dB, its module) or None, {parameter: its decoder layer}).
+    The knobs of GATE_STAGES transform the model; a changed knob (one whose numerics the gate compares) also runs
+    its transform at any other stage and its wrap_step around the step (on one rank: dims of one)."""
     import torch
 
-    from trainscout.runtime import transforms
+    from trainscout.runtime import STAGES, transforms
+    from trainscout.spaces import Knob, ParallelDims, get, plugins
+    from trainscout.spaces.layers import decoder_layers
 
     from . import engines
     from .engines.base import autocast_dtype, causal_lm_loss
@@ -88,8 +111,14 @@ def _loss_and_grads(spec, plan, batch, device, reference_dtype=None):
         model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"], plan.master_dtype)
     model.config.use_cache = False
     model.train()
-    for knob in transforms(GATE_STAGES):
-        model = knob.transform(model, plan)
+    dims = ParallelDims(world=1)
+    for knob in transforms():
+        if knob.stage in GATE_STAGES or knob.name in changed:
+            model = plugins.transform(knob, model, plan, dims)  # a plugin's failure names the plugin
+    paths = {id(m): n for n, m in model.named_modules()}
+    layer_of = {id(p): paths.get(id(layer), f"layer {i}") for i, layer in enumerate(decoder_layers(model))
+                for p in layer.parameters()}
+    layers = {n: layer_of.get(id(p), n) for n, p in model.named_parameters()}
     dtype = autocast_dtype(plan.precision)
     sixteen = dtype is not None and engines.get(plan.engine).compute == "16-bit"
     if sixteen:
@@ -99,21 +128,32 @@ def _loss_and_grads(spec, plan, batch, device, reference_dtype=None):
         def compare(module, args, out, name=None):
             with torch.no_grad(), torch.autocast(device.type, dtype=reference_dtype or torch.float32,
                                                  enabled=reference_dtype is not None):
-                ref = torch.nn.functional.linear(args[0], module.weight, module.bias).float()
+                # from the same input (in fp32: an fp16 candidate's input meets CPU autocast's bf16 as it is)
+                ref = torch.nn.functional.linear(args[0].float(), module.weight, module.bias).float()
             ops.append((_db(float(ref.pow(2).sum()), float((ref - out.detach().float()).pow(2).sum())), name))
         for name, m in model.named_modules():  # after the transforms' own hooks: their outputs are compared
             if isinstance(m, torch.nn.Linear) and isinstance(m.weight, torch.Tensor):
                 hooks.append(m.register_forward_hook(lambda mod, a, o, n=name: compare(mod, a, o, n)))
-    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None and not sixteen):
-        loss = causal_lm_loss(model, batch)
+
+    def step(model, batch, scale, **loss_kwargs):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None and not sixteen):
+            loss = causal_lm_loss(model, batch, **loss_kwargs) * scale
+        for h in hooks:  # the forward's linears only (a recomputing wrapper's second forward is not compared)
+            h.remove()
+        loss.backward()
+        return loss
+    wrappers = [get(n) for n in changed if type(get(n)).wrap_step is not Knob.wrap_step]
+    for knob in sorted(wrappers, key=lambda k: STAGES.index(k.stage) if k.stage in STAGES else len(STAGES),
+                       reverse=True):  # as runtime.wrap_step orders them: the first stage's outermost
+        step = knob.wrap_step(step, plan, dims)
+    loss = step(model, batch, 1.0)
     for h in hooks:
         h.remove()
-    loss.backward()
     # kept where they are: copied to the host (and compared there) they cost most of the gate's 20-24 s at 1.7B
     grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
     out = float(loss.detach().float().item())
     del model, loss
-    return out, grads, min(ops) if ops else None
+    return out, grads, min(ops) if ops else None, layers
 
 
 def one_step(spec, device) -> dict:
@@ -129,9 +169,10 @@ def one_step(spec, device) -> dict:
     batch = torch.randint(0, sizes(spec.model_config).vocab, (GATE_BATCH, spec.recipe["seq_len"]), generator=gen)
     batch = batch.to(device)
     from .engines.base import autocast_dtype
+    changed = tuple(q["changes"])
     with torch.compiler.set_stance("force_eager"):  # compile left out (see above): no graph for the gate's shape
-        ref_loss, ref, _ = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device,
-                                           reference_dtype=False)
+        ref_loss, ref, _, layers = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device,
+                                                   reference_dtype=False, changed=changed)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             size = sum(g.numel() * g.element_size() for g in ref.values())
@@ -139,34 +180,90 @@ def one_step(spec, device) -> dict:
                 ref = {n: g.cpu() for n, g in ref.items()}
         ref_dtype = autocast_dtype(q["reference_plan"]["precision"])
         t_ref = time.perf_counter()
-        loss, grads, op = _loss_and_grads(spec, spec.plan, batch, device, reference_dtype=ref_dtype)
+        loss, grads, op, _ = _loss_and_grads(spec, spec.plan, batch, device, reference_dtype=ref_dtype,
+                                             changed=changed)
     t_cand = time.perf_counter()
-    names = [n for n, g_ref in ref.items() if n in grads and grads[n].shape == g_ref.shape]  # not a parameter the
-    # candidate's transforms replaced (none of ours: FP8 keeps the weights); each sum in fp32 on the device, one copy
-    sums = torch.stack([torch.stack([ref[n].float().pow(2).sum(),
-                                     (ref[n].float() - grads[n].to(ref[n].device).float()).pow(2).sum()])
-                        for n in names]).cpu().double() if names else torch.zeros(0, 2, dtype=torch.float64)
+    steps = step_changes(ref, grads, layers)
     del ref, grads
-    signal, noise = float(sums[:, 0].sum()), float(sums[:, 1].sum())
-    worst, worst_name = math.inf, None
-    for name, (s, e) in zip(names, sums.tolist()):
-        if s > 0:
-            db = _db(s, e)
-            if db < worst:
-                worst, worst_name = db, name
+    signal, noise = steps.pop("signal"), steps.pop("noise")
     sqnr = _db(signal, noise)
     rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
     op_db, op_name = op if op else (math.inf, None)
-    ok = op_db >= THRESHOLD_DB and rel <= LOSS_TOLERANCE and math.isfinite(loss)
-    why = None if ok else (f"{op_name}'s output SQNR {op_db:.1f} dB < {THRESHOLD_DB:g} dB" if op_db < THRESHOLD_DB
-                           else f"loss {loss:.4f} vs the reference's {ref_loss:.4f} ({rel:.1%} > {LOSS_TOLERANCE:.0%})")
+    why = None
+    if not (op_db >= THRESHOLD_DB):
+        why = f"{op_name}'s output SQNR {op_db:.1f} dB < {THRESHOLD_DB:g} dB"
+    elif not (rel <= LOSS_TOLERANCE and math.isfinite(loss)):
+        why = f"loss {loss:.4f} vs the reference's {ref_loss:.4f} ({rel:.1%} > {LOSS_TOLERANCE:.0%})"
+    elif steps["why"]:
+        why = steps["why"]
+    ok = why is None
     return {"gate": PASSED if ok else FAILED, "why": why, "op_sqnr_db": _rounded(op_db), "worst_op": op_name,
-            "grad_sqnr_db": _rounded(sqnr), "worst_grad_sqnr_db": _rounded(worst), "worst_tensor": worst_name,
+            "grad_sqnr_db": _rounded(sqnr), **{k: v for k, v in steps.items() if k != "why"},
             "loss": loss, "reference_loss": ref_loss, "loss_rel_diff": rel, "changes": q["changes"],
             "reference": q["reference"], "threshold_db": THRESHOLD_DB, "loss_tolerance": LOSS_TOLERANCE,
+            "gain_tolerance": [LAYER_GAIN, PARAM_GAIN],
             "batch": [GATE_BATCH, spec.recipe["seq_len"]], "seconds": round(time.perf_counter() - t0, 2),
             "parts_s": {"reference": round(t_ref - t0, 3), "candidate": round(t_cand - t_ref, 3),
                         "compare": round(time.perf_counter() - t_cand, 3)}}
+
+
+def step_changes(ref: dict, grads: dict, layers: dict) -> dict:
+    """What the step changes, the candidate's gradients against the reference's: per parameter and per decoder
+    layer (its parameters together; a parameter outside the layers is its own), the gain <g, g_ref> / |g_ref|^2 (the
+    candidate's gradient projected on the reference's: 1 for the same gradient plus rounding noise of any size, 0.5
+    halved, 0 zeroed or frozen), the norm ratio |g| / |g_ref| and the cosine. why: the first layer, then parameter,
+    whose gain is out of its tolerance (LAYER_GAIN, PARAM_GAIN), naming it and its ratio; None when none is.
+    A parameter the reference has a gradient for and the candidate none (frozen) has gain and ratio 0 and is named
+    first; one whose shape the candidate's transforms changed is left out (none of ours: FP8 keeps the weights)."""
+    import torch
+    names = [n for n, g_ref in ref.items() if n not in grads or grads[n].shape == g_ref.shape]
+    # each sum in fp32 on the device, one copy: |g_ref|^2, |g|^2, <g, g_ref>, |g_ref - g|^2
+    rows = []
+    for n in names:
+        r = ref[n].float()
+        g = grads[n].to(r.device).float() if n in grads else torch.zeros_like(r)
+        rows.append(torch.stack([r.pow(2).sum(), g.pow(2).sum(), (r * g).sum(), (r - g).pow(2).sum()]))
+    sums = torch.stack(rows).cpu().double() if rows else torch.zeros(0, 4, dtype=torch.float64)
+    per = dict(zip(names, sums.tolist()))
+    groups: dict[str, list[float]] = {}
+    for n, row in per.items():
+        acc = groups.setdefault(layers.get(n, n), [0.0] * 4)
+        for i, v in enumerate(row):
+            acc[i] += v
+    worst_db, worst_tensor = math.inf, None
+    for n, (s, c, d, e) in per.items():
+        if s > 0 and _db(s, e) < worst_db:
+            worst_db, worst_tensor = _db(s, e), n
+
+    def stats(rows: dict, moved: set) -> list[tuple[float, str, float, float, bool]]:
+        out = []  # (gain, name, ratio, cosine, frozen: no gradient at all), over those the reference moves
+        for n, (s, c, d, e) in rows.items():
+            if s > 0:
+                out.append((d / s, n, math.sqrt(c / s), d / math.sqrt(s * c) if c > 0 else 0.0, n not in moved))
+        return out
+    by_layer = stats(groups, {layers.get(n, n) for n in names if n in grads})
+    by_param = stats(per, set(grads))
+    why = next((f"{r[1]} gets no gradient (frozen), the reference's does" for r in by_param if r[4]), None)
+    for what, rows, tol in (("layer", by_layer, LAYER_GAIN), ("parameter", by_param, PARAM_GAIN)):
+        bad = [r for r in rows if not abs(r[0] - 1) <= tol]
+        if bad and why is None:
+            gain, name, ratio, cos, _ = max(bad, key=lambda r: abs(r[0] - 1) if math.isfinite(r[0]) else math.inf)
+            why = (f"{name}'s gradient is {gain:.3g}x the reference's (norm ratio {ratio:.3g}, cosine {cos:.3f}; "
+                   f"per {what} it must be within 1 +- {tol:g})")
+    low = lambda rows, i: min(rows, key=lambda r: r[i], default=None)  # noqa: E731
+    far = max(by_param, key=lambda r: abs(r[0] - 1), default=None)
+    lfar = max(by_layer, key=lambda r: abs(r[0] - 1), default=None)
+    cos = low(by_param, 3)
+    return {"why": why, "signal": float(sums[:, 0].sum()), "noise": float(sums[:, 3].sum()),
+            "worst_grad_sqnr_db": _rounded(worst_db), "worst_tensor": worst_tensor,
+            "grad_gain": _r(far[0]) if far else None, "grad_gain_tensor": far[1] if far else None,
+            "layer_grad_gain": _r(lfar[0]) if lfar else None, "layer_grad_gain_at": lfar[1] if lfar else None,
+            "grad_norm_ratio": _r(max(by_param, key=lambda r: abs(r[2] - 1))[2]) if by_param else None,
+            "grad_cosine": _r(cos[3]) if cos else None, "grad_cosine_tensor": cos[1] if cos else None}
+
+
+def _r(x: float) -> float | None:
+    return round(x, 4) if math.isfinite(x) else None
 
 
 def _rounded(db: float) -> float | None:
