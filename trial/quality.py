@@ -297,6 +297,8 @@ def status(metrics: dict | None, verified: dict | None = None, config: dict | No
     if q.get("gate") in (PASSED, FAILED):
         what = ", ".join(f"{k}" for k in q["changes"])
         op = "exact" if q.get("op_sqnr_db") is None else f"{q['op_sqnr_db']:.1f} dB"
+        gain = q.get("layer_grad_gain")  # recorded since the gate compares gradients (a verdict before: None)
+        grads = "" if gain is None else f", gradients' gain {gain:.3f} (worst layer)"
         return q["gate"], q.get("why") or (f"one step against its reference ({what}): linear outputs' SQNR {op}, "
-                                           f"loss within {q['loss_rel_diff']:.2%}")
+                                           f"loss within {q['loss_rel_diff']:.2%}{grads}")
     return UNVERIFIED, q.get("why") or "no verdict"
