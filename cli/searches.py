@@ -123,6 +123,9 @@ def cmd_search(a) -> int:
         print(f"trainscout: {n} trial{'s' if n != 1 else ''} unscheduled: the cluster gave {'them' if n != 1 else 'it'} "
               f"no room; continue with: trainscout search --resume {args.out}", file=sys.stderr)
         return 1
+    if summary.get("nothing_measured"):  # no trial ended ok: what was asked (a measurement) was not done
+        print(f"trainscout: error: {summary['nothing_measured']}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 

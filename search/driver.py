@@ -25,7 +25,7 @@ from .halt import clear_store_failure, store_failed, store_failure
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .space import Space
 from .start import first_points, start_points, store_points
-from .summary import clock, summarize
+from .summary import clock, nothing_line, summarize
 from .trainable import METRIC, TRIAL_ACTOR, _trainable, counted, fault_schedule, space_knobs
 
 
@@ -331,7 +331,15 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
               + " ".join(f"{k}={fmt(v)}" for k, v in sorted(c["params"].items())), file=stream, flush=True)
     if searcher.stopped_why:
         print(f"  {searcher.stopped_why}", file=stream, flush=True)
-    summary = summarize(store, name, stream, out=args.out)
+    fit = None
+    if not interrupted() and not any(t["status"] == Status.OK for t in store.trials(name)):
+        from .summary import nearest_fit
+        try:  # where nothing fits: the closest configuration and what would make it fit (the memory model's)
+            fit = nearest_fit(args, space, hw, calibration, host, store.trials(name))
+        except Exception as e:  # noqa: BLE001 - the search's outcome stands without it, and says so
+            print(f"  (which configuration came closest to fitting could not be worked out: {type(e).__name__}: "
+                  f"{e})", file=stream, flush=True)
+    summary = summarize(store, name, stream, out=args.out, fit=fit)
     if interrupted():
         summary["interrupted"] = True
     summary["cut"] = cut
@@ -340,4 +348,6 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}) ran out before a trial ended (the "
                                "first trial of a run starts its worker processes): give a longer --time-budget"
                                if args.time_budget_s else searcher.stopped_why or "the searcher proposed no trial")
+    elif not summary["measured"] and not interrupted():  # exit 0 means it did what was asked: it measured nothing
+        summary["nothing_measured"] = nothing_line(summary)
     return summary

@@ -389,3 +389,91 @@ def test_the_cpu_demo_keeps_the_flags_it_is_given(tmp_path, ray_local, capsys):
     assert "running the CPU demo search (tiny model, 1 workers, 1 trials)" in capsys.readouterr().err
     [rec] = store_of(out).measurements()
     assert rec.model == "tiny" and rec.timed_steps == 2 and rec.world_size == 1
+
+
+# --- a search that measured nothing (issue 46, item 1 and 2) -------------------------------------------------------
+def test_a_search_where_nothing_fits_exits_1_and_says_what_came_closest(tmp_path, ray_local, monkeypatch, capsys):
+    """A real CPU search on a host of 0.5 GiB (a mock of a smaller machine: the driver's hardware says so; the
+    trials' host-memory rule, trial/memory.host_refusal, prunes every draw before it runs): it measures nothing,
+    stops drawing after FREE_RUN draws, exits 1 (it exited 0), and its summary, live and in --json, names the
+    configuration the memory model puts closest to fitting and what would make it fit."""
+    from trainscout.search import service
+    real = service.validate
+
+    def small_host(args):
+        space, base, hw = real(args)
+        return space, base, dict(hw, host_memory_gib=0.5)
+    monkeypatch.setattr(service, "validate", small_host)
+    out = tmp_path / "none"
+    assert search_here(out, "--trials", "2", "--json") == 1
+    cap = capsys.readouterr()
+    summary = json.loads(cap.out)
+    assert summary["measured"] == 0 and summary["best"] == [] and set(summary["by_status"]) <= {"pruned", "invalid"}
+    assert summary["by_status"]["pruned"] >= 1 and "stopped drawing: the last 30 draws" in cap.err
+    fit = summary["nothing_fits"]
+    assert fit["host_gib"] == 0.5 and fit["closest"]["host_gib"] > 0.45 and fit["closest"]["over"] > 1
+    host = next(w for w in fit["would_fit"] if w["how"] == "host")
+    assert host["need_host_gib"] >= fit["closest"]["host_gib"] / 0.9  # the rule's 10 % margin
+    from trainscout.trial import memory, prepare
+    spec = prepare("tiny", fit["closest"]["config"], workers=2, device="cpu")  # its knobs other than the defaults
+    assert fit["closest"]["host_gib"] == round(memory.host_need(memory.host_peak(spec)) / memory.GiB, 1)
+    # live (here on stderr, beside the JSON) and in the error line
+    assert "nothing measured: no trial of this search ended ok" in cap.err
+    assert "nothing fits: the memory model puts every configuration" in cap.err and "  closest (" in cap.err
+    assert f"a host with {host['need_host_gib']:.2f} GiB of memory (this one has 0.50)" in cap.err
+    last = cap.err.strip().splitlines()[-1]
+    assert last.startswith("trainscout: error: search none measured nothing: ") and "nothing fits" in last, last
+    print(cap.err[cap.err.index("\n") + 1:][-3000:])
+
+
+def test_a_search_whose_every_trial_ran_out_of_memory_exits_1(tmp_path, ray_local, monkeypatch, capsys):
+    """Every trial out of memory (a real allocator failure, the fault schedule): nothing measured, exit 1, and no
+    claim that nothing fits (the memory model predicts the start point to fit: the trials' reasons say why)."""
+    monkeypatch.setenv("TRAINSCOUT_FAULT_SCHEDULE", "0:oom")
+    out = tmp_path / "oom"
+    assert search_here(out, "--trials", "1") == 1
+    cap = capsys.readouterr()
+    assert "1 trials: 1 oom" in cap.out and "nothing measured: no trial of this search ended ok (1 oom)" in cap.out
+    assert "nothing fits" not in cap.out
+    last = cap.err.strip().splitlines()[-1]
+    assert last.startswith("trainscout: error: search oom measured nothing: 1 trial, none ok (1 oom): see each "
+                           "trial's reason"), last
+
+
+def test_where_nothing_fits_the_memory_model_says_what_would(tmp_path):
+    """No GPU needed (the hardware dict is a mock of an H100 80 GB on a 128 GiB host; nothing runs): the user's
+    Mistral-7B-shaped config.json (bench/models/hub) had no start point (the defaults 137.7 GiB at micro-batch 1, no
+    saver of the space fitting GPU and host) and a search that measured nothing, saying neither what would run nor
+    what to change. The closest is the start point's ZeRO-2 + optimizer offload saver, which fits the GPU but not
+    the host; a host of 123.0 / 0.9 GiB would run it, and so would 2 GPUs, each by the memory model's own rules."""
+    from trainscout.search.service import SearchArgs, validate
+    from trainscout.search.summary import fit_lines, nearest_fit
+    from trainscout.trial import memory, prepare
+    model = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "models", "hub",
+                         "mistral-7b-v0.3.json")
+    args = SearchArgs(model=model, out=str(tmp_path), device="cpu", time_budget_s=300)
+    space, _, hw = validate(args)
+    h100 = dict(hw, device="cuda", gpu_memory_gib=79.1, gpu="NVIDIA H100 80GB HBM3 (mock)", gpu_count=1,
+                capability="9.0")
+    host = 128 * memory.GiB
+    pruned = {"trial": "a" * 20, "status": "pruned", "config": {"micro_batch_size": 4, "predicted_gib": 150.0}}
+    fit = nearest_fit(args, space, h100, None, host, [pruned])
+    c = fit["closest"]
+    assert c["config"]["offload_optimizer"] is True and c["config"]["micro_batch_size"] == 1
+    assert c["gpu_gib"] < 0.85 * 79.1 and c["host_gib"] > 0.9 * 128 and c["over"] > 1  # fits the GPU, not the host
+    spec = prepare(model, c["config"], hw=h100)
+    assert c["gpu_gib"] == round(memory.predict(spec) / memory.GiB, 2)
+    assert c["host_gib"] == round(memory.host_need(memory.host_peak(spec)) / memory.GiB, 2)
+    assert memory.host_refusal(spec, host) is not None  # the search's own host rule refuses it
+    ways = {w["how"]: w for w in fit["would_fit"]}
+    assert ways["host"]["need_host_gib"] == pytest.approx(c["host_gib"] / 0.9, abs=0.02)
+    assert memory.host_refusal(spec, ways["host"]["need_host_gib"] * memory.GiB) is None  # and that host runs it
+    gpus = ways["ranks"]
+    assert gpus["ranks"] == 2 and gpus["gpu_gib"] <= 0.85 * 79.1 and gpus["host_gib"] <= 0.9 * 128
+    two = prepare(model, dict(c["config"], **gpus["changes"]), workers=2, hw=dict(h100, gpu_count=2))
+    assert gpus["gpu_gib"] == round(memory.predict(two) / memory.GiB, 2) and memory.host_refusal(two, host) is None
+    assert ways["knob"]["changes"] is None  # no one knob makes it fit one H100 on this host
+    text = "\n".join(fit_lines(fit))
+    assert "closest (the start point's defaults with a memory saver)" in text and "2 GPUs (--gpus-per-trial 2)" in text
+    assert f"a host with {ways['host']['need_host_gib']:.1f} GiB of memory (this one has 128.0)" in text
+    json.dumps(fit)  # the --json summary carries it
