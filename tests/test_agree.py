@@ -2,7 +2,7 @@
 measured is a configuration `trainscout search` would run on that box: it fits the GPU by `trainscout estimate`
 and the host by the rule the search prunes its trials by (trial.memory.host_refusal); memory savers are chosen by
 predicted step time (sharding over the ranks before offload where the GPUs hold it), in lookup and in the search's
-start points alike. No GPU: the Mistral-7B-v0.3 shape's config.json as published, the real memory and step-time
+start points alike. No GPU: the Mistral-7B-v0.3 config.json as published (bench/models/hub), the real memory and step-time
 models, the shipped atlas."""
 import json
 import os
@@ -15,8 +15,7 @@ from trainscout.spaces import fmt
 from trainscout.trial import memory, prepare, steptime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HUB = os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json")
-MISTRAL = HUB if os.path.exists(HUB) else os.path.join(ROOT, "tests", "data", "mistral-7b-v0.3.json")
+MISTRAL = os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json")  # the published config.json
 H100 = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 80.0, "gpu_count": 1, "capability": "9.0"}
 
 
