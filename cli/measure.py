@@ -104,7 +104,9 @@ def print_trial(r, verbose: bool = False) -> None:
 def cmd_estimate(a) -> int:
     """Predicted peak memory per rank, without a GPU; calibrated on a store's measurements of that GPU."""
     from trainscout.trial import memory, prepare
+    from .lookups import host_memory
     capacity = None if a.gpu_memory is None else gpu_memory(a.gpu_memory)
+    host_capacity = None if a.host_memory is None else host_memory(a.host_memory)
     input_file("--model", a.model)
     from trainscout.spaces import all_knobs
     from trainscout.trial.metrics import gpu_facts
@@ -123,11 +125,18 @@ def cmd_estimate(a) -> int:
     total = memory.predict(spec, cal)
     host = memory.host_peak(spec)
     fits = None if capacity is None else total <= capacity
+    # the host by the rule a search prunes its trials by (and lookup's predictions obey)
+    host_why = None if host_capacity is None else memory.host_refusal(spec, host_capacity, memory.MARGIN)
+    if host_why:
+        fits = False
     if a.json:  # the same exit status as the text: 1 when it does not fit
         print(json.dumps({"config": spec.config, "components_gib": {k: v / memory.GiB for k, v in comp.items()},
                           "host_gib": {k: v / memory.GiB for k, v in host.items()},
                           "predicted_gib": total / memory.GiB, "calibration": cal,
                           "capacity_gib": capacity / memory.GiB if capacity else None, "fits": fits,
+                          "host_need_gib": memory.host_need(host) / memory.GiB,
+                          "host_capacity_gib": host_capacity / memory.GiB if host_capacity else None,
+                          "host_refusal": host_why,
                           "assumed": {"capability": hw["capability"], "packages": sorted(installed),
                                       "gpu_known": facts is not None}}))
         return 1 if fits is False else 0
@@ -142,8 +151,11 @@ def cmd_estimate(a) -> int:
     if assumed:
         print(f"  assumed: a GPU of {assumed}, with every knob's packages installed")
     if capacity:
-        verdict = "fits" if fits else "does NOT fit"
+        verdict = "fits" if total <= capacity else "does NOT fit"
         print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
+    if host_capacity:
+        print(f"  host: does NOT fit: {host_why}" if host_why else
+              f"  host: fits in {host_capacity / memory.GiB:.0f} GiB less {memory.MARGIN:.0%} (a search's rule)")
     return 1 if fits is False else 0
 
 

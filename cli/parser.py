@@ -43,8 +43,8 @@ def build_parser() -> Parser:
 
     m = command(sub, "estimate", "predict peak GPU memory per rank (no GPU needed)",
                 "Predict the peak GPU memory per rank of a configuration (weights, gradients, optimizer, buffers, "
-                "activations, logits) and the host memory of all ranks, without a GPU. With --gpu-memory: exit 1 "
-                "when it does not fit.",
+                "activations, logits) and the host memory of all ranks, without a GPU. With --gpu-memory (and "
+                "--host-memory): exit 1 when it does not fit.",
                 "  trainscout estimate --model pythia-1b --set zero_stage=3 --workers 8 --gpu-memory 80GiB",
                 cmd_estimate)
     m.add_argument("--model", required=True, help=MODEL_HELP)
@@ -53,6 +53,9 @@ def build_parser() -> Parser:
     m.add_argument("--gpu-memory", default=None,
                    help="capacity per GPU to check against: a size with a unit, e.g. 80GiB or 141GB "
                         "(default: no check)")
+    m.add_argument("--host-memory", default=None,
+                   help="host (CPU) memory of the box to check against, e.g. 128GiB: a search there prunes a trial "
+                        "predicted over it less 10 %% (offloaded states, the model build) (default: no check)")
     m.add_argument("--calibrate", default=None, metavar="DIR",
                    help="fit the model on the measured peaks in this store, a search's --out or a URL "
                         "(default: the analytic sum + 1 GiB workspace)")

@@ -2,8 +2,8 @@
 measured is a configuration `trainscout search` would run on that box: it fits the GPU by `trainscout estimate`
 and the host by the rule the search prunes its trials by (trial.memory.host_refusal); memory savers are chosen by
 predicted step time (sharding over the ranks before offload where the GPUs hold it), in lookup and in the search's
-start points alike. No GPU: the Mistral-7B-v0.3 config.json as published (bench/models/hub), the real memory and step-time
-models, the shipped atlas."""
+start points alike. No GPU: the Mistral-7B-v0.3 config.json as published (bench/models/hub), the real memory and
+step-time models, the shipped atlas."""
 import json
 import os
 
@@ -45,6 +45,12 @@ def test_lookups_first_answer_is_what_a_search_would_run_on_one_h100_with_128_gi
     off = prepare(MISTRAL, {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full",
                             "micro_batch_size": 1}, hw=H100, installed=frozenset())
     assert memory.host_refusal(off, 128 * memory.GiB, memory.MARGIN)
+    sets = [x for k, v in off.config.items() if k in ("zero_stage", "offload_optimizer", "activation_checkpointing",
+                                                      "micro_batch_size") for x in ("--set", f"{k}={fmt(v)}")]
+    assert main(["estimate", "--model", MISTRAL, *sets, "--gpu-memory", "80GiB", "--host-memory", "128GiB",
+                 "--json"]) == 1  # estimate says the same with the box's host memory: exit 1, and why
+    got = json.loads(capsys.readouterr().out)
+    assert got["predicted_gib"] < 80 and got["host_refusal"].startswith("predicted 123.0 GiB of host memory")
 
 
 def test_on_eight_h200s_lookup_puts_sharding_first_not_offload():
