@@ -261,29 +261,33 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     def fits(c: dict | None) -> bool:
         return c is not None and c["over"] <= 1.0
 
-    def variants(base: dict, ranks: int) -> list[dict]:
+    def variants(base: dict, ranks: int, first: dict | None = None) -> list[dict]:
         """base itself, every knob's other values one at a time, then base with each memory saver (cheapest first),
-        at ranks: those the memory model predicts to fit, in that order; one knob's values by predicted step time."""
+        at ranks: those the memory model predicts to fit, in that order; one knob's values by predicted step time.
+        Then the same at micro-batch 1, where base's is larger (two knobs changed: a fixed micro-batch of 16 kept
+        Pythia-1B off 64 GPUs)."""
         from trainscout.trial import steptime
+        first = first or {}
+        start = dict(base, **first)
         singles = []
         for knob in all_knobs():
             for v in knob.choices:
-                if v == base.get(knob.name) or (knob.name == mb and not isinstance(v, int)):
+                if v == start.get(knob.name) or (knob.name == mb and (first or not isinstance(v, int))):
                     continue
-                got = evaluate(dict(base, **{knob.name: v}), ranks)
+                got = evaluate(dict(start, **{knob.name: v}), ranks)
                 if fits(got):
-                    singles.append(dict(got, changes={knob.name: v}))
-        try:
-            singles.sort(key=lambda c: steptime.step_s(c["spec"]))
-        except Exception:  # noqa: BLE001 - no step-time prediction: in the knobs' order
-            pass
+                    singles.append(dict(got, changes={**first, knob.name: v}))
+        singles.sort(key=lambda c: steptime.step_s(c["spec"]))
         savers = []
         for s in memory_savers():
-            got = evaluate(dict(base, **s), ranks)
+            got = evaluate(dict(start, **s), ranks)
             if fits(got):
-                savers.append(dict(got, changes=s))
-        same = evaluate(base, ranks)
-        return ([dict(same, changes={})] if fits(same) else []) + singles + savers
+                savers.append(dict(got, changes={**first, **s}))
+        same = evaluate(start, ranks)
+        out = ([dict(same, changes=dict(first))] if fits(same) else []) + singles + savers
+        if not first and isinstance(base.get(mb), int) and base[mb] > 1:
+            out += variants(base, ranks, {mb: 1})
+        return out
 
     def in_space(changes: dict) -> bool:
         return all(v in space.domains.get(k, ()) or space.fixed.get(k) == v for k, v in changes.items())
@@ -301,7 +305,8 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     if on_gpu:
         c = min(on_gpu, key=lambda c: (c["host_gib"], len(_differs(c["config"], defaults, mb))))
         ways.append(dict(how="host", config=_differs(c["config"], defaults, mb), gpu_gib=c["gpu_gib"],
-                         host_gib=c["host_gib"], need_host_gib=math.ceil(c["host_b"] / (1 - MARGIN) / memory.GiB * 100) / 100,
+                         host_gib=c["host_gib"],
+                         need_host_gib=math.ceil(c["host_b"] / (1 - MARGIN) / memory.GiB * 100) / 100,
                          host_has_gib=round(host / memory.GiB, 2), source=c["source"]))
     # more ranks (a GPU: FSDP/ZeRO shard the model states over them); the CPU: fewer, each rank holds a copy there
     for ranks in (RANKS if gpu else range(workers - 1, 0, -1)):
@@ -348,8 +353,8 @@ def fit_lines(fit: dict) -> list[str]:
     c, gpu = fit["closest"], fit["device"] == "cuda"
     host = (f"host's {_gib(fit['host_gib'])} GiB less {fit['host_margin']:.0%} ({_gib(fit['host_fit_gib'])} GiB)")
     if gpu:
-        over = (f"over the {fit['gpu']}'s {_gib(fit['gpu_gib'])} GiB (a start point must fit in {fit['fit_share']:.0%}: "
-                f"{_gib(fit['fit_gib'])} GiB) or over the {host}")
+        over = (f"over the {fit['gpu']}'s {_gib(fit['gpu_gib'])} GiB (a start point must fit in "
+                f"{fit['fit_share']:.0%}: {_gib(fit['fit_gib'])} GiB) or over the {host}")
         where = (f"{_gib(c['gpu_gib'])} GiB per GPU (line {_gib(fit['fit_gib'])}), host {_gib(c['host_gib'])} GiB "
                  f"(line {_gib(fit['host_fit_gib'])})")
     else:
@@ -363,7 +368,8 @@ def fit_lines(fit: dict) -> list[str]:
         if w["how"] == "host":
             on = f", {_gib(w['gpu_gib'])} GiB per GPU" if w.get("gpu_gib") is not None else ""
             lines.append(f"    a host with {_gib(w['need_host_gib'])} GiB of memory (this one has "
-                         f"{_gib(w['host_has_gib'])}): {_settings(w['config'])} needs {_gib(w['host_gib'])} GiB of it{on}")
+                         f"{_gib(w['host_has_gib'])}): {_settings(w['config'])} needs {_gib(w['host_gib'])} GiB "
+                         f"of it{on}")
         elif w["how"] == "ranks" and w.get("ranks") is None:
             if w["tried"]:
                 on = ", ".join(map(str, w["tried"][:-1])) + (", " if len(w["tried"]) > 1 else "")
@@ -373,16 +379,16 @@ def fit_lines(fit: dict) -> list[str]:
         elif w["how"] == "ranks":
             lines.append(f"    {_n(w['ranks'], w['unit'])} (--gpus-per-trial {w['ranks']}): {_change(w)}")
         elif w.get("changes") is None:
-            lines.append(f"    one knob's value: none predicted to fit on {_n(w['ranks'], fit['unit'])}")
+            lines.append(f"    knob values: none predicted to fit on {_n(w['ranks'], fit['unit'])} (any one knob "
+                         "changed, or a memory saver, at the closest's micro-batch or at 1)")
         else:
-            lines.append(f"    one knob's value on {_n(w['ranks'], fit['unit'])}: {_change(w)}")
+            lines.append(f"    knob values on {_n(w['ranks'], fit['unit'])}: {_change(w)}")
     return lines
 
 
 def _change(w: dict) -> str:
-    what = ("the closest as it is" if not w["changes"] else
-            f"set {_settings(w['changes'])}" + ("" if w["in_space"] else " (outside this search's space: give it "
-                                                "with --set, or widen --space)"))
+    outside = "" if w["in_space"] else " (outside this search's space: give it with --set, or widen --space)"
+    what = f"the closest with {_settings(w['changes'])}{outside}" if w["changes"] else "the closest as it is"
     per = f"{_gib(w['gpu_gib'])} GiB per GPU, " if w.get("gpu_gib") is not None else ""
     return f"{what}: {per}host {_gib(w['host_gib'])} GiB"
 
