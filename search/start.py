@@ -83,9 +83,9 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
          notes: list[str] | None = None, host: float | None = None) -> dict | None:
     """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the memory
     saver of the space (spaces.memory_savers) predicted fastest (trial.steptime, at the largest micro-batch that fits
-    it) of those that fit the GPU and the host (host: its bytes; default this machine's; the rule a search's trials
-    are pruned by, trial.memory.host_refusal): sharding over the ranks before offload where the GPUs hold the states,
-    checkpointing every 4th layer before every layer; None where none fits (notes: why)."""
+    it) of those that fit the GPU and the host (host: its bytes; default hw["host_memory_gib"], else this machine's;
+    the rule a search's trials are pruned by, trial.memory.host_refusal): sharding over the ranks before offload where
+    the GPUs hold the states, checkpointing every 4th layer before every layer; None where none fits (notes: why)."""
     import psutil
 
     from trainscout.trial import memory, steptime
@@ -98,7 +98,8 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     smallest = {mb: min(sizes)} if searched or probed else {}
     gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
     cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
-    host = host or psutil.virtual_memory().total
+    # the trials' host, as the driver hands it to them (a cluster's nodes' smallest, else this machine's)
+    host = host or (hw["host_memory_gib"] * memory.GiB if hw.get("host_memory_gib") else psutil.virtual_memory().total)
 
     def need(p: dict, **at) -> tuple[float, str | None] | None:
         spec = spec_at(args, space, hw, p, **(at or smallest))
