@@ -302,8 +302,8 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     # more host memory: the candidate that fits the GPU with the least host memory, where the host refused it
     on_gpu = [c for c in candidates if c["gpu_gib"] is not None and c["gpu_gib"] * memory.GiB <= gpu_line] if gpu \
         else candidates
-    if on_gpu:
-        c = min(on_gpu, key=lambda c: (c["host_gib"], len(_differs(c["config"], defaults, mb))))
+    if on_gpu:  # the CPU: the closest itself (its memory is the host's)
+        c = min(on_gpu, key=lambda c: (c["host_gib"], len(_differs(c["config"], defaults, mb)))) if gpu else closest
         ways.append(dict(how="host", config=_differs(c["config"], defaults, mb), gpu_gib=c["gpu_gib"],
                          host_gib=c["host_gib"],
                          need_host_gib=math.ceil(c["host_b"] / (1 - MARGIN) / memory.GiB * 100) / 100,
