@@ -65,7 +65,7 @@ def row(name: str, r: dict, est: float | None = None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--only", choices=("qwen", "mistral"))
+    ap.add_argument("--only", choices=("qwen", "mistral", "gate"))
     a = ap.parse_args()
     import torch
     name, mem = torch.cuda.get_device_name(0), gpu_memory_gib()
@@ -97,6 +97,20 @@ def main() -> None:
         raw["mistral-7b"], raw["mistral-7b estimate"] = r, est
         rows.append(row("mistral-7b " + " ".join(flags[1::2]), r, est.get("predicted_gib")))
         print(rows[-1], flush=True)
+    if a.only in (None, "gate"):  # the gate's gradient margins on the GPU (measured on the CPU only before)
+        gates = {"llama-1b fp8 tensorwise": ("llama-1b.json", ["--set", "fp8=tensorwise"]),
+                 "llama-1b fp8 rowwise": ("llama-1b.json", ["--set", "fp8=rowwise"]),
+                 "mixtral-1.5b fsdp full_shard": ("mixtral-1.5b.json", ["--set", "fsdp=full_shard"])}
+        for case, (cfg, extra) in gates.items():
+            r = trial(os.path.join(ROOT, "bench", "models", cfg),
+                      ["--set", "compile=false", "--set", "micro_batch_size=4", "--global-batch", "8", *extra],
+                      steps=2, warmup=1, timeout=300)
+            q = (r.get("metrics") or {}).get("quality") or {}
+            raw[case] = r
+            rows.append(row(case, r) + f" gate {q.get('gate')}: layer gain {q.get('layer_grad_gain')} at "
+                        f"{q.get('layer_grad_gain_at')}, parameter gain {q.get('grad_gain')} at {q.get('grad_gain_tensor')}, "
+                        f"op SQNR {q.get('op_sqnr_db')} dB; {(q.get('why') or '')[:200]}")
+            print(rows[-1], flush=True)
     print(f"\nGPU: {name}\n| case | status | tokens/s | peak GiB | estimate GiB | peak/estimate | dtypes (w/g/opt) | "
           "wall s | error |\n|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
