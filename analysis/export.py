@@ -232,14 +232,17 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     if "deepspeed" in formats or "hf" in formats or "accelerate" in formats:
         for name, obj in files.items():
             write(name, json.dumps(obj, indent=2))
+    written_for = {}
     if "hf" in formats:
         import transformers
 
         from trainscout.runtime.hf import VERSION_KEY
         hf_json, notes = checked_hf_args(rec, "run", paths, folder=out_dir)
-        # the transformers it was written for (field names change: 4.50 refused 5.x's activation_checkpointing);
-        # trainscout.runtime.hf.training_arguments(FOLDER) drops it and spells the rest for the installed version
-        write("training_args.json", json.dumps({VERSION_KEY: transformers.__version__, **hf_json}, indent=2))
+        # a plain TrainingArguments file: TrainingArguments(**json.load(f)) and HfArgumentParser.parse_json_file
+        # refuse any key that is not a field. The transformers it was written for (field names change: 4.50 refused
+        # 5.x's activation_checkpointing) goes to trainscout.json, where hf.read_arguments finds it
+        write("training_args.json", json.dumps(hf_json, indent=2))
+        written_for = {VERSION_KEY: transformers.__version__}
     if "accelerate" in formats:
         write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
         check_accelerate(written[-1])
@@ -254,7 +257,8 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: why[f] for f in refused},
                   "notes": [*plan.notes, *notes],
-                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device)))}
+                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device))),
+                  **written_for}  # transformers_version: the one training_args.json was written for
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
         "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))
     return written

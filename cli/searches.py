@@ -234,8 +234,7 @@ def cmd_export(a) -> int:
     print(f"launch (from {a.out}): {how['command']}" + ("   or ./launch.sh (trainscout train)" if "command" in formats
                                                          and how["launcher"] != "trainscout" else ""))
     if "hf" in formats and "hf" not in exported["not_exported"]:
-        with open(os.path.join(a.out, "training_args.json"), encoding="utf-8") as f:
-            version = json.load(f).get("transformers_version")
+        version = exported.get("transformers_version")  # training_args.json is a plain TrainingArguments file
         print(f"training_args.json was written for transformers {version}: load it with "
               f"trainscout.runtime.hf.training_arguments({a.out!r}), which adapts it to the installed version")
     for note in exported.get("notes", []):

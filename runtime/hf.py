@@ -23,7 +23,8 @@ from . import plan_of, prepare_model
 # TrainingArguments fields whose name changed between transformers versions: ours -> the older spelling
 RENAMED = {"activation_checkpointing": "gradient_checkpointing",
            "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
-VERSION_KEY = "transformers_version"  # training_args.json: the transformers it was written for (not a field)
+VERSION_KEY = "transformers_version"  # trainscout.json: the transformers training_args.json was written for (exports
+# before 2026-12-06 held it in training_args.json itself, which a stock TrainingArguments(**json) refuses: dropped)
 PATH_FIELDS = ("deepspeed",)  # written relative to the export folder, so that the folder can move
 
 
@@ -107,12 +108,14 @@ def native_every_n() -> bool:
 
 def for_installed(args: dict) -> dict:
     """Arguments spelled for the installed transformers (activation_checkpointing is gradient_checkpointing before
-    5.2x, and back; checkpointing every n-th layer is left to `prepare` where the version cannot; the file's
-    transformers_version dropped); a field this version does not know raises ValueError naming it."""
+    5.2x, and back; checkpointing every n-th layer is left to `prepare` where the version cannot; `fsdp` as True or as
+    the strategy string, whichever it takes; an older export's transformers_version dropped); a field this version does not know raises ValueError naming it."""
     fields, out = installed_fields(), {}
     args = {k: v for k, v in args.items() if k != VERSION_KEY}
     back = {old: new for new, old in RENAMED.items()}
     args = {(back[k] if k not in fields and back.get(k) in fields else k): v for k, v in args.items()}
+    if "fsdp" in args:
+        args = _fsdp_for_installed(args)
     if (args.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1) > 1 and not native_every_n():
         args.pop("activation_checkpointing_kwargs")
         args["activation_checkpointing"] = False  # all-or-nothing here: the hook checkpoints every n-th layer
@@ -125,9 +128,39 @@ def for_installed(args: dict) -> dict:
     return out
 
 
+def fsdp_flag() -> bool:
+    """Whether the installed TrainingArguments takes `fsdp=True` with everything in fsdp_config (5.x: a string or a
+    list of FSDPOption is deprecated there and warns); before, fsdp names the sharding strategy as a string."""
+    from transformers import TrainingArguments
+    return hasattr(TrainingArguments, "_apply_legacy_fsdp_to_config")
+
+
+def _fsdp_for_installed(args: dict) -> dict:
+    """`fsdp` as the installed transformers wants it: True with the strategy in fsdp_config (reshard_after_forward:
+    full_shard True, shard_grad_op False; offload: cpu_offload), or the strategy string for a version without that."""
+    fsdp, cfg = args["fsdp"], dict(args.get("fsdp_config") or {})
+    if not fsdp:
+        return args
+    if fsdp_flag():
+        if fsdp is True:
+            return args
+        for item in (fsdp.split() if isinstance(fsdp, str) else list(fsdp)):
+            if item in ("full_shard", "shard_grad_op"):
+                cfg.setdefault("reshard_after_forward", item == "full_shard")
+            elif item == "offload":
+                cfg.setdefault("cpu_offload", True)
+            elif item != "auto_wrap":
+                return args  # a strategy only the old spelling has (FSDP1's hybrid_shard, ...): left as written
+        return {**args, "fsdp": True, "fsdp_config": cfg}
+    if fsdp is not True:
+        return args
+    items = ["full_shard" if cfg.get("reshard_after_forward", True) else "shard_grad_op"]
+    return {**args, "fsdp": " ".join(items + (["offload"] if cfg.get("cpu_offload") else []))}
+
+
 def read_arguments(export: str) -> dict:
     """The export's training_args.json as keyword arguments of the installed transformers' TrainingArguments: spelled
-    for it (for_installed; the file names the version it was written for) and with the paths it holds made absolute
+    for it (for_installed; trainscout.json names the version it was written for) and with the paths it holds made absolute
     against the export folder (written relative, so the folder can move). Every field as written otherwise."""
     with open(os.path.join(export, "training_args.json"), encoding="utf-8") as f:
         args = json.load(f)
@@ -140,7 +173,7 @@ def read_arguments(export: str) -> dict:
 
 def training_arguments(export: str, **overrides):
     """transformers.TrainingArguments from the export's training_args.json, for the installed version (read_arguments:
-    renamed fields, the file's version key, paths relative to the folder), with the hook's fields off (hook_owned)
+    renamed fields, fsdp's spelling, paths relative to the folder), with the hook's fields off (hook_owned)
     and your overrides (output_dir, max_steps, ...) on top."""
     from transformers import TrainingArguments
     args = read_arguments(export)

@@ -62,7 +62,7 @@ def test_hf_export_trains_two_steps(store_dir, tmp_path):
     out = tmp_path / "exp"
     assert main(["export", store_dir, "--trial", "k0", "--format", "all", "--out", str(out)]) == 0
     args = json.loads((out / "training_args.json").read_text())
-    args.pop("transformers_version")  # not a field: the version it was written for (hf.training_arguments drops it)
+    assert "transformers_version" not in args  # not a field: trainscout.json names the version it was written for
     provenance = json.loads((out / "trainscout.json").read_text())
     assert provenance["model"] == "tiny" and provenance["versions"]["torch"] and provenance["hardware"]["device"] == "cpu"
     args.update(max_steps=2, output_dir=str(tmp_path / "run"))
@@ -105,7 +105,6 @@ def test_fsdp2_export_is_fsdp2_for_the_installed_consumers(store_dir, tmp_path, 
     assert main(["export", store_dir, "--trial", "k2", "--format", "all", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     args = json.loads((out / "training_args.json").read_text())
-    args.pop("transformers_version")
     built = TrainingArguments(**{**args, "output_dir": str(tmp_path / "run")})
     notes = json.loads((out / "trainscout.json").read_text())["notes"]
     if (getattr(built, "fsdp_plugin_args", None) or {}).get("fsdp_version") == 2:
