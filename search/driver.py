@@ -23,9 +23,10 @@ from . import cluster
 from .args import SEED_RANGE, SearchArgs
 from .halt import clear_store_failure, store_failed, store_failure
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
+from .nearest import nothing_line
 from .space import Space
 from .start import first_points, start_points, store_points
-from .summary import clock, nothing_line, summarize
+from .summary import clock, summarize
 from .trainable import METRIC, TRIAL_ACTOR, _trainable, counted, fault_schedule, space_knobs
 
 
@@ -333,7 +334,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         print(f"  {searcher.stopped_why}", file=stream, flush=True)
     fit = None
     if not interrupted() and not any(t["status"] == Status.OK for t in store.trials(name)):
-        from .summary import nearest_fit
+        from .nearest import nearest_fit
         try:  # where nothing fits: the closest configuration and what would make it fit (the memory model's)
             fit = nearest_fit(args, space, hw, calibration, host, store.trials(name))
         except Exception as e:  # noqa: BLE001 - the search's outcome stands without it, and says so

@@ -447,7 +447,7 @@ def test_where_nothing_fits_the_memory_model_says_what_would(tmp_path):
     what to change. The closest is the start point's ZeRO-2 + optimizer offload saver, which fits the GPU but not
     the host; a host of 123.0 / 0.9 GiB would run it, and so would 2 GPUs, each by the memory model's own rules."""
     from trainscout.search.service import SearchArgs, validate
-    from trainscout.search.summary import fit_lines, nearest_fit
+    from trainscout.search.nearest import fit_lines, nearest_fit
     from trainscout.trial import memory, prepare
     model = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "models", "hub",
                          "mistral-7b-v0.3.json")
