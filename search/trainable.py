@@ -85,7 +85,9 @@ def _measure(config: dict, base: dict) -> None:
             tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "predicted_gib": gib,
                          "error": why})
             return
-    key = measurement_key(spec, base["hardware"], hardware.versions())
+    # where a row of an older key scheme holds this configuration, its key (store.Store.stored_key): served from it,
+    # and a new measurement of it is that key's sample
+    key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions()))
     record = store.get(key)
     cached = record is not None and record.status in DETERMINISTIC
     if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
@@ -120,7 +122,8 @@ def _measure(config: dict, base: dict) -> None:
                 tune.report({METRIC: 0.0, "status": str(Status.UNSCHEDULED), "cached": False, "error": record.error})
                 return
             if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
-                key = measurement_key(spec, base["hardware"], hardware.versions(), placement=record.placement)
+                key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions(),
+                                                       placement=record.placement))
             # written while the claim is held, so that a search waiting on it is served this record (released
             # first, the waiter found no record and measured the key again: 2026-12-03, test_shared_store)
             store.add_measurement(key, record)  # a second measurement of a key is kept beside the first

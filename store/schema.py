@@ -78,12 +78,61 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def measurement_key(spec: TrialSpec, hardware: dict, versions: dict, placement: dict | None = None) -> str:
-    """What a measurement depends on: effective config, model, recipe, hardware fingerprint, library versions; and
-    for ranks split over nodes (placement, trial.pool.placement_of) how they were split, as inter-node links change
-    the speed: a split measurement never stands for a one-node one (whose key is as it always was)."""
+KEY_VERSION = 2  # measurement_key's scheme; 1: every knob hashed (legacy_key), 2: only the knobs set away from default
+
+
+def _context(spec, hardware: dict):
+    """The context of the spec's knobs from what the key holds: the model config, the recipe's batch and sequence,
+    the device, the ranks and the GPU's capability. No optional package counts (Context.installed empty): a default
+    that depends on one is not taken for the value, so the knob stays in the key (no key depends on what the box
+    that computes it has installed)."""
+    from trainscout.spaces import Context
+    from trainscout.spaces.model_config import sizes
+    recipe = spec.recipe or {}
+    hw = dict(getattr(spec, "hardware", None) or {}, **{k: v for k, v in (hardware or {}).items() if v is not None})
+    return Context(world_size=spec.world_size or 1, device=spec.device or hw.get("device") or "cpu",
+                   num_layers=sizes(spec.model_config).layers if spec.model_config else 1,
+                   global_batch=recipe.get("global_batch") or 1, installed=frozenset(),
+                   capability=str(hw.get("capability") or ""), model_config=spec.model_config or {},
+                   seq_len=recipe.get("seq_len") or 0)
+
+
+def _same(a, b) -> bool:
+    """Equal as stored (JSON): True is not 1, 2 is not "2"."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def changed_knobs(spec, hardware: dict) -> dict:
+    """The knobs of spec.config set away from their defaults: a knob is left out where its value is its default in
+    the spec's context (Knob.default_for, what resolve() fills an unset knob with) or what that default concretises
+    to in this config (Knob.concrete: optimizer_impl's auto is fused on CUDA; a config holds concretised values).
+    A knob missing from the config (a record measured before it existed) counts as at its default; a setting of a
+    knob not registered here (a plugin not installed, a knob since removed) is kept, its default not being known."""
+    from trainscout.spaces import all_knobs
+    cfg, ctx = dict(spec.config or {}), _context(spec, hardware)
+    knobs = {k.name: k for k in all_knobs()}
+    defaults = {name: k.default_for(ctx) for name, k in knobs.items()}
+    full = {**defaults, **cfg}
+    out = {}
+    for name, value in cfg.items():
+        if name not in knobs:
+            out[name] = value
+            continue
+        d = defaults[name]
+        if _same(value, d):
+            continue
+        try:
+            concrete = knobs[name].concrete(d, dict(full, **{name: d}), ctx)
+        except Exception:  # noqa: BLE001 - a default that does not concretise here: the value stays in the key
+            concrete = d
+        if not _same(value, concrete):
+            out[name] = value
+    return out
+
+
+def _ident(spec, config: dict, hardware: dict, versions: dict, placement: dict | None) -> dict:
     ident = {
-        "config": spec.config, "model_config": spec.model_config, "recipe": spec.recipe,
+        "config": config, "model_config": spec.model_config, "recipe": spec.recipe,
         "device": spec.device, "world_size": spec.world_size,
         "hardware": {k: hardware.get(k) for k in ("gpu", "gpu_memory_gib", "cpu", "cpu_count")},
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "deepspeed")},
@@ -94,7 +143,43 @@ def measurement_key(spec: TrialSpec, hardware: dict, versions: dict, placement: 
         ident["fault"] = spec.fault
     if placement and placement.get("split"):
         ident["ranks_per_node"] = placement["ranks_per_node"]
+    return ident
+
+
+def _hash(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def measurement_key(spec: TrialSpec, hardware: dict, versions: dict, placement: dict | None = None) -> str:
+    """What a measurement depends on: the knobs set away from their defaults (changed_knobs: a knob added by a
+    release or a plugin, left at its default, changes no key), model, recipe, hardware fingerprint, library
+    versions, the key's scheme (KEY_VERSION); and for ranks split over nodes (placement, trial.pool.placement_of) how
+    they were split, as inter-node links change the speed: a split measurement never stands for a one-node one.
+    spec: a trial.records.TrialSpec or a stored Record (record_key). A change of a knob's default (or default_for)
+    changes what an unset knob runs: it must come with a new KEY_VERSION (tests/test_keys.py pins the defaults)."""
+    ident = _ident(spec, changed_knobs(spec, hardware), hardware, versions, placement)
+    ident["key_version"] = KEY_VERSION
+    return _hash(ident)
+
+
+def legacy_key(spec: TrialSpec, hardware: dict, versions: dict, placement: dict | None = None) -> str:
+    """The key of scheme 1 (stores written before KEY_VERSION 2): the whole config hashed, defaults included."""
+    return _hash(_ident(spec, spec.config, hardware, versions, placement))
+
+
+def record_key(record) -> str:
+    """The measurement key (today's scheme) of a stored record (a Record or its to_dict() JSON), computed from its
+    own config, model config, recipe, device, ranks, hardware, versions, placement and fault: what a record stored
+    under an older scheme is found by (store.Store.stored_key), and what an import can compare keys by. Raises
+    ValueError where the record lacks what a key needs (no config, model config or recipe)."""
+    from trainscout.trial.records import Record
+    rec = record if isinstance(record, Record) else Record.from_dict(
+        {k: v for k, v in record.items() if k not in ("key", "source")})
+    if not isinstance(rec.config, dict) or not rec.model_config or not rec.recipe:
+        raise ValueError("the record has no config, model config or recipe")
+    if asked_dtype(rec.model_config) and rec.plan is None:
+        raise ValueError("the record asks for 16-bit weights and has no plan (its master dtype)")
+    return measurement_key(rec, rec.hardware or {}, rec.versions or {}, placement=rec.placement)
 
 
 def create(engine: sa.engine.Engine) -> None:

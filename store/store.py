@@ -4,6 +4,19 @@ process). The contract a store keeps for many searches, processes and hosts is t
 Opening a store checks a SQLite file and repairs a damaged one (store.repair), sets SQLite's write-ahead log and busy
 timeout on every connection, creates the tables a new database lacks (store.schema), and pins a SQLite file's
 identity (store.guard). A URL's password never reaches self.url (store.secrets).
+
+Keys that survive (issue 48). A measurement's key (store.schema.measurement_key, scheme KEY_VERSION 2) hashes only
+the knobs set away from their default in the trial's context, so a knob added by a release or a plugin, left at its
+default, changes no key. Stores written under scheme 1 (every knob hashed, defaults included; rows written before
+2026-12-06 and by any older trainscout) are read and served as they are, by re-keying on read, never by rewriting:
+a lookup that misses (get, samples, stored_key) reads each row of the store once per process and computes today's
+key from the row's own record (schema.record_key: its config, model config, recipe, device, ranks, hardware,
+versions, placement, fault), so a row measured before a knob existed is found by the key of the same
+configuration with that knob at its default. Nothing is added, changed or deleted: the rows keep their keys, an
+older trainscout on the same (e.g. PostgreSQL) store finds what it stored as before, and a new measurement of a
+configuration an old row holds goes under that row's key (search.trainable: stored_key before claim and write), so
+it is that key's sample, as every second measurement is. A row that cannot be re-keyed (no config, model config or
+recipe: written by another tool) is served under its stored key only, with a one-line warning naming it (Store.unkeyed).
 """
 from __future__ import annotations
 
@@ -59,6 +72,9 @@ class Store:
         self.identity = guard.identity(self.path)
         guard.pin(self.engine, self.path, self.identity)
         self._error_column = None  # whether trainscout_search_trials has "error" (a store older than it has not)
+        self._rekeyed: dict[str, str] = {}  # today's key -> the key an older scheme's row is stored under (stored_key)
+        self._seen: set[str] = set()        # the stored keys read into _rekeyed
+        self.unkeyed: dict[str, str] = {}   # stored keys whose record cannot be re-keyed, and why
 
     def _has_error_column(self) -> bool:
         if not self._error_column:
@@ -84,10 +100,64 @@ class Store:
 
     # --- measurements ---------------------------------------------------------------------------------------
     def get(self, key: str) -> Record | None:
-        """The measurement stored under key, or None."""
-        with self.engine.connect() as c:
-            row = c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
+        """The measurement of key (stored under it, or under an older scheme's key: stored_key), or None."""
+        row = self._record_row(key)
+        if row is None and (old := self.stored_key(key)) != key:
+            key, row = old, self._record_row(old)
         return _read(json.loads(row[0]), key) if row else None
+
+    def _record_row(self, key: str):
+        with self.engine.connect() as c:
+            return c.execute(sa.select(MEASUREMENTS.c.record).where(MEASUREMENTS.c.key == key)).first()
+
+    def stored_key(self, key: str) -> str:
+        """The key the measurement of `key` (store.schema.measurement_key) is stored under: key itself where a row
+        has it, else the key of a row written under an older key scheme whose record re-keys to it (its own config,
+        model config, recipe, hardware and versions, store.schema.record_key), else key. Rows are re-keyed in this
+        process when a key is first missed (each row once; nothing is written: the store reads as it did)."""
+        if key in self._rekeyed or self._has_key(key):
+            return self._rekeyed.get(key, key)
+        self._index()
+        return self._rekeyed.get(key, key)
+
+    def _has_key(self, key: str) -> bool:
+        with self.engine.connect() as c:
+            return c.execute(sa.select(MEASUREMENTS.c.key).where(MEASUREMENTS.c.key == key)).first() is not None
+
+    def _index(self) -> None:
+        """Read the rows not yet re-keyed (written since by another process, or by an older trainscout) into
+        _rekeyed. Where several old rows re-key to one key (measured under different knob sets that are the same
+        configuration today), the first deterministic (ok, oom, invalid) one stands, else the first."""
+        with self.engine.connect() as c:
+            present = {k for (k,) in c.execute(sa.select(MEASUREMENTS.c.key))}
+        new = sorted(present - self._seen)
+        if not new:
+            return
+        from trainscout.trial.status import DETERMINISTIC
+
+        from .schema import record_key
+        rows = []
+        for i in range(0, len(new), 500):
+            with self.engine.connect() as c:
+                rows += c.execute(sa.select(MEASUREMENTS.c.key, MEASUREMENTS.c.status, MEASUREMENTS.c.created_at,
+                                            MEASUREMENTS.c.record).where(MEASUREMENTS.c.key.in_(new[i:i + 500]))).all()
+        kept = {str(x) for x in DETERMINISTIC}
+        unkeyed = []
+        for r in sorted(rows, key=lambda r: (r.status not in kept, r.created_at or "", r.key)):
+            self._seen.add(r.key)
+            try:
+                ours = record_key(json.loads(r.record))
+            except Exception as e:  # noqa: BLE001 - a row of another tool or version: served under its own key only
+                self.unkeyed[r.key] = one_line(f"{type(e).__name__}: {e}", 200)
+                unkeyed.append(r.key)
+                continue
+            if ours != r.key and ours not in self._rekeyed and ours not in present:
+                self._rekeyed[ours] = r.key
+        if unkeyed:
+            first = (unkeyed[0], self.unkeyed[unkeyed[0]])
+            print(f"trainscout: warning: {len(unkeyed)} stored measurement(s) of {self.url} cannot be "
+                  f"re-keyed to today's key scheme, so they are served only under their stored key (e.g. {first[0]}: "
+                  f"{first[1]})", file=sys.stderr, flush=True)
 
     @staticmethod
     def _row(key: str, record: Record | dict, source: str) -> dict:
@@ -123,6 +193,7 @@ class Store:
 
     def samples(self, key: str) -> list[Record]:
         """Every record of a key: its measurement first, then its other samples, oldest first."""
+        key = self.stored_key(key)
         first = self.get(key)
         rest = [Record.from_dict(dict(json.loads(r["record"]), key=key, source=r["source"]))
                 for r in samples.of(self.engine, key)]
