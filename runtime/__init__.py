@@ -19,7 +19,7 @@ Importing this module imports no torch.
 from __future__ import annotations
 
 from trainscout.spaces import Knob, ParallelDims, Plan, all_knobs, plugins
-from trainscout.spaces.knob import STAGES  # stage -> what runs there, in this order
+from trainscout.spaces.knob import STAGES, in_order  # stage -> what runs there, in this order
 from trainscout.spaces.layers import decoder_layers
 
 BEFORE_SHARDING = STAGES[:-1]
@@ -29,12 +29,13 @@ __all__ = ["BEFORE_SHARDING", "STAGES", "ParallelDims", "decoder_layers", "paral
 
 
 def transforms(stages=STAGES) -> list[Knob]:
-    """The knobs with a model transform at one of these stages, in the order they are applied."""
+    """The knobs with a model transform at one of these stages, in the order they are applied: by stage, then by
+    each knob's declared `order` within its stage (experts' kernel before fp8 swaps the linears), never by name."""
     out = [k for k in all_knobs() if k.stage is not None]
     for k in out:
         if k.stage not in STAGES:
             raise ValueError(f"knob {k.name!r} declares stage {k.stage!r}: use one of {', '.join(STAGES)}")
-    return sorted((k for k in out if k.stage in stages), key=lambda k: STAGES.index(k.stage))
+    return in_order(k for k in out if k.stage in stages)
 
 
 def parallel_dims(plan: Plan, world: int | None = None) -> ParallelDims:
@@ -57,10 +58,9 @@ def prepare_model(model, plan: Plan, *, after_sharding: bool = False, dims: Para
 
 def wrap_step(step, plan: Plan, dims: ParallelDims):
     """One micro-batch's forward and backward, `step(model, batch, scale, **loss_kwargs) -> loss`, as the knobs run
-    it (Knob.wrap_step, in STAGES order: the first stage's wrapper outermost)."""
+    it (Knob.wrap_step, in the transforms' order: the first one's wrapper outermost)."""
     wrappers = [k for k in all_knobs() if type(k).wrap_step is not Knob.wrap_step]
-    for knob in sorted(wrappers, key=lambda k: STAGES.index(k.stage) if k.stage in STAGES else len(STAGES),
-                       reverse=True):
+    for knob in reversed(in_order(wrappers)):
         step = knob.wrap_step(step, plan, dims)
     return step
 

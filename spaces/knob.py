@@ -12,6 +12,9 @@ REGISTRY: dict[str, "Knob"] = {}
 # module swaps, tensor then context parallel, the loss, activation checkpointing, per-layer compile, then (after the
 # engine shards the model with FSDP/DDP over the data ranks) whole-model compile
 STAGES = ("process", "modules", "tensor_parallel", "context_parallel", "loss", "checkpoint", "compile_layers", "sharded")
+# the hooks through which a knob changes what a trial builds besides the plan (a knob that overrides none of them and
+# whose values leave the plan as it is changes nothing: spaces.plugins refuses such a plugin)
+RUNTIME_HOOKS = ("transform", "wrap_step", "memory", "optimizer")
 
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
@@ -23,6 +26,12 @@ def register(cls: type["Knob"]) -> type["Knob"]:
         raise ValueError(f"knob {cls.name!r} is registered twice ({type(REGISTRY[cls.name]).__module__}, {cls.__module__})")
     REGISTRY[cls.name] = cls()
     return cls
+
+
+def in_order(knobs) -> list["Knob"]:
+    """Knobs in the order their hooks run: by stage (STAGES; no stage last), then by their declared `order` within
+    it, then as given (all_knobs(): requirements first, then by name), so no rule between two knobs holds by name."""
+    return sorted(knobs, key=lambda k: (STAGES.index(k.stage) if k.stage in STAGES else len(STAGES), k.order))
 
 
 def fmt(value: Any) -> str:
@@ -44,9 +53,11 @@ class Knob:
     quality gate (trial/quality.py) before it is called the same model.
 
     The runtime half: a knob that changes how the model trains names its `stage` (one of
-    trainscout.runtime.STAGES, the order transforms are applied in) and implements `transform`, which reads what
-    `apply` wrote into the plan; `memory` adjusts the memory model's terms. `packages` lists the optional
-    packages it needs (Context.installed says which are present).
+    trainscout.runtime.STAGES, the order transforms are applied in; `order` orders the knobs of one stage, lower
+    first) and implements `transform`, which reads what `apply` wrote into the plan; `memory` adjusts the memory
+    model's terms; `optimizer` changes the optimizer every engine builds (its class, keyword arguments, what its
+    states are and their bytes per parameter), in the same order. `packages` lists the optional packages it needs
+    (Context.installed says which are present).
 
     The roles search/, analysis/ and cli/ read (they name no knob; tests/test_knob_roles.py holds them to it):
     - `start` (step, value): on a GPU the start points after the defaults set, step by step and cumulatively, each
@@ -76,6 +87,7 @@ class Knob:
     choices: ClassVar[tuple]
     requires: ClassVar[dict[str, tuple]] = {}
     stage: ClassVar[str | None] = None
+    order: ClassVar[int] = 0  # within a stage (and among optimizer hooks): lower runs first (spaces.knob.in_order)
     packages: ClassVar[tuple[str, ...]] = ()
     reference: ClassVar[Any] = None  # the value the quality gate's reference runs (None: the default)
     # roles (the docstring's last paragraph)
@@ -183,6 +195,15 @@ class Knob:
         parameters are there too ("params" held, "layer_params" of one decoder layer, "layers" held; the model
         states follow them) and what the activations hold of the decoder layers ("layer_activations"). `spec` is the
         trial.records.TrialSpec or stored Record (its recipe's seq_len: the rank's tokens under context parallel)."""
+
+    def optimizer(self, spec: dict, plan: Plan) -> dict:
+        """The optimizer as this knob builds it: `spec` is {"cls": the torch optimizer class, "kwargs": its keyword
+        arguments (lr, betas, weight_decay, ...), "device": the rank's device type ("cpu", "cuda"; None where the
+        memory model or trial.dtypes read it), "states": what its state tensors are, as the record's dtypes name them
+        ("float32", "bfloat16", "8bit", ...), "bytes": their bytes per parameter (the memory model's optimizer
+        term)}. Every engine's optimizer passes through every knob's hook (trial.engines.base.optimizer_spec), in
+        `in_order`; return the spec (changed or not)."""
+        return spec
 
     # --- roles --------------------------------------------------------------------------------------------
     def measured(self, value: Any, plan: Plan | None) -> Any:

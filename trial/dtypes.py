@@ -19,6 +19,15 @@ def _names(dtypes) -> str | None:
     return "+".join(names) or None
 
 
+def state_kind(v):
+    """What an optimizer state tensor holds, as the record names it: its dtype, or for torchao's quantised states
+    (OptimState8bit, OptimState4bit, OptimStateFp8: codes and block scales whose `dtype` is only an appearance, the
+    weights') their kind: "8bit", "4bit", "fp8". A DTensor's (FSDP2) is its local tensor's."""
+    local = v.to_local() if hasattr(v, "to_local") else v
+    kind = type(local).__name__
+    return kind.removeprefix("OptimState").lower() if kind.startswith("OptimState") else local.dtype
+
+
 def watch(optimizers) -> dict:
     """A dict filled at the first step of each torch optimizer: "weights" (the parameters it updates), "gradients"
     (theirs, read before the step) and "optimizer" (its floating-point state tensors, read after it). Hooks are
@@ -34,7 +43,7 @@ def watch(optimizers) -> dict:
         found["gradients"].update(p.grad.dtype for p in params if p.grad is not None)
 
     def post(opt, args, kwargs):
-        found["optimizer"].update(v.dtype for state in opt.state.values() for v in state.values()
+        found["optimizer"].update(state_kind(v) for state in opt.state.values() for v in state.values()
                                   if hasattr(v, "dtype") and v.dtype.is_floating_point and v.dim() > 0)
         if opt in pending:
             pending.remove(opt)
@@ -49,17 +58,28 @@ def watch(optimizers) -> dict:
 
 
 def expected(plan) -> dict:
-    """The dtypes the plan's label names: its master dtype for the weights, their gradients and AdamW's states."""
-    return {part: plan.master_dtype for part in PARTS}
+    """The dtypes the plan's label names: its master dtype for the weights and their gradients; for the optimizer's
+    states what its optimizer spec says they are (trial.engines.base.optimizer_spec, through the knobs' optimizer
+    hooks: the master dtype, or optimizer_state's "bfloat16", "8bit", "4bit", "fp8")."""
+    from .engines.base import optimizer_spec
+    return {"weights": plan.master_dtype, "gradients": plan.master_dtype, "optimizer": optimizer_spec(plan)["states"]}
+
+
+def _matches(seen: str, want: str, master: str) -> bool:
+    """Whether seen names the label's dtype: the same, or (states another than the weights') that one beside the
+    master dtype, which torchao keeps for the states it does not quantise (< 4096 values or not a whole block)."""
+    return seen == want or (want != master and want in seen.split("+") and set(seen.split("+")) <= {want, master})
 
 
 def check(seen: dict, plan) -> None:
     """DtypeMismatch when what the optimizer stepped differs from the plan's label (nothing seen yet: nothing to
     check)."""
     want = expected(plan)
-    wrong = {part: seen[part] for part in PARTS if seen.get(part) and seen[part] != want[part]}
+    wrong = {part: seen[part] for part in PARTS if seen.get(part) and not _matches(seen[part], want[part],
+                                                                                     plan.master_dtype)}
     if wrong:
         raise DtypeMismatch(
-            f"precision={plan.precision} trains {plan.master_dtype} weights, gradients and optimizer states, but the "
-            f"optimizer stepped {', '.join(f'{part} in {d}' for part, d in wrong.items())}: the trial measured "
-            "another precision than its label and is not a measurement of it")
+            f"precision={plan.precision} trains {plan.master_dtype} weights and gradients and {want['optimizer']} "
+            "optimizer states, "
+            f"but the optimizer stepped {', '.join(f'{part} in {d}' for part, d in wrong.items())}: the trial "
+            "measured another configuration than its label and is not a measurement of it")

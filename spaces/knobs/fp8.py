@@ -19,6 +19,7 @@ class Fp8(Knob):
     choices = ("off", "tensorwise", "rowwise")
     requires = {"zero_stage": (0,)}  # DeepSpeed holds and casts the parameters itself: FP8 is for the PyTorch engines
     stage = "modules"  # swap nn.Linear before checkpointing wraps and compile traces the layers (torchtitan's order)
+    order = 1  # after experts (order 0) in that stage: float8 swaps the linears of the modules experts leaves
     packages = ("torchao",)
     # a start point on top of the compiled one (its check refuses GPUs without FP8): the Llama-1B shape on an H200,
     # +17.5 % over compiled alone

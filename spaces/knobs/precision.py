@@ -9,34 +9,61 @@ _said: set = set()
 
 @register
 class Precision(Knob):
-    """Numeric precision: fp32, or mixed precision with bf16 / fp16 compute and fp32 master weights."""
+    """Numeric precision: fp32, mixed precision with bf16 / fp16 compute and fp32 master weights, or bf16: pure
+    16-bit bf16 weights, gradients and AdamW states (torchao's AdamW with stochastic rounding, no autocast)."""
 
     name = "precision"
     default = "bf16-mixed"
-    choices = ("fp32", "bf16-mixed", "fp16-mixed")
+    choices = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
     column = 6
+    packages = ("torchao",)  # precision=bf16's optimizer
+    # Why bf16 with stochastic rounding: pure bf16 weights under torch's AdamW lose updates smaller than a bf16 ulp
+    # (an 82M Qwen2 shape, 600 steps at lr 1e-4: +5.0 % held-out loss against fp32 master weights; STACK.md
+    # 2026-12-06); rounding the fp32 result stochastically keeps them in expectation, at half the weights' bytes.
 
     def check(self, value, cfg, ctx):
         if value == "fp16-mixed" and ctx.device != "cuda":
             raise ConfigError(self.name, "precision=fp16-mixed needs a CUDA GPU (no fp16 loss scaling on the CPU): "
                                          "set precision=bf16-mixed or fp32")
+        if value == "bf16":
+            if "torchao" not in ctx.installed:
+                raise ConfigError(self.name, "precision=bf16 steps torchao's AdamW with bf16 stochastic rounding (pip "
+                                             "install torchao): install it or set precision=bf16-mixed")
+            if cfg["zero_stage"]:
+                raise ConfigError(self.name, "precision=bf16 (pure bf16 weights and states) is not DeepSpeed's bf16 "
+                                             "mode, which keeps fp32 master weights: set precision=bf16-mixed or "
+                                             "zero_stage=0")
 
     def numerics(self, value, cfg, ctx):
         if value != self.default:  # the reference: bf16 autocast over fp32 weights, what most recipes train in
-            return {"fp32": "fp32 products and activations", "fp16-mixed": "fp16 autocast with loss scaling"}[value]
+            return {"fp32": "fp32 products and activations", "fp16-mixed": "fp16 autocast with loss scaling",
+                    "bf16": "bf16 weights, gradients and AdamW states (stochastic rounding), no fp32 master"}[value]
         return None
 
     def apply(self, plan, value, cfg, ctx):
         plan.precision = value
-        # this knob owns the dtypes: fp32 master weights, gradients and AdamW states under every value, whatever
-        # the model's config.json says (the model is built in plan.master_dtype; trial.dtypes checks what ran)
-        plan.master_dtype = "float32"
+        # this knob owns the dtypes: fp32 master weights, gradients and AdamW states under every mixed value and
+        # fp32, bf16 ones under bf16, whatever the model's config.json says (the model is built in plan.master_dtype;
+        # trial.dtypes checks what ran; autocast_dtype has no bf16 entry: its engines run no autocast)
+        plan.master_dtype = "bfloat16" if value == "bf16" else "float32"
         asked = asked_dtype(ctx.model_config or {})
         if asked and (asked, value) not in _said:
             _said.add((asked, value))
             print(f"trainscout: note: the model's config.json asks for {asked} weights; precision={value} keeps "
                   f"{plan.master_dtype} master weights (the config's torch_dtype does not change what trains)",
                   file=sys.stderr, flush=True)
+
+    def optimizer(self, spec, plan):
+        if plan.precision != "bf16":
+            return spec
+        import torchao.optim
+        kw = spec["kwargs"]  # torchao's AdamW over the bf16 weights: fp32 math, the result rounded stochastically
+        kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}
+        return dict(spec, cls=torchao.optim._AdamW, kwargs=dict(kwargs, bf16_stochastic_round=True))
+
+    def hook_only(self, value, plan, stock):
+        # a stock Trainer over the exported bf16 model steps torch's AdamW, without stochastic rounding
+        return "precision=bf16" if value == "bf16" else None
 
     def export(self, fmt, plan, device):
         if fmt == "hf":

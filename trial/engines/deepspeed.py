@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from trainscout.runtime import prepare_model
 
-from .base import Engine, adamw, causal_lm_loss, register_engine
+from .base import Engine, causal_lm_loss, optimizer, register_engine
 
 DS_BUCKET = 5e8  # DeepSpeed's default reduce/allgather bucket, in elements
 
@@ -47,7 +47,10 @@ class DeepSpeedEngine(Engine):
         prepare_model(model, plan, dims=dims)
         self.config = deepspeed_config(plan, recipe, measured_accum)
         offload = self.offloaded(plan)[0]
-        client_opt = None if offload else adamw([p for p in model.parameters() if p.requires_grad], recipe, device)
+        # the client optimizer passes every knob's optimizer hook; under offload DeepSpeed steps its own CPU Adam (the
+        # config's "optimizer"), which the knobs that change the optimizer refuse
+        client_opt = None if offload else optimizer([p for p in model.parameters() if p.requires_grad], plan, recipe,
+                                                    device)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                optimizer=client_opt, config=self.config)
         prepare_model(self.engine, plan, after_sharding=True, dims=dims)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from trainscout.runtime import decoder_layers, prepare_model
 
-from .base import Engine, adamw, autocast_dtype, register_engine
+from .base import Engine, autocast_dtype, optimizer, register_engine
 from .plain import TorchEngine
 
 
@@ -63,7 +63,7 @@ class PipelineEngine(Engine):
         self.schedule = cls(self.stages if chunks > 1 else self.stages[0],  # multi-stage schedules take a list
                             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=True)
         self.params = [p for m in mods for p in m.parameters() if p.requires_grad]
-        self.opt = adamw(self.params, recipe, device)
+        self.opt = optimizer(self.params, plan, recipe, device)  # every knob's optimizer hook applied
         self.clip = recipe["grad_clip"]
 
     def _loss(self, logits, target):

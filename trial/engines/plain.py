@@ -5,7 +5,8 @@ import contextlib
 
 from trainscout.runtime import parallel_dims, prepare_model, wrap_step
 
-from .base import Engine, adamw, autocast_dtype, causal_lm_loss, clip_grad_norm_, master_bytes, register_engine
+from .base import (Engine, autocast_dtype, causal_lm_loss, clip_grad_norm_, master_bytes, optimizer, optimizer_bytes,
+                   register_engine)
 
 
 @register_engine
@@ -24,7 +25,7 @@ class TorchEngine(Engine):
         self.model = prepare_model(wrapped, plan, after_sharding=True, dims=self.dims)
         self.step = wrap_step(self.forward_backward, plan, self.dims)  # as the knobs run a micro-batch
         self.params = [p for p in wrapped.parameters() if p.requires_grad]
-        self.opt = adamw(self.params, recipe, device)
+        self.opt = optimizer(self.params, plan, recipe, device)  # every knob's optimizer hook applied
         self.dtype = autocast_dtype(plan.precision)
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type) if plan.precision == "fp16-mixed" else None
@@ -80,8 +81,10 @@ class TorchEngine(Engine):
 
     @classmethod
     def model_states(cls, c, plan, N, D, mixed):
-        # master weights, gradients and AdamW's two states (fp32: 4 bytes each); autocast's bf16 copies of the
-        # linears (of a tied head too); DDP's buckets (the gradients' dtype)
+        # master weights, gradients (fp32: 4 bytes each) and the optimizer's states (optimizer_bytes: AdamW's two in
+        # the master dtype, or what optimizer_state keeps); autocast's bf16 copies of the linears (of a tied head
+        # too), none over 16-bit weights (precision=bf16: no autocast); DDP's buckets (the gradients' dtype)
         m = master_bytes(plan)
-        return {"weights": m * N + (2 * c["cast"] * N / c["N"] if mixed else 0), "gradients": m * N,
-                "optimizer": 2 * m * N, "buffers": m * N if D > 1 else 0.0}
+        cast = 2 * c["cast"] * N / c["N"] if mixed and m == 4 else 0
+        return {"weights": m * N + cast, "gradients": m * N,
+                "optimizer": optimizer_bytes(plan) * N, "buffers": m * N if D > 1 else 0.0}

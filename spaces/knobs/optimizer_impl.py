@@ -1,0 +1,48 @@
+from ..knob import Knob, register
+
+
+@register
+class OptimizerImpl(Knob):
+    """torch AdamW's kernel: foreach (a few multi-tensor kernels per step) or fused (one fused kernel per dtype and
+    device; torch 2.13 has it on CUDA and on the CPU); auto: fused on CUDA, foreach elsewhere."""
+
+    name = "optimizer_impl"
+    default = "auto"  # what every trial ran before this knob: fused on CUDA, foreach elsewhere
+    choices = ("foreach", "fused")
+    # torchao's optimizers (optimizer_state, precision=bf16) have one implementation each: a compiled kernel per
+    # parameter. Sampled only where the optimizer is torch's AdamW; set elsewhere, refused with the fix
+    requires = {"optimizer_state": ("fp32",), "precision": ("fp32", "bf16-mixed", "fp16-mixed")}
+    column = 0  # csv/json only: one value of most searches
+    # Why: the optimizer step is its own phase of a measurement (metrics optimizer_s); on a GPU the fused kernel
+    # reads each state once per step. Measured, not assumed (bench/optimizer_gpu.py).
+
+    def parse(self, raw):
+        if isinstance(raw, str) and raw.strip().lower() == "auto":
+            return "auto"
+        return super().parse(raw)
+
+    def domain_text(self):
+        return "auto|" + super().domain_text()
+
+    def concrete(self, value, cfg, ctx):
+        # auto is decided here, so auto and the value it stands for are one configuration (one measurement key)
+        torch_adamw = cfg["optimizer_state"] == "fp32" and cfg["precision"] != "bf16"
+        if value == "auto" and torch_adamw:
+            return "fused" if ctx.device == "cuda" else "foreach"
+        return value
+
+    def apply(self, plan, value, cfg, ctx):
+        if value != "auto":
+            plan.knobs[self.name] = value
+
+    def optimizer(self, spec, plan):
+        impl = plan.knobs.get(self.name)
+        if impl:  # a plan without it (stored before this knob) keeps the device's choice optimizer_spec made
+            spec["kwargs"].update(fused=impl == "fused", foreach=None if impl == "fused" else True)
+        return spec
+
+    def export(self, fmt, plan, device):
+        if fmt == "hf" and plan.knobs.get(self.name):
+            # TrainingArguments: adamw_torch_fused, or adamw_torch (torch's default kernel: foreach on CUDA)
+            return {"optim": "adamw_torch_fused" if plan.knobs[self.name] == "fused" else "adamw_torch"}
+        return {}

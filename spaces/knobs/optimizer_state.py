@@ -1,0 +1,118 @@
+import functools
+
+from ..errors import ConfigError
+from ..knob import Knob, register
+
+# torchao.optim's AdamW for each value (8bit, 4bit: block-wise quantised codes with an fp32 scale per block and a
+# lookup table; fp8: float8_e4m3fn codes with an fp32 scale per block; bf16: torchao's _AdamW with its states made
+# bf16). Each steps one parameter at a time in a torch.compile'd kernel that computes in fp32. torchao quantises only
+# a state of >= 4096 values that is a multiple of its block; smaller ones (norms, biases) stay in the weights' dtype.
+CLASSES = {"8bit": "AdamW8bit", "4bit": "AdamW4bit", "fp8": "AdamWFp8", "bf16": "_AdamW"}
+# bits per value of a state's codes: the rest of its bytes is the fp32 scale of each block
+CODE_BITS = {"8bit": 8, "4bit": 4, "fp8": 8, "bf16": 16}
+SMALL = 4096  # torchao's line (bitsandbytes'): smaller states are not quantised
+
+
+@register
+class OptimizerState(Knob):
+    """AdamW's two states: fp32 (torch's AdamW; in the weights' dtype, so bf16 under precision=bf16), or bf16, 8bit,
+    4bit, fp8 through torchao.optim (block-wise scaled states: fewer optimizer bytes per parameter, other numbers)."""
+
+    name = "optimizer_state"
+    default = "fp32"
+    choices = ("fp32", "bf16", "8bit", "4bit", "fp8")
+    packages = ("torchao",)
+    order = 1  # after optimizer_impl and precision (order 0): it replaces their AdamW, keeping bf16 stochastic rounding
+    # Why: AdamW's fp32 states are 8 of the 16 bytes per parameter plain training holds; torchao reports 8-bit AdamW
+    # matching fp32's loss on Llama-2 fine-tuning and 4-bit within noise (torchao/optim README). Measured, not
+    # assumed: the quality gate compares it with fp32 states; bench/optimizer_gpu.py its memory against the estimate.
+
+    def check(self, value, cfg, ctx):
+        if value == "fp32":
+            return
+        if "torchao" not in ctx.installed:
+            raise ConfigError(self.name, f"optimizer_state={value} needs torchao (pip install torchao): install it or "
+                                         "set optimizer_state=fp32")
+        if cfg["offload_optimizer"]:
+            raise ConfigError(self.name, f"optimizer_state={value}: offload_optimizer steps DeepSpeed's own CPU Adam "
+                                         "over fp32 states, not a torch optimizer: set offload_optimizer=false or "
+                                         "optimizer_state=fp32")
+        if cfg["zero_stage"]:
+            # DeepSpeed's ZeRO optimizer flattens the parameters into fp32 partitions and hands those to the client
+            # optimizer: torchao quantises a flat partition only where its size is a multiple of the block (else
+            # fp32 states, silently), and its per-parameter compiled step runs once per partition. Not measured here
+            raise ConfigError(self.name, f"optimizer_state={value} is built for the PyTorch engines (plain, DDP, "
+                                         "FSDP2, pipeline), not DeepSpeed's flat ZeRO partitions: set zero_stage=0 "
+                                         "or optimizer_state=fp32")
+        if value == "bf16" and cfg["precision"] == "bf16":
+            raise ConfigError(self.name, "optimizer_state=bf16: precision=bf16 keeps AdamW's states in the weights' "
+                                         "bf16 already: leave optimizer_state=fp32 (the weights' dtype)")
+        if value != "bf16" and cfg["precision"] == "fp16-mixed":
+            raise ConfigError(self.name, f"optimizer_state={value}: fp16 loss scaling unscales into torch's AdamW "
+                                         "(GradScaler); torchao's optimizers are not checked with it: set "
+                                         "precision=bf16-mixed or optimizer_state=fp32")
+
+    def numerics(self, value, cfg, ctx):
+        if value == "fp32":
+            return None
+        return f"AdamW states in {value} (torchao.optim, block-wise scaled)" if value != "bf16" else \
+            "AdamW states in bf16 beside fp32 weights (torchao.optim)"
+
+    def apply(self, plan, value, cfg, ctx):
+        if value != "fp32":
+            plan.knobs[self.name] = value
+
+    def optimizer(self, spec, plan):
+        value = plan.knobs.get(self.name)
+        if not value:
+            return spec
+        kw = spec["kwargs"]
+        kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}  # no foreach / fused
+        kwargs["bf16_stochastic_round"] = kw.get("bf16_stochastic_round", False)  # precision=bf16's
+        cls = state_class(value)
+        return dict(spec, cls=cls, kwargs=kwargs, states=value if value != "bf16" else "bfloat16",
+                    bytes=2 * state_bytes(cls, value))
+
+    def export(self, fmt, plan, device):
+        value = plan.knobs.get(self.name)
+        if fmt == "hf" and value in ("8bit", "4bit"):  # TrainingArguments' torchao optimizers
+            return {"optim": f"adamw_torch_{value}"}
+        return {}
+
+    def hook_only(self, value, plan, stock):
+        # TrainingArguments names no torchao bf16 or fp8 AdamW: a stock Trainer runs fp32 states instead
+        return f"{self.name}={value}" if value in ("bf16", "fp8") else None
+
+
+@functools.cache
+def state_class(value: str):
+    """torchao.optim's AdamW class for a value (imported here: torchao's import takes seconds)."""
+    import torchao.optim
+    cls = getattr(torchao.optim, CLASSES[value])
+    if value != "bf16":
+        return cls
+    import torch
+
+    class AdamWBf16States(cls):
+        """torchao's _AdamW with both states kept in bf16 (its step computes in fp32 and rounds them back)."""
+
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+            self.block_size = 1  # _AdamW's infinite block keeps every state in the weights' dtype
+
+        @staticmethod
+        def _subclass_zeros(p, signed, block_size):
+            return torch.zeros_like(p, dtype=torch.bfloat16)
+
+    return AdamWBf16States
+
+
+def state_bytes(cls, value: str) -> float:
+    """Bytes per parameter of one state: its codes and its block's fp32 scale, at the class's own block size (read
+    from its signature: 256 for 8bit and fp8, 128 for 4bit). States below SMALL values stay in the weights' dtype;
+    the memory model counts every parameter as quantised (norms and biases are < 0.1 % of a model's)."""
+    import inspect
+    if value == "bf16":
+        return 2.0
+    block = inspect.signature(cls.__init__).parameters["block_size"].default
+    return CODE_BITS[value] / 8 + 4 / block
