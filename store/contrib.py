@@ -9,12 +9,21 @@ The rules of an import (`results DIR --import FILE`):
 - A file that cannot be read, or a line that is not a trainscout measurement at all (not JSON, no key, no model, an
   ok line without its metrics, plan and recipe, a newer schema), is refused whole: nothing is written, exit 2.
 - Otherwise every record is checked on its own (`refusal`): a content hash that does not match its content;
-  missing provenance (date, GPU, torch, transformers, trainscout versions, DeepSpeed's where it ran DeepSpeed);
-  implausible numbers (tokens/s other than global_batch x seq_len / step_s, MFU above 1 under the honest count,
-  peak memory above the GPU's); a version set that cannot run the knobs it claims (the knobs' own rules run with
-  the packages its versions name and its GPU's capability; a library older than trainscout supports). A record
-  whose key is already in the store, or earlier in the file, is merged when its numbers agree within NOISE and
-  refused as a conflicting duplicate when they do not.
+  missing provenance (date, GPU, torch, transformers, trainscout versions, DeepSpeed's where it ran DeepSpeed), or
+  provenance that contradicts the record's own hardware and versions (a CPU record under a GPU's provenance);
+  physically impossible numbers (`beyond_peak`: tokens/s x the FLOPs per token trial/flops.py counts for its model
+  at its sequence length above the peak of its GPUs, trial/metrics.gpu_peak_tflops x the ranks, or above
+  HOST_PEAK_FLOPS for a CPU record); implausible ones (tokens/s other than global_batch x seq_len / step_s, MFU
+  above 1 under the honest count, peak memory above the GPU's); a version set that cannot run the knobs it claims
+  (the knobs' own rules run with the packages its versions name and its GPU's capability; a library older than
+  trainscout supports).
+- Duplicates are found by the key recomputed from each record's own fields (store.schema.measurement_key, on both
+  the file's side and the store's), never by the key a line claims: a forged line with a fresh key is still the
+  configuration it describes. A record of a configuration already stored (or earlier in the file) is merged when
+  its numbers agree within NOISE; otherwise it is a conflict, kept apart (refused with both numbers, never
+  averaged in with the stored one).
+- Provenance names who contributed a row and from which store (`contributor`, `source`: a share file's, set by
+  `--share` from TRAINSCOUT_CONTRIBUTOR and the store's folder) and the file it was imported from (`imported_from`).
 - Each refused record is printed with its reason, the rest are imported (one transaction), and the command exits 1
   when any was refused.
 """
@@ -40,6 +49,10 @@ SHARED = (Status.OK, Status.OOM)  # what a contribution carries: crashes, timeou
 # tokens/s must be global_batch x seq_len / step_s to this share (trainscout derives it so: float rounding only)
 RATE_TOLERANCE = 0.01
 MEMORY_TOLERANCE = 1.02  # peak memory above the GPU's capacity by more than this factor cannot have happened
+# A CPU record's ceiling, whatever its core count says (a forger writes that too): 1 PFLOP/s for the whole host,
+# above any CPU server's dense peak (a 2-socket 2 x 60-core Sapphire Rapids with AMX bf16 is ~0.25 PFLOP/s at
+# 2 GHz); the 2-core test box measures ~1e9 FLOP/s
+HOST_PEAK_FLOPS = 1e15
 
 
 class ImportReport(NamedTuple):
@@ -117,7 +130,65 @@ def refusal(row: dict) -> str | None:
     if row.get("content_hash") and row["content_hash"] != row_format.content_hash(row):
         return "its content hash does not match its content (the row was changed after it was exported)"
     rec = row["record"]
-    return provenance_missing(row) or implausible(rec) or cannot_run(rec)
+    return provenance_missing(row) or provenance_mismatch(row) or implausible(rec) or cannot_run(rec)
+
+
+def provenance_mismatch(row: dict) -> str | None:
+    """Provenance that is not the record's: a hardware or version field the record carries, named otherwise in the
+    provenance (a CPU record under an H200's copied provenance)."""
+    prov, rec = row.get("provenance") or {}, row["record"]
+    hw, versions = rec.get("hardware") or {}, rec.get("versions") or {}
+    if rec.get("device") != "cuda" and prov.get("gpu") not in (None, "", UNKNOWN, "CPU"):
+        return (f"provenance contradicts the record: it names GPU {prov.get('gpu')!r}, the record ran on "
+                f"{rec.get('device') or 'the CPU'}")
+    for name, own in [*((f, hw.get(f)) for f in row_format.HARDWARE_FIELDS),
+                      *((f, versions.get(f)) for f in row_format.VERSION_FIELDS)]:
+        said = prov.get(name)
+        if own in (None, "") or said in (None, "", UNKNOWN) or str(said) == str(own):
+            continue
+        return f"provenance contradicts the record: {name} {said!r} in the provenance, {own!r} in the record"
+    return None
+
+
+def beyond_peak(rec: dict) -> str | None:
+    """tokens/s that no device computes: tokens/s x FLOPs per token (trial.flops.count of the record's model config
+    at its sequence length) above its GPUs' peak (trial.metrics.gpu_peak_tflops x ranks; a GPU not in that table:
+    the fastest one there) or, on a CPU, above HOST_PEAK_FLOPS."""
+    if rec.get("status") != Status.OK or not rec.get("model_config"):
+        return None
+    from trainscout.trial import flops, metrics
+    m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
+    try:
+        per_token = flops.count(rec["model_config"]).per_token(recipe["seq_len"])
+    except Exception:  # noqa: BLE001 - a model config this trainscout cannot build: implausible() names it
+        return None
+    ranks = rec.get("world_size") or 1
+    if rec.get("device") == "cuda":
+        gpu = (rec.get("hardware") or {}).get("gpu")
+        peak = metrics.gpu_peak_tflops(gpu)
+        what = f"{ranks} x {gpu}" if peak else f"{ranks} x the fastest GPU trainscout knows ({gpu!r} is not listed)"
+        limit = (peak or max(t for _, t in metrics.GPU_BF16_TFLOPS)) * 1e12 * ranks
+    else:
+        limit, what = HOST_PEAK_FLOPS, "a CPU host (trainscout's generous ceiling, store/contrib.HOST_PEAK_FLOPS)"
+    rate = m["tokens_per_s"] * per_token
+    if rate > limit:
+        return (f"physically impossible: {m['tokens_per_s']:,.4g} tokens/s x {per_token:,.4g} FLOPs per token (its "
+                f"model at seq {recipe['seq_len']}, trial/flops.py) = {rate:.3g} FLOP/s, above the peak of {what}, "
+                f"{limit:.3g} FLOP/s")
+    return None
+
+
+def record_key(rec: dict) -> str | None:
+    """The measurement key of a record, recomputed from its own fields (store.schema.measurement_key); None for a
+    record that cannot be read as one."""
+    from trainscout.trial.records import Record
+
+    from .schema import measurement_key
+    try:
+        r = Record.from_dict({k: v for k, v in rec.items() if k not in ("key", "source")})
+        return measurement_key(r, r.hardware or {}, r.versions or {}, r.placement)
+    except Exception:  # noqa: BLE001 - judged by the other checks
+        return None
 
 
 def provenance_missing(row: dict) -> str | None:
@@ -135,7 +206,8 @@ def provenance_missing(row: dict) -> str | None:
 
 
 def implausible(rec: dict) -> str | None:
-    """Numbers that cannot be: tokens/s against the step and batch, MFU above 1, a peak above the GPU's memory."""
+    """Numbers that cannot be: tokens/s against the step and batch, beyond the device's peak (beyond_peak), MFU
+    above 1, a peak above the GPU's memory."""
     if rec.get("status") != Status.OK:
         return None
     from trainscout.trial.mfu import mfu
@@ -145,6 +217,9 @@ def implausible(rec: dict) -> str | None:
     if abs(m["tokens_per_s"] / expected - 1) > RATE_TOLERANCE:
         return (f"implausible: tokens/s {m['tokens_per_s']:,.0f} is not global_batch x seq_len / step_s = "
                 f"{recipe['global_batch']} x {recipe['seq_len']} / {m['step_s']:.4g} s = {expected:,.0f}")
+    impossible = beyond_peak(rec)
+    if impossible:
+        return impossible
     record = Record.from_dict(rec)
     try:
         value = mfu(record)
@@ -263,33 +338,36 @@ def read_rows(path: str, flag: str = "--import") -> list[tuple[int, dict]]:
 def checked(rows: list[tuple[int, dict]], known: dict[str, dict] | None = None) -> tuple[list, int, list]:
     """(accepted [(line, row)], merged, refused [(line, key, why)]) of a file's rows: each row's refusal, then
     duplicates of a key in `known` (records by key, e.g. a store's) or earlier in the file."""
-    known = dict(known or {})
+    known = {record_key(rec) or k: rec for k, rec in (known or {}).items()}  # by the recomputed key, not the stored
     accepted, refused, merged, first = [], [], 0, {}
     for n, row in rows:
         why = refusal(row)
         key = row["key"]
-        if why is None and key in known:
-            clash = conflict(row["record"], known[key])
+        ident = record_key(row["record"]) or key  # what the row is, whatever key it claims
+        if why is None and ident in known:
+            clash = conflict(row["record"], known[ident])
             if clash is None:
                 merged += 1
                 continue
-            where = f"line {first[key]} of this file" if key in first else "the record already stored"
-            why = f"conflicting duplicate of {where} (the same key): {clash}"
+            where = f"line {first[ident]} of this file" if ident in first else "the record already stored"
+            why = (f"conflicting duplicate of {where} (the same configuration: the key recomputed from its fields): "
+                   f"{clash}; a conflict, kept apart and never averaged in")
         if why is not None:
             refused.append((n, key, why))
             continue
-        known[key], first[key] = row["record"], n
+        known[ident], first[ident] = row["record"], n
         accepted.append((n, row))
     return accepted, merged, refused
 
 
-def stored_record(row: dict) -> dict:
+def stored_record(row: dict, path: str | None = None) -> dict:
     """The record a store keeps of a row: a plain export's line as it was (less its key and source), a share
-    file's measurement with its provenance, labels and hash alongside (the record's extra keys, so a later --share
-    passes them on)."""
+    file's measurement with its provenance (the file it was imported from added: imported_from), labels and hash
+    alongside (the record's extra keys, so a later --share passes them on)."""
     if "_line" in row:
         return {k: v for k, v in row["_line"].items() if k not in ("key", "source")}
-    rec = dict(row["record"], provenance=row["provenance"], content_hash=row["content_hash"])
+    prov = dict(row["provenance"], imported_from=os.path.basename(path)) if path else row["provenance"]
+    rec = dict(row["record"], provenance=prov, content_hash=row["content_hash"])
     if row.get("labels"):
         rec["labels"] = row["labels"]
     return rec
@@ -314,7 +392,7 @@ def import_file(store, path: str) -> ImportReport:
     new = []
     for n, row in accepted:
         try:
-            new.append(store._row(row["key"], stored_record(row), origin_of(row, path)))
+            new.append(store._row(row["key"], stored_record(row, path), origin_of(row, path)))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement ({type(e).__name__}: "
                                           f"{str(e)[:80]}): give a file written by `trainscout results DIR --export FILE`")
@@ -336,6 +414,7 @@ def share_rows(store) -> tuple[list[dict], dict[str, int]]:
             if t["key"] and t["key"] not in commands and not t["cached"]:
                 commands[t["key"]] = row_format.search_command(args)
     rows, left = [], {}
+    store_name = _store_name(store)
     for rec in store.measurements():
         if rec.status not in SHARED or rec.fault:
             why = "an injected fault" if rec.fault else f"status {rec.status}"
@@ -345,11 +424,24 @@ def share_rows(store) -> tuple[list[dict], dict[str, int]]:
         carried = d.get("provenance") if isinstance(d.get("provenance"), dict) else None
         prov = dict(carried) if carried else row_format.provenance_of(d, command=commands.get(rec.key))
         prov["origin"] = prov.get("origin") if carried else "contributed"
-        prov["source"] = row_format.scrub(prov.get("source") if carried else row_format.UNKNOWN)
+        prov["source"] = row_format.scrub(prov.get("source") if carried else store_name)
+        if not carried:  # who contributed it: TRAINSCOUT_CONTRIBUTOR (nothing of this box is read without asking)
+            prov["contributor"] = os.environ.get("TRAINSCOUT_CONTRIBUTOR") or row_format.UNKNOWN
         labels = d.get("labels") if isinstance(d.get("labels"), list) else None
         rows.append(row_format.make_row(d, rec.key, prov, labels))
     rows.sort(key=lambda r: (r["record"]["model"], r["provenance"]["date"], r["key"]))
     return rows, left
+
+
+def _store_name(store) -> str:
+    """The store a share row comes from, without this box's paths: a SQLite store by its folder's name (a search's
+    --out), a server's by its database name."""
+    url = str(getattr(store, "url", "") or "")
+    if url.startswith("sqlite:"):
+        path = url.split(":///", 1)[-1]
+        folder = os.path.basename(os.path.dirname(path))
+        return f"store {folder}/{os.path.basename(path)}" if folder else f"store {os.path.basename(path)}"
+    return f"store {url.rsplit('/', 1)[-1]}" if url else row_format.UNKNOWN
 
 
 def export_share(store, path: str) -> tuple[int, dict[str, int]]:

@@ -249,9 +249,9 @@ def _planted(rows: list[dict]) -> tuple[list[dict], dict[int, str]]:
         edit(good, lambda r: r["record"]["metrics"].update(tokens_per_s=r["record"]["metrics"]["tokens_per_s"] * 1.5,
                                                            step_s=r["record"]["metrics"]["step_s"] / 1.5)),
         dict(third, record=dict(third["record"], model="pythia-12b")),  # edited, hash left as exported
-        edit(other, lambda r: r["record"]["versions"].update(torch="2.1.0")),
+        edit(other, lambda r: r["record"]["versions"].update(torch="2.1.0") or r["provenance"].update(torch="2.1.0")),
     ]
-    why = {2: "MFU", 3: "is not global_batch x seq_len / step_s", 4: "above the GPU's", 5: "missing provenance: torch",
+    why = {2: "physically impossible", 3: "is not global_batch x seq_len / step_s", 4: "above the GPU's", 5: "missing provenance: torch",
            6: "fp8=tensorwise needs torchao", 7: "conflicting duplicate of line 1", 8: "content hash does not match",
            9: "torch 2.1.0 is older than trainscout supports"}
     return planted, why
