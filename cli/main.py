@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 
 from trainscout.spaces import ConfigError
@@ -25,11 +26,14 @@ def version() -> str:
     return __version__ if __version__ != "unknown" else "unknown (not installed: pip install -e .)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The `trainscout` console script: parse, run the command, turn bad input into one line and exit code 2."""
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """The `trainscout` console script: parse, run the command, turn bad input into one line and exit code 2.
+    started: when the command started (time.time(); default: now), which a search's --time-budget counts from."""
+    started = time.time() if started is None else started
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         a = build_parser().parse_args(argv)
+        a.started = started
         if a.version:
             print(f"trainscout {version()}")
             return 0
@@ -65,7 +69,8 @@ def console() -> None:
     of torch's, Ray's and transformers' modules, which took 1.7-2.4 s of every command on 2 cores (2026-12-03):
     what a normal exit does first is done here (other threads joined, the exit handlers run: Ray's shutdown,
     logging's flush; every open file flushed), then os._exit with main's code. An exception leaves as usual."""
-    code = main()
+    import psutil  # the command started with its interpreter (imports and parsing count toward --time-budget)
+    code = main(started=psutil.Process().create_time())
     import atexit
     import gc
     import io

@@ -98,7 +98,7 @@ def cmd_search(a) -> int:
     # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
     stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
     try:
-        summary = run_search(args, stream=stream, resume=bool(a.resume))
+        summary = run_search(args, stream=stream, resume=bool(a.resume), started=getattr(a, "started", None))
     finally:
         if stream is not out:
             stream.close()

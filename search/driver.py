@@ -60,6 +60,10 @@ def _progress_callback(url: str, search: str, printer):
     class Progress(Callback):
         """Records trials ASHA stopped early, and prints a row per finished trial."""
 
+        def on_step_begin(self, iteration, trials, **info):  # the running trials, for the time budget's end
+            _RUNNING.clear()
+            _RUNNING.update(t.trial_id for t in trials if t.status == "RUNNING")
+
         def on_trial_complete(self, iteration, trials, trial, **info):
             r = trial.last_result or {}
             if r.get("store_failed"):  # the trial could not write its outcome: the search stops (run_search says)
@@ -166,17 +170,44 @@ def interrupted() -> bool:
     return _INTERRUPTED.is_set()
 
 
-def _interrupt_stopper(path: str | None = None, ident=None):
+# --- the time budget -----------------------------------------------------------------------------------------------
+# The budget is the command's: it counts from the command's start (the interpreter's, for the console script) and the
+# command ends, summary printed, by then. What the end takes after the trials are stopped (Tune stopping its trial
+# actors, the study settled, the summary, Ray's shutdown at exit) is started this many seconds before the deadline
+# (on 2 shared cores, tiny: the end took 1-2 s; a 60 s budget ended at 55-56 s with 6 s here).
+END_S = 5.0
+_RUNNING: set[str] = set()  # the Tune trials running now (the callback's view): their worker groups end at the budget
+_BUDGET_OVER = threading.Event()
+
+
+def budget_over(deadline: float | None) -> bool:
+    """Whether the search must end now for the command to end by its deadline (time.time() seconds); the first time
+    it must, the running trials' worker groups are killed, so that no trial runs past it (a trial's ranks only see
+    Tune's stop at their next report, and the last trial of a budget ran whole past it)."""
+    if _BUDGET_OVER.is_set():
+        return True
+    if deadline is None or time.time() < deadline - END_S:
+        return False
+    _BUDGET_OVER.set()
+    for tid in list(_RUNNING):
+        _cancel(tid)
+    return True
+
+
+def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | None = None):
     from ray.tune import Stopper
 
     class StopOnInterrupt(Stopper):
-        """Ends the whole experiment once Ctrl-C was pressed, or the store failed or is not the file the search
-        opened (path, ident: a SQLite store's; one stat per step) (Tune asks on every step of its loop)."""
+        """Ends the whole experiment once Ctrl-C was pressed, the store failed or is not the file the search
+        opened (path, ident: a SQLite store's; one stat per step), or the time budget is spent (deadline) (Tune
+        asks on every step of its loop)."""
 
         def __call__(self, trial_id, result):
             return False
 
         def stop_all(self):
+            if budget_over(deadline):
+                return True
             if (why := guard.lost(path, ident)) is not None:
                 store_failed(why)
             # module functions: a pickled copy of the stopper reads the same flags
@@ -184,13 +215,14 @@ def _interrupt_stopper(path: str | None = None, ident=None):
     return StopOnInterrupt()
 
 
-def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream) -> dict:
+def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream,
+        deadline: float | None = None) -> dict:
     """Run the search's Tune loop on its open store (run_search holds the folder and the lease); the summary. A
     store that failed or was lost while it ran ends it in one line (StoreError: what was kept where)."""
     clear_store_failure()
     keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
     try:
-        summary = _run(args, store, name, space, hw, stream, keeper)
+        summary = _run(args, store, name, space, hw, stream, keeper, deadline)
     except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
         why = guard.failure_of(e)
         if why is None and keeper.lost() is None:
@@ -227,7 +259,11 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper) -> dict:
+def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper,
+         deadline: float | None = None) -> dict:
+    """deadline: when the command must have ended (time.time(); the time budget counted from the command's start)."""
+    _BUDGET_OVER.clear()
+    _RUNNING.clear()
     url = store.url
     rows = store.trials(name)
     done = [t for t in rows if t["status"] != Status.UNSCHEDULED]  # an unscheduled trial ran nothing: run it again
@@ -293,19 +329,20 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
                           "calibration": calibration}
     printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
-                      budget_s=args.time_budget_s, ranks=args.gpus_per_trial,
+                      budget_s=None if deadline is None else max(0.0, deadline - time.time()),
+                      ranks=args.gpus_per_trial,
                       unit="GPU" if hw["device"] == "cuda" else "worker")
     printer.to_stderr = stream is sys.stderr
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, base=base), TRIAL_ACTOR),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                     num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
-                                    max_concurrent_trials=concurrent, time_budget_s=args.time_budget_s,
+                                    max_concurrent_trials=concurrent,  # the budget: the stopper's deadline
                                     trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer)],
-                                  stop=_interrupt_stopper(keeper.path, keeper.ident),
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident, deadline),
                                   failure_config=tune.FailureConfig(max_failures=0)))
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
@@ -319,7 +356,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
               file=stream, flush=True)
     with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"):
-        tuner.fit()
+        if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
+            tuner.fit()
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
         return {}
     cut: list[dict] = []  # Ctrl-C or the time budget ended a trial Tune did not report: the table never showed it
@@ -346,8 +384,9 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     summary["cut"] = cut
     summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
     if summary["ran"] == 0 and not interrupted():
-        summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}) ran out before a trial ended (the "
-                               "first trial of a run starts its worker processes): give a longer --time-budget"
+        summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}, counted from the command's start) ran "
+                               "out before a trial ended (the first trial of a run starts its worker processes): "
+                               "give a longer --time-budget"
                                if args.time_budget_s else searcher.stopped_why or "the searcher proposed no trial")
     elif not summary["measured"] and not interrupted():  # exit 0 means it did what was asked: it measured nothing
         summary["nothing_measured"] = nothing_line(summary)

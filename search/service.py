@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import asdict
 
 from trainscout.search.live import Printer
@@ -35,10 +36,13 @@ __all__ = ["FIT_SHARE", "FREE_RUN", "LOCK_FILE", "MEMORY_MARGIN", "METRIC", "TRI
            "store_points", "summarize", "validate"]
 
 
-def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
+def run_search(args: SearchArgs, stream=None, resume: bool = False, started: float | None = None) -> dict:
     """Run (or, resume=True, continue) a search; returns a summary with the best configurations ("interrupted":
     True when Ctrl-C ended it). A new search into a store that holds a search of its name (the --out folder's) is
-    refused, and so is a second search on a folder while one runs there."""
+    refused, and so is a second search on a folder while one runs there. A time budget counts from `started` (the
+    command's start, time.time(); default: now) and the search has ended, its summary printed, by then."""
+    started = time.time() if started is None else started
+    deadline = started + args.time_budget_s if args.time_budget_s else None
     stream = stream or sys.stdout
     space, _, hw = validate(args)
     name = args.search_name()
@@ -75,7 +79,7 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False) -> dict:
             store.add_search(name, asdict(args))
         elif asdict(args) != saved:
             store.update_search(name, asdict(args))  # more --trials: the next resume starts from them
-        return driver.run(args, store, name, space, hw, stream)
+        return driver.run(args, store, name, space, hw, stream, deadline)
     finally:
         if lease is not None:
             lease.release()
