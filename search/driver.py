@@ -17,7 +17,7 @@ from trainscout.spaces import fmt
 from trainscout.store import Store, StoreError, guard, open_store
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.runner import cluster_address
-from trainscout.trial.status import Status
+from trainscout.trial.status import Status, classify, host_oom_line
 
 from . import cluster
 from .args import SEED_RANGE, SearchArgs
@@ -69,6 +69,8 @@ def _progress_callback(url: str, search: str, printer):
             if r.get("store_failed"):  # the trial could not write its outcome: the search stops (run_search says)
                 store_failed(r["store_failed"])
                 return
+            if r.get("status") == Status.HOST_OOM:  # the host's memory monitor killed its ranks: the search ends
+                _host_oom(r.get("error") or "killed by the host's memory monitor")
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
                 _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
                 if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
@@ -80,15 +82,29 @@ def _progress_callback(url: str, search: str, printer):
         def on_trial_error(self, iteration, trials, trial, **info):
             _cancel(trial.trial_id)
             try:  # a Tune error holds the traceback: its last line says what failed
-                lines = [ln.strip() for ln in str(trial.get_error() or "").splitlines() if ln.strip()]
+                lines = [ln.strip() for ln in str(trial.get_error() or _local_error(trial)).splitlines() if ln.strip()]
             except Exception:  # the error file may be gone; the row is what matters
                 lines = []
             why = lines[-1][:2000] if lines else "the trial's actor failed"
-            if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.CRASH, False, 0.0,
+            status = Status.CRASH
+            if classify("\n".join(lines)) == Status.HOST_OOM:  # the memory monitor killed the search's own actor
+                status, why = Status.HOST_OOM, host_oom_line("\n".join(lines))
+                _host_oom(why)
+            if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
                                                         trial.config, error=why)):
-                printer(trial, {"status": str(Status.CRASH), METRIC: 0.0, "error": why})
+                printer(trial, {"status": str(status), METRIC: 0.0, "error": why})
 
     return Progress()
+
+
+def _local_error(trial) -> str:
+    """The trial's error as Tune wrote it in its local folder (get_error reads the copy in the experiment's storage,
+    which Tune syncs later: empty when the callback runs)."""
+    try:
+        with open(trial.error_file, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except (OSError, TypeError):
+        return ""
 
 
 def _warm_first(point: dict, base: dict, one_node: bool) -> None:
@@ -165,6 +181,22 @@ def _one_line_logs(*names: str):
             lg.removeFilter(f)
 
 
+@contextlib.contextmanager
+def _quiet_host_oom():
+    """Tune's traceback of a trial actor the host's memory monitor killed (Ray's 60-line OutOfMemoryError) left out:
+    the trial's row and the search's last line say it in one line each."""
+    class Drop(logging.Filter):
+        def filter(self, record):
+            e = record.exc_info[1] if record.exc_info else None
+            return not (e is not None and classify(str(e)) == Status.HOST_OOM)
+    lg, f = logging.getLogger("ray.tune.execution.tune_controller"), Drop()
+    lg.addFilter(f)
+    try:
+        yield
+    finally:
+        lg.removeFilter(f)
+
+
 def interrupted() -> bool:
     """Whether Ctrl-C ended the search running (or last run) in this process."""
     return _INTERRUPTED.is_set()
@@ -211,8 +243,22 @@ def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | No
             if (why := guard.lost(path, ident)) is not None:
                 store_failed(why)
             # module functions: a pickled copy of the stopper reads the same flags
-            return interrupted() or store_failure() is not None
+            return interrupted() or store_failure() is not None or bool(_HOST_OOM)
     return StopOnInterrupt()
+
+
+# --- the host's memory monitor ------------------------------------------------------------------------------------
+_HOST_OOM: list[str] = []  # why the host's memory monitor ended this process's running search (the first reason)
+
+
+class HostMemoryKilled(StoreError):
+    """The host's memory monitor killed a trial's ranks or the search's own actors: the search stopped (the running
+    trials too, none left RUNNING in the study); one line and exit 1, as a failed store ends a search (cli.main)."""
+
+
+def _host_oom(why: str) -> None:
+    if not _HOST_OOM:
+        _HOST_OOM.append(why)
 
 
 def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream,
@@ -220,6 +266,7 @@ def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, strea
     """Run the search's Tune loop on its open store (run_search holds the folder and the lease); the summary. A
     store that failed or was lost while it ran ends it in one line (StoreError: what was kept where)."""
     clear_store_failure()
+    _HOST_OOM.clear()
     keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
     try:
         summary = _run(args, store, name, space, hw, stream, keeper, deadline)
@@ -234,6 +281,9 @@ def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, strea
             raise StoreError(_store_stop_line(args, store, name, keeper))
     finally:
         keeper.close()
+    if _HOST_OOM:  # the trial is recorded host_oom (not counted toward --trials, no measurement stored)
+        raise HostMemoryKilled(f"search {name} stopped, a trial {_HOST_OOM[0]}; what ended before is kept; continue "
+                               f"with: trainscout search --resume {args.out}")
     return summary
 
 
@@ -355,7 +405,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     for p, why in known:
         print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
               file=stream, flush=True)
-    with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"):
+    with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"), _quiet_host_oom():
         if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
             tuner.fit()
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)

@@ -20,10 +20,10 @@ import optuna
 from ray.tune.search import Searcher
 
 from trainscout.store import guard
-from trainscout.trial.status import Status
+from trainscout.trial.status import NOT_MEASURED, Status
 
 from .halt import store_failed, store_failure
-from .outcomes import NUMBERS, TUNE_ID, outcome_attrs, set_constraint
+from .outcomes import INFEASIBLE, NUMBERS, TUNE_ID, optuna_state, outcome_attrs, set_constraint
 from .trainable import FREE, FREE_RUN, METRIC
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ class DistinctSearcher(Searcher):
             for k, v in attrs.items():
                 drawn.set_user_attr(k, v)
             set_constraint(drawn, attrs)
-            if attrs["status"] == Status.UNSCHEDULED:  # nothing ran: FAIL, which the samplers ignore
+            if attrs["status"] in NOT_MEASURED:  # nothing ran, or the host killed it: FAIL, which the samplers ignore
                 result, error = None, True
             if attrs["status"] == Status.STOPPED:  # ASHA stopped it (or stopped it before): PRUNED, with each
                 # reported step as an intermediate value (_report), the last its value; Tune hands the step ASHA
@@ -195,6 +195,12 @@ class DistinctSearcher(Searcher):
                 if step is not None and self.reported.get(trial_id) != step:
                     drawn.report(result.get(METRIC) or 0.0, step)
                 self.study.tell(drawn, state=optuna.trial.TrialState.PRUNED)
+                self.completed.add(trial_id)
+                return
+            if attrs["status"] in INFEASIBLE or attrs["status"] == Status.PRUNED:  # no tokens/s: FAIL (the reason
+                # in its user attributes) or PRUNED (predicted not to fit), without a value; TPE reads the
+                # constraint (searcher.make_sampler)
+                self.study.tell(drawn, state=optuna_state(attrs["status"]))
                 self.completed.add(trial_id)
                 return
         self._tell(trial_id, result, error)

@@ -14,7 +14,7 @@ from trainscout.spaces import ConfigError
 from trainscout.store import StoreLost, claims, guard, measurement_key, open_store
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.runner import Cancelled
-from trainscout.trial.status import DETERMINISTIC, Status
+from trainscout.trial.status import NOT_MEASURED, Status, served
 
 from . import cluster
 
@@ -89,7 +89,7 @@ def _measure(config: dict, base: dict) -> None:
     # and a new measurement of it is that key's sample
     key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions()))
     record = store.get(key)
-    cached = record is not None and record.status in DETERMINISTIC
+    cached = record is not None and served(record.status, record.error)  # never a host_oom (trial.status)
     if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
         # ASHA ended this configuration earlier in the search: TPE proposed it again; it gets the same answer
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
@@ -116,10 +116,11 @@ def _measure(config: dict, base: dict) -> None:
             record = _run_trial(spec, base, trial_id)
             if record is None:  # ASHA stopped it: the driver recorded it as stopped
                 return
-            if record.status == Status.UNSCHEDULED:  # nothing ran: no measurement, and the sampler is told nothing
-                store.add_trial(base["search"], trial_id, None, Status.UNSCHEDULED, False, 0.0, spec.config,
+            if record.status in NOT_MEASURED:  # nothing ran, or the host's memory monitor killed it: no measurement
+                # (never served from the store), and the sampler is told nothing
+                store.add_trial(base["search"], trial_id, None, record.status, False, 0.0, spec.config,
                                 error=record.error)
-                tune.report({METRIC: 0.0, "status": str(Status.UNSCHEDULED), "cached": False, "error": record.error})
+                tune.report({METRIC: 0.0, "status": str(record.status), "cached": False, "error": record.error})
                 return
             if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
                 key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions(),
@@ -163,8 +164,9 @@ def _run_trial(spec, base: dict, trial_id: str):
 
 
 def counted(rows: list[dict]) -> int:
-    """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE)."""
-    return sum(1 for t in rows if t["status"] not in FREE)
+    """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE) and
+    those the host's memory monitor killed (host_oom: the host's state, not the configuration's)."""
+    return sum(1 for t in rows if t["status"] not in FREE and t["status"] != Status.HOST_OOM)
 
 
 def _stopped_before(store, search: str, settings: dict) -> float | None:

@@ -14,6 +14,8 @@ import json
 
 import sqlalchemy as sa
 
+from trainscout.trial.status import served
+
 META = sa.MetaData()
 SAMPLES = sa.Table(
     "trainscout_samples", META,
@@ -77,7 +79,9 @@ def _add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
                 or c.execute(sa.select(SAMPLES.c.id).where(SAMPLES.c.key == row["key"],
                                                            SAMPLES.c.trial_id == trial_id)).first()):
             return "duplicate"
-        if current["status"] in REPLACEABLE:
+        # a crash or timeout, or an oom that was the host's memory monitor (trial.status.served), gives way
+        if current["status"] in REPLACEABLE or (current["status"] == "oom"
+                                                and not served("oom", json.loads(current["record"]).get("error"))):
             c.execute(SAMPLES.insert().values(**_sample(dict(current))))
             c.execute(measurements.update().where(measurements.c.key == row["key"]).values(**row))
             return "replaced"

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.records import Record
-from trainscout.trial.status import DETERMINISTIC, Status  # DETERMINISTIC: outcomes served from the store
+from trainscout.trial.status import Status, served  # served: the outcomes served from the store
 
 from . import claims, guard, samples, schema, secrets, shared
 from .guard import StoreLost
@@ -203,7 +203,7 @@ class Store:
         """Claim measurement key for this process (store.claims.measuring): waits while another live holder
         measures it; Claim.served is the record it measured (ok, oom or invalid), else this process measures and
         then calls Claim.release()."""
-        return claims.measuring(self.engine, key, self.get, holder, lambda r: r.status in DETERMINISTIC)
+        return claims.measuring(self.engine, key, self.get, holder, lambda r: served(r.status, r.error))
 
     def hold_search(self, name: str, flag: str = "--out") -> claims.Lease:
         """The driver's lease of search `name` (heartbeat until released); ConfigError naming the live holder."""

@@ -38,12 +38,54 @@ def check_address(address: str, flag: str) -> None:
         raise ConfigError(flag, f"{flag} {address} names no host: give HOST:PORT of the cluster's head, e.g. "
                                 f"127.0.0.1:{DEFAULT_PORT}, or auto")
     try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        conn = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
     except OSError as e:
         why = "no answer within %gs" % CONNECT_TIMEOUT_S if isinstance(e, TimeoutError) else (e.strerror or str(e))
         raise ConfigError(flag, f"{flag} {shown}: nothing listens there ({why}): start the cluster first (ray start "
                                 f"--head on that host), correct the address, or leave {flag} out"
                                 + (" (unset it)" if flag == "RAY_ADDRESS" else "") + " to start Ray on 127.0.0.1")
+    with conn:
+        why = _not_grpc(conn)
+    if why:
+        raise ConfigError(flag, f"{flag} {shown}: something listens there but it is not a Ray cluster's head ({why}): "
+                                f"give HOST:PORT of the head's GCS (ray start --head prints it; default port "
+                                f"{DEFAULT_PORT}), or leave {flag} out" + (" (unset it)" if flag == "RAY_ADDRESS" else "")
+                                + " to start Ray on 127.0.0.1")
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: Ray's GCS is a gRPC server, which answers with its own SETTINGS
+# frame at once (9-byte header: length 3 bytes, type 4, flags, stream 0). ray.init kept retrying for minutes where
+# something else accepted the connection (a silent listener, an HTTP or SSH server: still retrying at 200 s).
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+ANSWER_TIMEOUT_S = 2.0  # a gRPC server sends its SETTINGS within a round trip
+
+
+def _not_grpc(conn: socket.socket) -> str | None:
+    """Why the server on conn is not a gRPC (HTTP/2) server such as Ray's GCS, or None when it is. A cluster with
+    TLS on (RAY_USE_TLS) expects a TLS handshake first: not checked there."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "", "false"):
+        return None
+    import time
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    got = b""
+    try:
+        conn.settimeout(ANSWER_TIMEOUT_S)
+        conn.sendall(_PREFACE)
+        while len(got) < 9:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(9 - len(got))
+            if not chunk:
+                return "it closed the connection without an HTTP/2 answer" if not got else \
+                    f"it answered {got[:9]!r}, not gRPC's HTTP/2 SETTINGS"
+            got += chunk
+    except TimeoutError:
+        return (f"no gRPC answer within {ANSWER_TIMEOUT_S:g} s" if not got else
+                f"it answered {got[:9]!r}, not gRPC's HTTP/2 SETTINGS")
+    except OSError as e:
+        return f"the connection failed: {e.strerror or e}"
+    if got[3] != 0x04 or got[5:9] != b"\x00\x00\x00\x00":  # a SETTINGS frame on stream 0
+        return f"it answered {got[:9]!r}, not gRPC's HTTP/2 SETTINGS"
+    return None
 
 
 def start_error(e: BaseException, address: str | None, flag: str) -> ConfigError | None:

@@ -16,7 +16,7 @@ from trainscout.spaces import ConfigError, Context, resolve
 from . import faults, flops, hardware, metrics, pool, probe, quality, reach
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .records import RankResult, Record, TrialSpec
-from .status import MEASURED, Status, classify
+from .status import MEASURED, Status, classify, host_oom_line
 
 STATUSES = tuple(s.value for s in MEASURED)
 DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 900.0}
@@ -305,8 +305,11 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
                                 error=f"no result within the {timeout:g} s limit; workers killed")
     else:
         tail = _log_tail(log_dir)
-        record = record.replace(status=classify(raw["error"] + "\n" + tail), error=_error_summary(raw["error"]),
-                                stderr_tail=tail, metrics=None)
+        status = classify(raw["error"] + "\n" + tail)
+        # the host's memory monitor killed a rank: its own one line (Ray's message names the node's memory), never the
+        # configuration's oom (ray.exceptions.OutOfMemoryError read as one, and was served from the store after)
+        error = host_oom_line(raw["error"] + "\n" + tail) if status == Status.HOST_OOM else _error_summary(raw["error"])
+        record = record.replace(status=status, error=error, stderr_tail=tail, metrics=None)
     if own_storage:
         shutil.rmtree(storage, ignore_errors=True)
     return record

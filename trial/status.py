@@ -17,15 +17,45 @@ class Status(StrEnum):
     STOPPED = "stopped"    # search only: ended early by ASHA
     RUNNING = "running"    # search only: a trial's report after a timed step, before its outcome
     UNSCHEDULED = "unscheduled"  # never got its resources in time (a cluster others use): says nothing of the config
+    # killed by the host's memory monitor (Ray's, the node running low on memory; the kernel's OOM killer): the
+    # host's state, not the configuration's oom. Never served from the store, not counted toward --trials
+    HOST_OOM = "host_oom"
 
 
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASH, Status.INVALID)  # a measurement record's outcomes
+# outcomes that say nothing of the configuration (nothing ran, or the host killed it): no measurement is stored,
+# the sampler is told nothing, and they do not count toward --trials
+NOT_MEASURED = (Status.UNSCHEDULED, Status.HOST_OOM)
 DETERMINISTIC = (Status.OK, Status.OOM, Status.INVALID)  # served from the store; crash and timeout are measured again
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory|DefaultCPUAllocator|"
                   r"CUBLAS_STATUS_ALLOC_FAILED|out of memory", re.I)
 
 
+# Ray's memory monitor ("Task was killed due to the node running low on memory", ray.exceptions.OutOfMemoryError,
+# whose name alone would read as the configuration's oom) and the kernel's OOM killer of a rank (SIGKILL, -9)
+_HOST_OOM = re.compile(r"running low on memory|killed by the memory monitor|Out of memory: Killed process", re.I)
+
+
 def classify(error: str) -> Status:
-    """oom or crash, from an error's text (the exception line and the ranks' log tails)."""
+    """host_oom, oom or crash, from an error's text (the exception line and the ranks' log tails)."""
+    if _HOST_OOM.search(error):
+        return Status.HOST_OOM
     return Status.OOM if _OOM.search(error) else Status.CRASH
+
+
+def host_oom_line(error: str) -> str:
+    """One line naming the cause of a host_oom, from Ray's message (which says how much memory the node used)."""
+    used = re.search(r"Memory on the node \(IP: ([^,]+),[^)]*\) was ([\d.]+\s*\w+ used / [\d.]+\s*\w+ limit"
+                     r"(?: \([\d.]+\))?)", error)
+    where = f" (node {used.group(1)}: {used.group(2)})" if used else ""
+    return (f"killed by the host's memory monitor{where}: the node ran low on memory (other processes, or this "
+            "trial's host memory); not the configuration's oom, nothing stored: free host memory, or raise "
+            "RAY_memory_usage_threshold, then measure it again")
+
+
+def served(status: str, error: str | None) -> bool:
+    """Whether a stored outcome is the configuration's own, served from the store instead of measured again: ok, oom
+    or invalid (DETERMINISTIC), less an oom that was the host's memory monitor (stored as `oom` before host_oom
+    existed: "1 worker(s) were killed due to the node running low on memory", a 7B ZeRO-2 offload on an H100)."""
+    return status in DETERMINISTIC and not (status == Status.OOM and _HOST_OOM.search(error or ""))

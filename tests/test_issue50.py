@@ -1,0 +1,157 @@
+"""Issue 50: data-loss and hang classes.
+
+1. A kill by the host's memory monitor (Ray's, RAY_memory_usage_threshold) is `host_oom`, never the configuration's
+   `oom`: not served from the store, not counted toward --trials; a search it hits ends in one line, exit 1, no Optuna
+   trial left RUNNING. The env var is set only in a subprocess's environment, never in this session's Ray.
+2. `--address` where something that is not Ray accepts connections is refused within 5 s.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from trainscout.spaces import ConfigError
+from trainscout.store import open_store
+from trainscout.trial import reach
+from trainscout.trial.records import Record
+from trainscout.trial.status import DETERMINISTIC, Status, classify, host_oom_line, served
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Ray's message for a worker its memory monitor killed (ray.exceptions.OutOfMemoryError), as seen on an H100
+RAY_OOM = ("OutOfMemoryError: 1 worker(s) were killed due to the node running low on memory. Memory on the node "
+           "(IP: 10.0.0.5, ID: 3d6114d4) was 120.50GB used / 125.00GB limit (0.964000)")
+
+
+def low_memory_env() -> dict:
+    """A subprocess environment whose Ray kills workers at 5 % of the host's memory (always over it)."""
+    return dict(os.environ, RAY_memory_usage_threshold="0.05", RAY_AUTH_MODE="disabled")
+
+
+# --- 1. host_oom --------------------------------------------------------------------------------------------------
+def test_host_oom_is_its_own_status_never_served():
+    assert classify(RAY_OOM) == Status.HOST_OOM
+    assert classify("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == Status.OOM
+    assert Status.HOST_OOM not in DETERMINISTIC
+    line = host_oom_line(RAY_OOM)
+    assert "\n" not in line and "memory monitor" in line and "120.50GB used / 125.00GB limit" in line
+    assert served("oom", "torch.OutOfMemoryError: CUDA out of memory") and served("ok", None)
+    assert not served("oom", RAY_OOM)  # stored as oom before host_oom existed: measured again
+    assert not served("host_oom", host_oom_line(RAY_OOM))
+
+
+def test_a_stored_host_kill_oom_gives_way_to_the_next_measurement(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/r.db")
+    old = Record(trial_id="a1", model="tiny", config={}, status=Status.OOM, error=RAY_OOM, metrics=None)
+    assert store.add_measurement("k", old) == "first"
+    new = Record(trial_id="a2", model="tiny", config={}, status=Status.OK, metrics={"tokens_per_s": 5.0})
+    assert store.add_measurement("k", new) == "replaced"
+    assert store.get("k").status == Status.OK
+    real = Record(trial_id="b1", model="tiny", config={}, status=Status.OOM, error="CUDA out of memory", metrics=None)
+    store.add_measurement("k2", real)
+    assert store.add_measurement("k2", new.replace(trial_id="b2")) == "sample"  # a real oom stays the measurement
+
+
+def test_counted_leaves_host_oom_out():
+    from trainscout.search.trainable import counted
+    rows = [{"status": s} for s in ("ok", "oom", "host_oom", "invalid", "host_oom", "crash")]
+    assert counted(rows) == 3
+
+
+def test_trial_killed_by_the_memory_monitor_is_host_oom():
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu",
+                        "--steps", "2", "--warmup", "1", "--json"], cwd=ROOT, env=low_memory_env(),
+                       capture_output=True, text=True, timeout=240)
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert rec["status"] == "host_oom", rec["error"]
+    assert "memory monitor" in rec["error"] and "\n" not in rec["error"]
+    print(f"trial host_oom in {time.perf_counter() - t0:.1f} s")
+
+
+def test_search_whose_actors_the_memory_monitor_kills_ends_in_one_line(tmp_path):
+    import optuna
+    out = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
+                        "--gpus-per-trial", "2", "--steps", "2", "--warmup", "0", "--timeout", "25", "--trials", "3",
+                        "--out", str(out), "--set", "compile=false", "--set", "zero_stage=0"],
+                       cwd=ROOT, env=low_memory_env(), capture_output=True, text=True, timeout=280)
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("trainscout:")]
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert len(err) == 1 and "memory monitor" in err[0] and "--resume" in err[0], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    store = open_store(f"sqlite:///{out}/results.db")
+    rows = store.trials(store.searches()[-1])
+    assert rows and all(t["status"] == "host_oom" for t in rows), rows
+    assert store.measurements() == []  # nothing stored as the configuration's outcome
+    for s in optuna.study.get_all_study_summaries(f"sqlite:///{out}/results.db"):
+        study = optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{out}/results.db")
+        assert all(t.state != optuna.trial.TrialState.RUNNING for t in study.trials)
+
+
+# --- 2. --address where something that is not Ray listens -----------------------------------------------------------
+def _listener(answer: bytes | None):
+    """A TCP listener on 127.0.0.1 that accepts and says nothing (None) or sends `answer`; its port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    held = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            held.append(c)
+            if answer:
+                c.sendall(answer)
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+@pytest.mark.parametrize("answer", [None, b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 400 Bad Request\r\n\r\n",
+                                    b"\x00\x00\x00\x07\x00\x00\x00\x00\x01garbage"])
+def test_address_that_is_not_ray_is_refused_within_5_s(answer):
+    srv, port = _listener(answer)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(ConfigError, match="not a Ray cluster's head"):
+            reach.check_address(f"127.0.0.1:{port}", "--address")
+        assert time.perf_counter() - t0 < 5
+    finally:
+        srv.close()
+
+
+def test_cli_address_that_is_not_ray_exits_2_in_seconds():
+    srv, port = _listener(None)
+    try:
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu",
+                            "--address", f"127.0.0.1:{port}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        wall = time.perf_counter() - t0
+    finally:
+        srv.close()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a Ray cluster's head" in r.stderr, r.stderr
+    assert wall < 15, wall  # the check itself: < 5 s (above); the rest is the interpreter's and torch's start
+    print(f"--address refused in {wall:.1f} s (CLI wall)")
+
+
+def test_a_real_ray_head_passes_the_check():
+    """Ray's GCS answers the HTTP/2 preface (a Ray of its own in a subprocess, never this session's)."""
+    code = ("import ray, time\nfrom trainscout.trial import reach\n"
+            "ray.init(address='local', include_dashboard=False, _node_ip_address='127.0.0.1')\n"
+            "t = time.perf_counter(); reach.check_address(ray.get_runtime_context().gcs_address, '--address')\n"
+            "print('ok', time.perf_counter() - t); ray.shutdown()\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
