@@ -171,8 +171,15 @@ def record_key(record) -> str:
     """The measurement key (today's scheme) of a stored record (a Record or its to_dict() JSON), computed from its
     own config, model config, recipe, device, ranks, hardware, versions, placement and fault: what a record stored
     under an older scheme is found by (store.Store.stored_key), and what an import can compare keys by. Raises
-    ValueError where the record lacks what a key needs (no config, model config or recipe)."""
+    ValueError where the record lacks what a key needs (no config, model config or recipe), and for the JSON of a
+    record of a config asking for 16-bit weights whose plan has no master dtype: measured before 2026-12-06, it
+    trained the asked weights under a mixed label and is never served (measurement_key's master_dtype), so it is
+    not re-keyed either (a Record read from it has its plan's default and cannot tell: give the JSON)."""
     from trainscout.trial.records import Record
+    if not isinstance(record, Record) and asked_dtype(record.get("model_config") or {}) and "master_dtype" not in (
+            record.get("plan") or {}):
+        raise ValueError("a config asking for 16-bit weights measured before its master dtype was recorded (it "
+                         "trained those weights under a mixed label): never served")
     rec = record if isinstance(record, Record) else Record.from_dict(
         {k: v for k, v in record.items() if k not in ("key", "source")})
     if not isinstance(rec.config, dict) or not rec.model_config or not rec.recipe:

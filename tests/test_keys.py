@@ -218,3 +218,28 @@ def test_a_postgresql_store_of_old_keys_is_served_and_an_old_reader_still_finds_
     assert reader.get(keys["crash"]).status == "ok"  # the new measurement; the crash kept as its sample
     assert [str(r.status) for r in reader.samples(keys["crash"])] == ["ok", "crash"]
     assert {r.key for r in reader.measurements()} == set(keys.values())  # no row added under a new key
+
+
+def test_a_record_of_16_bit_weights_measured_before_the_master_dtype_is_not_served(tmp_path, capsys):
+    """The special case kept: a config asking for 16-bit weights measured before 2026-12-06 (its plan has no master
+    dtype: it trained the asked weights under a mixed label) is not re-keyed, so never served, with a warning; the
+    same record measured since (its plan names the master dtype) is served."""
+    from trainscout.trial.models import resolve_model
+    tiny = resolve_model("tiny")
+    model = tiny.__class__("m", dict(tiny.config, torch_dtype="bfloat16"), tiny.recipe)
+    hw = {"device": "cpu", "cpu": "x", "cpu_count": 2}
+    spec = prepare(model, {"micro_batch_size": 2}, workers=2, hw=hw)
+    store = Store(default_url(str(tmp_path)))
+    plan = spec.plan.to_dict()
+    rec = {"model": "m", "config": spec.config, "model_config": spec.model_config, "recipe": spec.recipe,
+           "device": "cpu", "world_size": 2, "hardware": hw, "versions": {}, "status": "ok",
+           "metrics": {"tokens_per_s": 1.0, "step_s": 1.0}}
+    # its key then hashed no master dtype: any key other than today's old-scheme one stands for it here
+    before = {k: v for k, v in plan.items() if k != "master_dtype"}
+    assert store.put("measured-before-2026-12-06", dict(rec, plan=before))
+    key = measurement_key(spec, hw, {})
+    assert store.get(key) is None and store.stored_key(key) == key
+    assert "cannot be re-keyed" in capsys.readouterr().err and len(store.unkeyed) == 1
+    old = legacy_key(spec, hw, {})  # measured since: the old scheme's key names the master dtype
+    assert store.put(old, dict(rec, plan=plan, trial_id="since"))
+    assert store.stored_key(key) == old and store.get(key).trial_id == "since"
