@@ -155,3 +155,58 @@ def test_a_real_ray_head_passes_the_check():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, RAY_AUTH_MODE="disabled"))
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+# --- 3. imports are streamed ----------------------------------------------------------------------------------------
+MEASURE = """
+import resource, subprocess, sys, time
+t0 = time.perf_counter()
+r = subprocess.run([sys.executable, "-m", "trainscout.cli", "results", sys.argv[1], "--import", sys.argv[2]],
+                   capture_output=True, text=True)
+wall = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(r.returncode, round(wall, 2), round(rss, 1))
+print(r.stderr.strip())
+"""
+
+
+def _gzip_of(path, line: bytes, n: int) -> None:
+    import gzip
+    block = line * 100_000
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        for _ in range(n // 100_000):
+            f.write(block)
+
+
+def test_import_of_ten_million_empty_lines_is_refused_fast_in_little_memory(tmp_path):
+    bomb = tmp_path / "bomb.jsonl.gz"
+    _gzip_of(bomb, b"{}\n", 10_000_000)
+    r = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "out"), str(bomb)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    code, wall, rss = r.stdout.splitlines()[0].split()
+    err = r.stdout.splitlines()[1:]
+    print(f"import of {bomb.stat().st_size / 1024:.0f} KB gzip of 10M '{{}}' lines: exit {code}, {wall} s, "
+          f"peak RSS {rss} MB")
+    assert int(code) == 2 and len(err) == 1 and "line 1 " in err[0], r.stdout
+    assert float(wall) < 10 and float(rss) < 500
+
+
+def test_import_limits_rows_line_length_and_bytes(tmp_path, monkeypatch):
+    from trainscout.store import contrib
+    blank = tmp_path / "blank.jsonl.gz"
+    _gzip_of(blank, b"\n", 200_000)
+    with pytest.raises(ConfigError, match="more than 100,000 lines"):
+        contrib.read_rows(str(blank))
+    long = tmp_path / "long.jsonl"
+    long.write_bytes(b'{"a": "' + b"x" * (2 << 20) + b'"}\n')
+    with pytest.raises(ConfigError, match="line 1 is longer than 1 MiB"):
+        contrib.read_rows(str(long))
+    monkeypatch.setattr(contrib, "MAX_BYTES", 1000)
+    many = tmp_path / "many.jsonl"
+    many.write_text(("\n" + " " * 99) * 20)
+    with pytest.raises(ConfigError, match="more than 0 MiB"):
+        contrib.read_rows(str(many))
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 30)
+    with pytest.raises(ConfigError, match="cannot read"):
+        contrib.read_rows(str(bad))
