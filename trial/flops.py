@@ -66,11 +66,16 @@ class Count:
         """Model FLOPs per trained token, forward and backward (MFU's numerator)."""
         return 6.0 * self.active_params + 12.0 * sum(self.attention_width) * seq_len
 
-    def hardware_per_token(self, seq_len: int, checkpoint_every: int = 0) -> float:
+    def hardware_per_token(self, seq_len: int, checkpoint_every: int = 0, selective: bool = False) -> float:
         """per_token plus what activation checkpointing recomputes (every n-th layer from the first): each such
-        layer's forward less the products torch's checkpoint does not run again (recompute_skipped)."""
+        layer's forward less the products torch's checkpoint does not run again (recompute_skipped). selective
+        (activation_checkpointing=selective, every layer): the products its policy does not save
+        (recompute_selective: none of a transformers decoder layer's, whose products all are saved ops)."""
         if not checkpoint_every:
             return self.per_token(seq_len)
+        if selective:
+            again = recompute_selective(self.key) if self.key else (0.0,) * len(self.layer_weights)
+            return self.per_token(seq_len) + sum(again)
         skipped = recompute_skipped(self.key) if self.key else (0.0,) * len(self.layer_weights)
         again = sum(max(0.0, self.layer_forward(i, seq_len) - skipped[i])
                     for i in range(0, len(self.layer_weights), checkpoint_every))
@@ -181,6 +186,56 @@ def recompute_skipped(key: str) -> tuple[float, ...]:
     return tuple(skip[kind(layer)] for layer in layers)
 
 
+@memo("recompute_selective")
+def recompute_selective(key: str) -> tuple[float, ...]:
+    """Per decoder layer, the forward FLOPs per token selective checkpointing recomputes: FlopCounterMode over a
+    meta-device forward and backward with that layer checkpointed under the knob's op policy, less the same without
+    checkpointing (one layer of each kind traced, as recompute_skipped). Matrix products and attention are what the
+    policy saves, so this is the products it does not know (0 for every transformers layer traced so far). Where the
+    trace fails: each layer's whole forward less nothing saved, i.e. full checkpointing's count, with a warning."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainscout.spaces.knobs.activation_checkpointing import selective_context
+    from trainscout.spaces.layers import decoder_layers
+
+    from .model_tree import _build, _cuda_like
+    model = _build(key, "eager", seq_len=SKIP_SEQ).to(torch.bfloat16)
+    model.train()
+    layers = decoder_layers(model)
+    first: dict[tuple, int] = {}
+    for i, layer in enumerate(layers):
+        first.setdefault((type(layer).__name__, tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())), i)
+    ids = torch.zeros(1, SKIP_SEQ, dtype=torch.long, device="meta")
+
+    def traced(i: int | None) -> int:
+        inner = layers[i] if i is not None else None
+        if i is not None:
+            layers[i] = checkpoint_wrapper(inner, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                           context_fn=selective_context)
+        try:
+            with FlopCounterMode(display=False) as counter, _cuda_like(None, fused=False):
+                model(input_ids=ids).logits.float().sum().backward()
+        finally:
+            if i is not None:
+                layers[i] = inner
+            model.zero_grad(set_to_none=True)
+        return counter.get_total_flops()
+    try:
+        plain = traced(None)
+        again = {k: max(0.0, (traced(i) - plain) / SKIP_SEQ) for k, i in first.items()}
+    except Exception as e:  # noqa: BLE001 - the count stays usable: full checkpointing's, said aloud
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        print(f"trainscout: warning: FLOP count of the {json.loads(key).get('model_type')} model: what selective "
+              f"checkpointing recomputes could not be traced on the meta device ({why}): HFU counts each layer's "
+              "forward less what full checkpointing skips", file=sys.stderr)
+        c, skipped = _count(key), recompute_skipped(key)
+        return tuple(max(0.0, c.layer_forward(i, SKIP_SEQ) - skipped[i]) for i in range(len(layers)))
+    return tuple(again[(type(layer).__name__, tuple((n, tuple(p.shape)) for n, p in layer.named_parameters()))]
+                 for layer in layers)
+
+
 def _routed_share(module, path: str, p, k: int | None, experts: int | None, notes: list) -> float:
     """The share of tokens a weight multiplies: top_k / num_experts for routed experts (stacked as one 3-D tensor
     per projection, transformers 5.x, or a ModuleList of expert MLPs), 1 for everything else."""
@@ -198,12 +253,13 @@ def _routed_share(module, path: str, p, k: int | None, experts: int | None, note
 
 
 def metrics(config: dict, seq_len: int, tokens_per_s: float, peak_tflops: float | None, n_gpus: int,
-            checkpoint_every: int = 0) -> dict:
-    """The FLOP metrics of a measurement: flops_per_token (model), hardware_flops_per_token (with recomputation),
-    active_params, mfu, hfu and the convention they are counted under."""
+            checkpoint_every: int = 0, selective: bool = False) -> dict:
+    """The FLOP metrics of a measurement: flops_per_token (model), hardware_flops_per_token (with recomputation;
+    selective: activation_checkpointing=selective's), active_params, mfu, hfu and the convention they are counted
+    under."""
     from .metrics import mfu
     c = count(config)
-    model, hardware = c.per_token(seq_len), c.hardware_per_token(seq_len, checkpoint_every)
+    model, hardware = c.per_token(seq_len), c.hardware_per_token(seq_len, checkpoint_every, selective)
     out = {"flops_convention": CONVENTION, "flops_per_token": model, "hardware_flops_per_token": hardware,
            "active_params": c.active_params, "mfu": mfu(tokens_per_s, model, peak_tflops, n_gpus),
            "hfu": mfu(tokens_per_s, hardware, peak_tflops, n_gpus)}
@@ -226,8 +282,14 @@ def recount(record):
         config = record.model_config or stored_model(record.model, None).config
         seq = (record.recipe or {})["seq_len"]
         fresh = metrics(config, seq, m["tokens_per_s"], m.get("peak_tflops"), record.world_size or 1,
-                        record.plan.checkpoint_every if record.plan else 0)
+                        record.plan.checkpoint_every if record.plan else 0, selective(record.plan))
     except Exception as e:  # a model type this transformers does not know, a record without its recipe
         why = f"not recounted: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         return record.replace(metrics={**m, "flops_convention": OLD, "flops_note": why})
     return record.replace(metrics={**m, **old, **fresh})
+
+
+def selective(plan) -> bool:
+    """Whether a plan checkpoints selectively (activation_checkpointing=selective: its own setting in plan.knobs)."""
+    from trainscout.spaces.knobs.activation_checkpointing import SELECTIVE
+    return plan is not None and (plan.knobs or {}).get("activation_checkpointing") == SELECTIVE

@@ -93,6 +93,19 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
     """Bytes per rank by component for a prepared trial spec or a stored record (the rank that holds the most):
     the engine's model states, then one micro-batch's activations and logits (which knobs adjust) scaled to what
     is in flight."""
+    return _per_rank(spec)[0]
+
+
+def host_held(spec: TrialSpec | Record) -> float:
+    """Bytes per rank that the knobs' memory hooks moved to host memory (terms["host"]: activation offload's saved
+    tensors), besides what the engine keeps there (Engine.offloaded)."""
+    return _per_rank(spec)[1]
+
+
+def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
+    """components() and host_held(). The terms the knobs' hooks see besides the documented ones: layer_policy_saved,
+    the bytes of one decoder layer's matrix-product and attention outputs for a micro-batch (what selective
+    checkpointing keeps, model_tree.Saved.policy), and host, where a hook adds what it keeps in host memory."""
     from trainscout.spaces import ParallelDims, all_knobs, plugins
 
     from . import engines
@@ -112,18 +125,20 @@ def components(spec: TrialSpec | Record) -> dict[str, float]:
     terms = {"activations": (layers - ckpt) * layer + ckpt * act.layer_input * b * s + act.outside * b * s,
              "logits": 12 * b * s * V,
              # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
-             "params": N, "layer_params": c["per_layer"], "layers": layers, "layer_activations": (layers - ckpt) * layer}
+             "params": N, "layer_params": c["per_layer"], "layers": layers, "layer_activations": (layers - ckpt) * layer,
+             "layer_policy_saved": b * s * (act.policy + act.policy_s * recipe["seq_len"]), "host": 0.0}
     view = spec.replace(recipe=dict(recipe, seq_len=recipe["seq_len"] // cp)) if cp > 1 else spec  # the rank's tokens
     for knob in all_knobs():
         plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
-    held = {k: terms.pop(k) for k in ("params", "layer_params", "layers", "layer_activations")}
+    held = {k: terms.pop(k) for k in ("params", "layer_params", "layers", "layer_activations", "layer_policy_saved",
+                                      "host")}
     out = engine.model_states(dict(c, per_layer=held["layer_params"]), plan, held["params"],
                               engine.data_ranks(plan, spec.world_size), mixed)
     out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
     if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
         share = held["layer_activations"] / ((layers - ckpt) * layer) if layers > ckpt and layer else 1.0  # TP's
         out["activations"] += max(0.0, layer * share - out["logits"])
-    return out
+    return out, held["host"]
 
 
 def analytic(spec: TrialSpec | Record) -> float:
@@ -217,17 +232,21 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
     and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
     Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
-    2 bytes per offloaded 16-bit parameter shard."""
+    2 bytes per offloaded 16-bit parameter shard. FSDP2's CPUOffloadPolicy (engine fsdp_offload) is counted the same,
+    20 bytes per parameter, where it keeps 16 (fp32 shards, gradients, AdamW's two states) in pinned buffers that
+    the host allocator rounds up. What the knobs' hooks move to the host (host_held: activation offload's saved
+    tensors) adds to the offloaded states. On the CPU both add to the ranks' own terms."""
     from . import engines
     world = spec.world_size
-    if spec.device == "cpu":
-        return {"processes": world * HOST_PROCESS, "ranks": world * analytic(spec)}
     spec = _with_config(spec)
     c, plan = _counts(spec.model_config), spec.plan
     engine = engines.get(plan.engine)
     N, D = c["N"], engine.data_ranks(plan, world)
     optimizer, params = engine.offloaded(plan)
-    offload = world * ((OFFLOAD_BYTES * N / D if optimizer else 0) + (2 * N / D if params else 0))
+    # what the knobs' hooks keep on the host (activation offload) is there at the same time as the offloaded states
+    offload = world * ((OFFLOAD_BYTES * N / D if optimizer else 0) + (2 * N / D if params else 0) + host_held(spec))
+    if spec.device == "cpu":  # the host is the device: the ranks' terms and what an engine "offloads" add up
+        return {"processes": world * HOST_PROCESS, "ranks": world * analytic(spec) + offload}
     out = {"processes": world * HOST_PROCESS}
     if not engine.builds_on_device:
         out["build"] = world * 4 * N

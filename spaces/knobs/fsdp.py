@@ -4,17 +4,24 @@ from ..knob import Knob, register
 
 @register
 class Fsdp(Knob):
-    """PyTorch FSDP2 (fully_shard) per layer: shard_grad_op keeps parameters gathered after forward, full_shard frees them."""
+    """PyTorch FSDP2 (fully_shard) per layer: shard_grad_op keeps parameters gathered after forward, full_shard frees them.
+
+    full_shard_offload: full_shard with FSDP2's CPUOffloadPolicy: the fp32 parameter shards, their gradients and AdamW's
+    states live in host memory and the optimizer steps there (works on one GPU); each layer's parameters cross PCIe
+    for its forward and backward."""
 
     name = "fsdp"
     default = "off"
-    choices = ("off", "shard_grad_op", "full_shard")
+    choices = ("off", "shard_grad_op", "full_shard", "full_shard_offload")
     requires = {"zero_stage": (0,)}  # one sharding engine per trial: FSDP or DeepSpeed
     # memory savers: the model states sharded over the ranks, the GPUs' memory instead of the host's (start points
     # and the atlas pick among the savers that fit by predicted step time, so these come before offload where the
     # ranks hold them)
     savers = ((45, {"fsdp": "shard_grad_op"}), (46, {"fsdp": "full_shard"}),
-              (47, {"fsdp": "full_shard", "activation_checkpointing": "full"}))
+              (47, {"fsdp": "full_shard", "activation_checkpointing": "full"}),
+              # the model states on the host, as ZeRO-3 with both offloads (rank 60) but without DeepSpeed
+              (55, {"fsdp": "full_shard_offload"}),
+              (56, {"fsdp": "full_shard_offload", "activation_checkpointing": "full"}))
     column = 3
 
     def check(self, value, cfg, ctx):
@@ -30,4 +37,6 @@ class Fsdp(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != "off":
             plan.engine = "fsdp"
-            plan.engine_config["reshard_after_forward"] = value == "full_shard"
+            plan.engine_config["reshard_after_forward"] = value != "shard_grad_op"
+            if value == "full_shard_offload":
+                plan.engine_config["cpu_offload"] = {"pin_memory": ctx.device == "cuda"}
