@@ -1,7 +1,9 @@
 """Knobs from other installed packages (the entry-point group `trainscout.knobs`), each loaded on its own.
 
-A plugin that fails to import, whose knob collides with a registered name, has no `apply`, or raises when its
-domain, default, description, requirements or `apply` at its default are read, is left out with one warning naming
+A plugin that fails to import, whose knob collides with a registered name, has no `apply`, changes nothing (no value
+away from its default changes the plan its `apply` writes, and it overrides none of Knob's runtime hooks:
+transform, wrap_step, memory, optimizer), or raises when its domain, default, description, requirements or `apply`
+at its default are read, is left out with one warning naming
 its package, its entry point and the error; every other knob works (`trainscout knobs` included: an unguarded
 `ep.load()` made every command end in the plugin's traceback). A plugin knob that raises later, for a value or a
 model it is given, is named the same way where that happens: `parse`, `concrete`, `check`, `apply` as bad input
@@ -13,7 +15,7 @@ import sys
 from typing import Any
 
 from .errors import ConfigError
-from .knob import REGISTRY, STAGES, Knob, fmt
+from .knob import REGISTRY, RUNTIME_HOOKS, STAGES, Knob, fmt
 from .plan import Context, Plan
 
 GROUP = "trainscout.knobs"
@@ -90,8 +92,29 @@ def contract_problem(knob: Knob) -> str | None:
     requires = dict(knob.requires)
     for other, allowed in requires.items():
         tuple(allowed)
-    knob.apply(Plan(), knob.default, {k.name: k.default for k in REGISTRY.values()}, Context())
+    cfg = {k.name: k.default for k in REGISTRY.values()}
+    knob.apply(Plan(), knob.default, cfg, Context())
+    if not any(getattr(type(knob), hook) is not getattr(Knob, hook) for hook in RUNTIME_HOOKS) and \
+            not any(_changes_plan(knob, v, cfg) for v in choices if v != knob.default):
+        return (f"changes nothing: no value of {knob.domain_text()} away from its default {fmt(knob.default)} changes "
+                f"what the engines read of the plan, and it has no {', '.join(RUNTIME_HOOKS)} hook to read its own "
+                "setting")
     return None
+
+
+def _changes_plan(knob: Knob, value, cfg: dict) -> bool:
+    """Whether apply at value writes another plan than at the default, in what the engines, the model build and the
+    memory model read (plan.knobs is read only by knobs' own hooks, plan.notes by nobody): True where this context
+    cannot tell (apply refuses the value here)."""
+    plans = []
+    for v in (knob.default, value):
+        plan = Plan()
+        try:
+            knob.apply(plan, v, dict(cfg, **{knob.name: v}), Context())
+        except ConfigError:
+            return True
+        plans.append({k: v for k, v in plan.to_dict().items() if k not in ("knobs", "notes")})
+    return plans[0] != plans[1]
 
 
 def call(knob: Knob, method: str, *args) -> Any:
