@@ -218,6 +218,9 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
             ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec) if k.not_carried == why[refused[0]])
         raise ConfigError("--format", f"--format {refused[0]} cannot carry a {what} measurement: {why[refused[0]]}")
     formats = [f for f in formats if f in ok]
+    if os.path.exists(os.path.join(out_dir, "trainscout.json")):  # another export's files would be overwritten
+        raise ConfigError("--out", f"--out {out_dir} holds an export already (trainscout.json): give a new folder, or "
+                                   "remove that one first")
     os.makedirs(out_dir, exist_ok=True)
     written = []
     files = engine.files(rec)  # the engine's own config files (DeepSpeed's JSON)

@@ -243,6 +243,17 @@ def _features(atlas) -> dict:
     return feats
 
 
+def _known_gpu(gpu: str) -> None:
+    """Refuse (ConfigError on --gpu) a prediction for a GPU whose peak TFLOP/s or memory bandwidth is not known here:
+    the roofline would take the H100's datasheet numbers for it (a T4 predicted as an H100)."""
+    from trainscout.trial import metrics, steptime
+    if metrics.gpu_peak_tflops(gpu) is None or steptime._lookup(steptime.GPU_HBM_TBPS, gpu, None) is None:
+        known = ", ".join(k for k, _ in metrics.GPU_BF16_TFLOPS)
+        raise ConfigError("--gpu", f"--gpu {gpu}: not measured in the atlas, and its peak TFLOP/s and memory bandwidth "
+                                   f"are not known here (a prediction would use the H100's): give a known kind ({known}) "
+                                   "or --db with its measurements")
+
+
 def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, global_batch: int | None = None,
            budget: str | None = None, gpu_memory_gib: float | None = None, top: int = TOP,
            host_memory_gib: float | None = None) -> dict:
@@ -261,6 +272,7 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
     if not any_ok:
         kinds = [predict.gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
         kind = gpu or (max(set(kinds) - {None}, key=kinds.count) if set(kinds) - {None} else "H200")
+        _known_gpu(kind)
         out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib,
                                      host_memory_gib)
     if want:

@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
                 warnings.simplefilter("ignore", DeprecationWarning)
             return a.func(a)
     except ConfigError as e:
-        print(f"trainscout: error: {e}", file=sys.stderr)
+        text = str(e)
+        if "://" in text:  # a storage URL as given, its password in it: masked (store.secrets)
+            from trainscout.store.secrets import mask_urls
+            text = mask_urls(text)
+        print(f"trainscout: error: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("trainscout: interrupted", file=sys.stderr)

@@ -101,6 +101,25 @@ def print_trial(r, verbose: bool = False) -> None:
         print(f"{k:9}{v}")
 
 
+def _calibration_pairs(memory, records, a) -> list:
+    """estimate --calibrate's (record, peak) pairs: the store's measured GPU peaks, of --gpu's kind where given
+    ("H200" is "NVIDIA H200"; an exact name matched nothing and the calibration was dropped without a word).
+    ConfigError (exit 2) where fewer than the fit's 3 are left, naming the GPUs the store has."""
+    from trainscout.trial.metrics import gpu_kind
+    pairs = memory.calibration_pairs(records, None)
+    if a.gpu:
+        want = gpu_kind(a.gpu)
+        pairs = [(r, p) for r, p in pairs if r.m.get("gpu") == a.gpu
+                 or (want is not None and gpu_kind(r.m.get("gpu")) == want)]
+    if len(pairs) < 3:
+        have = sorted({str(r.m.get("gpu")) for r, _ in memory.calibration_pairs(records, None)})
+        raise ConfigError("--calibrate", f"--calibrate {a.calibrate}: {len(pairs)} measured GPU peak(s)"
+                                         + (f" of {a.gpu}" if a.gpu else "") + " there, a calibration needs 3 "
+                                         f"(GPUs measured there: {', '.join(have) or 'none'}): give --gpu one of "
+                                         "them, another store, or leave --calibrate out")
+    return pairs
+
+
 def cmd_estimate(a) -> int:
     """Predicted peak memory per rank, without a GPU; calibrated on a store's measurements of that GPU."""
     from trainscout.trial import memory, prepare
@@ -120,7 +139,7 @@ def cmd_estimate(a) -> int:
     cal = None
     if a.calibrate:
         from trainscout.analysis.table import store_of
-        cal = memory.fit(memory.calibration_pairs(store_of(a.calibrate, create=False).measurements(), a.gpu))
+        cal = memory.fit(_calibration_pairs(memory, store_of(a.calibrate, create=False).measurements(), a))
     comp = memory.components(spec)
     total = memory.predict(spec, cal)
     host = memory.host_peak(spec)
@@ -190,9 +209,18 @@ def cmd_verify(a) -> int:
 
 def verify_quality(a) -> int:
     """`trainscout verify --quality STEPS`: the configuration and its reference trained on real text, compared."""
-    from trainscout.analysis.quality import TOLERANCE, verify_quality as run
+    import math
+
+    from trainscout.analysis.quality import TOLERANCE, WINDOW, verify_quality as run
     if a.runner != "trainscout":
         raise ConfigError("--runner", "--quality trains in trainscout's workers: leave --runner out")
+    # the verdict is a 95 % interval over the window (the last WINDOW of the steps): fewer than 3 steps there give
+    # none worth the name (2 steps stored "verified" on 2 single-step blocks)
+    least = next(n for n in range(1, 10_000) if math.ceil(WINDOW * n) >= 3)
+    if a.quality < least:
+        raise ConfigError("--quality", f"--quality {a.quality}: too short to verify: the comparison's interval is over "
+                                       f"the last {WINDOW:.0%} of the steps and needs 3 steps there: give --quality "
+                                       f"{least} or more (500: the default of a real check)")
     r = run(a.source, key=a.trial, steps=a.quality, seeds=a.seeds, global_batch=a.global_batch, seq_len=a.seq_len,
             timeout=a.timeout, address=a.address)
     # exit 0: verified (or the same model); 1: failed, whether a run ended badly or the losses differ

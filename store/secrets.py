@@ -15,6 +15,7 @@ over its RPC, and it is never written.
 from __future__ import annotations
 
 import os
+import re
 
 import sqlalchemy as sa
 
@@ -49,6 +50,15 @@ def masked(url: str) -> str:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, TypeError, AttributeError):
         return str(url)
+
+
+_IN_TEXT = re.compile(r"(\b[A-Za-z][\w+.-]*://[^:/@\s'\"]*:)[^@\s'\"]+@")
+
+
+def mask_urls(text: str) -> str:
+    """Text to print with the password of every URL in it as *** (masked() for a message that quotes a URL as the
+    user gave it: `report postgresql://user:PASSWORD@host/db` of an empty database printed the password)."""
+    return _IN_TEXT.sub(r"\1***@", str(text))
 
 
 def password(ident: tuple) -> str | None:

@@ -210,3 +210,71 @@ def test_import_limits_rows_line_length_and_bytes(tmp_path, monkeypatch):
     bad.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 30)
     with pytest.raises(ConfigError, match="cannot read"):
         contrib.read_rows(str(bad))
+
+
+# --- 4. input holes: one line, exit 2 ---------------------------------------------------------------------------------
+def one_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    err = [ln for ln in err if ln.startswith("trainscout:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_lookup_of_an_unknown_gpu_is_refused_not_predicted_as_an_h100(capsys):
+    from trainscout.cli.main import main
+    assert main(["lookup", "--model", "pythia-160m", "--gpu", "T4", "--gpu-memory", "16GiB"]) == 2
+    err = one_error(capsys)
+    assert "--gpu T4" in err and "not known" in err and "H200" in err
+
+
+def test_top_k_above_the_experts_is_refused_up_front(tmp_path, capsys):
+    from trainscout.cli.main import main
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512, "num_local_experts": 4,
+           "num_experts_per_tok": 8, "max_position_embeddings": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["estimate", "--model", str(path)]) == 2
+    err = one_error(capsys)
+    assert "num_experts_per_tok=8 is more than num_local_experts=4" in err
+    path.write_text(json.dumps(dict(cfg, num_experts_per_tok=2)))
+    assert main(["estimate", "--model", str(path)]) == 0
+
+
+def test_estimate_calibrate_matches_by_gpu_kind_and_says_when_nothing_matches(h200_grid, capsys):
+    from trainscout.cli.main import main
+    assert main(["estimate", "--model", "pythia-160m", "--calibrate", str(h200_grid), "--gpu", "H200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibration"] and out["calibration"]["n"] >= 3  # "H200" is the store's "NVIDIA H200"
+    assert main(["estimate", "--model", "pythia-160m", "--calibrate", str(h200_grid), "--gpu", "A100"]) == 2
+    err = one_error(capsys)
+    assert "--calibrate" in err and "0 measured GPU peak(s) of A100" in err and "NVIDIA H200" in err
+
+
+def test_verify_quality_too_short_to_verify(h200_grid, capsys):
+    from trainscout.cli.main import main
+    assert main(["verify", str(h200_grid), "--quality", "2"]) == 2
+    err = one_error(capsys)
+    assert "too short to verify" in err and "--quality 21 or more" in err
+
+
+def test_printed_storage_urls_are_masked(postgres, tmp_path):
+    from trainscout.store.secrets import mask_urls
+    assert mask_urls("x postgresql+psycopg://u:s3cret@h:5/d y") == "x postgresql+psycopg://u:***@h:5/d y"
+    postgres.create_database("issue50_empty")
+    url = postgres.url("issue50_empty", password=True)
+    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "report", url, "--out", str(tmp_path / "rep")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "holds no trials or measurements" in r.stderr, r.stderr
+    assert postgres.password not in r.stdout + r.stderr and ":***@" in r.stderr
+
+
+def test_export_over_an_earlier_export_is_refused(h200_grid, tmp_path, capsys):
+    from trainscout.cli.main import main
+    out = tmp_path / "exp"
+    assert main(["export", str(h200_grid), "--best", "--format", "command", "--out", str(out)]) == 0
+    before = (out / "trainscout.json").read_bytes()
+    capsys.readouterr()
+    assert main(["export", str(h200_grid), "--best", "--format", "command", "--out", str(out)]) == 2
+    assert "holds an export already" in one_error(capsys)
+    assert (out / "trainscout.json").read_bytes() == before

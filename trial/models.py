@@ -148,6 +148,12 @@ def _read_config_json(path: str):
     if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:  # nn.Embedding's padding_idx
         raise ConfigError("--model", f"{path}: pad_token_id={pad} is outside the vocabulary (vocab_size={vocab}): set "
                                      f"pad_token_id to null or an id below {vocab}")
+    topk = getattr(hf, "num_experts_per_tok", None)  # a router that picks more experts than there are
+    experts = next(((k, v) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if isinstance(v := getattr(hf, k, None), int) and not isinstance(v, bool)), None)
+    if isinstance(topk, int) and experts and topk > experts[1]:
+        raise ConfigError("--model", f"{path}: num_experts_per_tok={topk} is more than {experts[0]}={experts[1]}: "
+                                     f"give num_experts_per_tok of at most {experts[1]}")
     given = {name: any(k in cfg for k in keys) or getattr(hf, name, None) != getattr(default, name, None)
              for name, keys in spelled.items()}
     missing = [n for n in ESSENTIAL if hasattr(default, n) and not given[n]]

@@ -40,7 +40,8 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     store = table.store_of(source) if isinstance(source, str) else source
     df = table.load_resolved(store)  # the trials, or the measurements of a store without searches
     if df.empty:
-        raise ConfigError("DIR", f"{source} holds no trials or measurements: run `trainscout search --out DIR` (or "
+        from trainscout.store.secrets import masked
+        raise ConfigError("DIR", f"{masked(str(source))} holds no trials or measurements: run `trainscout search --out DIR` (or "
                                  "`trainscout results DIR --import FILE`) first, then report")
     searched = bool(df["search"].notna().any())
     df = cost.with_costs(df.assign(search=df["search"].fillna(NO_SEARCH)), prices)
