@@ -17,9 +17,8 @@ FEASIBLE = (Status.OK, Status.STOPPED, Status.RUNNING)  # RUNNING: the last step
 
 def outcome_attrs(result: dict) -> dict:
     """What an Optuna trial carries of its outcome (user attributes, for optuna-dashboard and any tool reading the
-    study): status and reason, the measurement's key, the metrics, and `constraint` (> 0: infeasible). The value
-    stays the tokens/s, 0 for an infeasible outcome, so TPE learns that region is bad; set_constraint gives TPE
-    `constraint`, so it also knows why."""
+    study): status and reason, the measurement's key, the metrics, and `constraint` (> 0: infeasible), which
+    set_constraint gives TPE; an infeasible outcome's trial is FAIL or PRUNED (optuna_state), without a value."""
     status = str(Status.STOPPED if result.get("status") == Status.RUNNING else result.get("status", Status.CRASH))
     attrs = {"status": status, "constraint": [0.0 if status in FEASIBLE else 1.0]}
     if result.get("error"):
@@ -27,8 +26,27 @@ def outcome_attrs(result: dict) -> dict:
     for k in ("key", "cached", "mfu", "peak_memory_gib", "projected_days", "predicted_gib", "wall_s"):
         if result.get(k) is not None:
             attrs[k] = result[k]
-    attrs[METRIC] = result.get(METRIC) or 0.0
+    if status in FEASIBLE:
+        attrs[METRIC] = result.get(METRIC) or 0.0  # an infeasible outcome has no tokens/s: none said (was 0)
     return attrs
+
+
+# outcomes of a configuration that ran, or was refused, and cannot run (a measurement of the configuration, not of
+# the host or the cluster): FAIL in the study, with the reason (user attributes status and error) and the constraint
+# > 0. Their number is no tokens/s (COMPLETE with value 0 read as "measured 0 tokens/s" in optuna-dashboard and any
+# tool reading the study); the sampler still learns from them: searcher.make_sampler's TPE reads them as infeasible.
+INFEASIBLE = (Status.INVALID, Status.OOM, Status.CRASH, Status.TIMEOUT)
+
+
+def optuna_state(status: str):
+    """The Optuna state of an outcome: ok COMPLETE (its tokens/s), stopped (ASHA) and pruned (predicted not to fit,
+    never launched) PRUNED, invalid / oom / crash / timeout FAIL (INFEASIBLE), and any other (unscheduled, host_oom,
+    not run: nothing of the configuration was learned) FAIL."""
+    import optuna
+    states = optuna.trial.TrialState
+    if status == Status.OK:
+        return states.COMPLETE
+    return states.PRUNED if status in (Status.STOPPED, Status.RUNNING, Status.PRUNED) else states.FAIL
 
 
 def set_constraint(trial, attrs: dict) -> None:

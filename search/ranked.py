@@ -15,6 +15,9 @@ import math
 import random
 from collections.abc import Callable
 
+# the outcomes a study holds as FAIL or PRUNED that ran or were refused (search/outcomes.py: INFEASIBLE and pruned);
+# (the store's status strings)
+INFEASIBLE_STATUSES = ("invalid", "oom", "crash", "timeout", "pruned")
 MARGIN = 0.05  # a change predicted slower than this is left to the sampler: the step-time model is rough
 
 
@@ -66,7 +69,8 @@ class Ranker:
 
     def propose(self, trials) -> tuple[dict, str] | None:
         """(parameters, why) of the next configuration to measure, or None: leave it to the sampler. trials: the
-        study's trials (Optuna FrozenTrials); COMPLETE ones are measured (value 0: infeasible), others pending."""
+        study's trials (Optuna FrozenTrials); COMPLETE ones are measured ok, an infeasible one (invalid, oom, crash,
+        timeout: FAIL; pruned: PRUNED) taken too, others pending."""
         import optuna
         done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
         feasible = [t for t in done if t.value > 0]
@@ -75,7 +79,8 @@ class Ranker:
         best = max(feasible, key=lambda t: t.value)
         taken = {_key(t.params) for t in trials if t.state in (optuna.trial.TrialState.COMPLETE,
                                                                optuna.trial.TrialState.RUNNING,
-                                                               optuna.trial.TrialState.WAITING)}
+                                                               optuna.trial.TrialState.WAITING)
+                 or t.user_attrs.get("status") in INFEASIBLE_STATUSES}  # FAIL or PRUNED, measured or refused
         base_s = self.step_s(best.params)
         candidates = []
         for knob, p in self.neighbours(best.params):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.status import Status
 
-from .outcomes import FEASIBLE, NUMBERS, TUNE_ID, outcome_attrs, set_constraint
+from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, optuna_state, outcome_attrs, set_constraint
 from .start import spec_at
 from .trainable import FREE_RUN, METRIC
 
@@ -27,11 +27,38 @@ __all__ = ["FEASIBLE", "FREE_RUN", "NUMBERS", "TUNE_ID", "make_ranker", "make_sa
 
 def make_sampler(seed: int, trials: int | None):
     """TPE made for conditional spaces (multivariate, grouped), seeded; a few random trials first; infeasible
-    outcomes (oom, invalid, pruned, crash, timeout) are constraint violations (set_constraint) as well as value 0."""
+    outcomes are constraint violations (set_constraint): pruned ones PRUNED, which TPE reads, and invalid, oom,
+    crash and timeout FAIL (no tokens/s to tell), which TPE alone would ignore: Learning reads those as infeasible."""
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, constant_liar=True,
-                                      n_startup_trials=min(10, max(3, (trials or 30) // 3)))
+
+    class WithFailed:
+        """The study as TPE reads it, its FAIL trials of an infeasible outcome (outcomes.INFEASIBLE, constraint
+        set) among those it asks for: TPE's split puts them with the infeasible ones, the worst."""
+
+        def __init__(self, study):
+            self._study = study
+
+        def __getattr__(self, name):
+            return getattr(self._study, name)
+
+        def _get_trials(self, deepcopy=True, states=None, use_cache=False):
+            trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+            if states is None or optuna.trial.TrialState.COMPLETE not in states:
+                return trials
+            failed = [t for t in self._study._get_trials(deepcopy=deepcopy, states=(optuna.trial.TrialState.FAIL,),
+                                                         use_cache=use_cache)
+                      if t.user_attrs.get("status") in INFEASIBLE and sum(v for v in t.constraints.values() if v > 0)]
+            return sorted(trials + failed, key=lambda t: t.number)
+
+    class Learning(optuna.samplers.TPESampler):
+        def sample_relative(self, study, trial, search_space):
+            return super().sample_relative(WithFailed(study), trial, search_space)
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            return super().sample_independent(WithFailed(study), trial, param_name, param_distribution)
+    return Learning(multivariate=True, group=True, seed=seed, constant_liar=True,
+                    n_startup_trials=min(10, max(3, (trials or 30) // 3)))
 
 
 def make_scheduler(steps: int):
@@ -112,8 +139,10 @@ def recover_interrupted(ostorage, name: str, store: Store, cut: list | None = No
                 if not t.intermediate_values:
                     ostorage.set_trial_intermediate_value(tid, 1, row["tokens_per_s"] or 0.0)
                 ostorage.set_trial_state_values(tid, optuna.trial.TrialState.PRUNED, [row["tokens_per_s"] or 0.0])
-            else:
+            elif attrs["status"] == Status.OK:
                 ostorage.set_trial_state_values(tid, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
+            else:  # no tokens/s: FAIL or PRUNED without a value (outcomes.optuna_state)
+                ostorage.set_trial_state_values(tid, optuna_state(attrs["status"]))
             continue
         if cut is not None:
             start = t.datetime_start

@@ -135,7 +135,8 @@ class DistinctSearcher(Searcher):
                 if proposal is not None:
                     self.study.enqueue_trial(proposal[0], user_attrs={"ranked": proposal[1]})
         config, drawn = self._ask(trial_id)
-        others = [t for t in self.study.get_trials(deepcopy=False, states=MEASURED) if t.number != drawn.number]
+        others = [t for t in self.study.get_trials(deepcopy=False) if t.number != drawn.number and (
+            t.state in MEASURED or t.user_attrs.get("status") in INFEASIBLE)]  # those FAIL ran (or were refused)
         twin = next((t for t in others if t.params == drawn.params), None)
         measured = {_key(t.params) for t in others}
         fresh = self._unmeasured(measured) if twin is not None and len(measured) < self.size else None
