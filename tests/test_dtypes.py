@@ -76,27 +76,25 @@ def test_the_watch_reads_the_first_step_that_stepped_and_then_lets_go():
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks  # removed after the first
 
 
-def test_a_stored_key_of_a_config_asking_16_bit_weights_is_not_the_one_measured_before():
+def test_a_stored_record_of_a_config_asking_16_bit_weights_from_before_the_fix_is_never_served():
     """Records measured before 2026-12-06 of a config.json with torch_dtype trained its 16-bit weights under a mixed
-    label: the key of such a config now names the master dtype, so they are never served for it; a config without
-    the field keeps its key."""
-    from trainscout.store.schema import measurement_key
+    label (their plans have no master_dtype): such a record has no key it could be served under; one measured since
+    has, and its key names the master dtype."""
+    from trainscout.store.schema import measurement_key, record_key
     from trainscout.trial import prepare
+    from trainscout.trial.models import ModelSpec
     hw = {"device": "cpu", "cpu": "x", "cpu_count": 2}
-    with_dtype = prepare(resolve_model("tiny").__class__("m", dict(LLAMA), resolve_model("tiny").recipe), {},
-                         device="cpu", hw=hw)
-    without = prepare(resolve_model("tiny").__class__("m", {k: v for k, v in LLAMA.items() if k != "torch_dtype"},
-                                                      resolve_model("tiny").recipe), {}, device="cpu", hw=hw)
-    import hashlib
-    old = {"config": with_dtype.config, "model_config": with_dtype.model_config, "recipe": with_dtype.recipe,
-           "device": "cpu", "world_size": 1, "hardware": {k: hw.get(k) for k in ("gpu", "gpu_memory_gib", "cpu",
-                                                                                   "cpu_count")},
-           "versions": {"torch": None, "transformers": None, "deepspeed": None}}
-    old_key = hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:32]
-    assert measurement_key(with_dtype, hw, {}) != old_key
-    old["model_config"], old["config"] = without.model_config, without.config
-    assert measurement_key(without, hw, {}) == hashlib.sha256(
-        json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    tiny = resolve_model("tiny").recipe
+    spec = prepare(ModelSpec("m", dict(LLAMA), tiny), {}, device="cpu", hw=hw)
+    rec = {"model": "m", "config": spec.config, "status": "ok", "model_config": spec.model_config, "device": "cpu",
+           "world_size": 1, "plan": spec.plan.to_dict(), "recipe": spec.recipe, "hardware": hw, "versions": {}}
+    assert record_key(rec) == measurement_key(spec, hw, {})  # measured since: served under its key
+    before = dict(rec, plan={k: v for k, v in rec["plan"].items() if k != "master_dtype"})
+    with pytest.raises(ValueError, match="never served"):
+        record_key(before)
+    without = prepare(ModelSpec("m", {k: v for k, v in LLAMA.items() if k != "torch_dtype"}, tiny), {}, device="cpu",
+                      hw=hw)
+    assert measurement_key(spec, hw, {}) != measurement_key(without, hw, {})
 
 
 FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "tf32=true", "--set", "attention=sdpa",
