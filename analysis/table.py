@@ -164,6 +164,21 @@ def best_choice(source):
     return choose(store.measurements())
 
 
+MISSING = "-"  # a value not known or not measured, as every table prints it (analysis/report/formatting.py too)
+
+
+def as_text(df: pd.DataFrame, float_format=lambda v: f"{v:,.3f}") -> pd.DataFrame:
+    """The table as a terminal shows it: every value text, a missing one "-" (pandas' to_string printed <NA> for a
+    missing whole number and NaN for a missing float, whatever its na_rep said), floats by float_format."""
+    def cell(v) -> str:
+        if v is None or (pd.api.types.is_scalar(v) and bool(pd.isna(v))):
+            return MISSING
+        if isinstance(v, float):
+            return float_format(v)
+        return str(v)
+    return pd.DataFrame({c: [cell(v) for v in df[c].tolist()] for c in df.columns}, index=df.index)
+
+
 def dumps(df: pd.DataFrame) -> str:
     """A table as a JSON list of rows, one object a row (missing values as null), as `results --format json` prints."""
     return json.dumps(json.loads(df.to_json(orient="records")), indent=1)

@@ -67,6 +67,12 @@ class Printer:
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
         why += f"  ({r['note']})" if r.get("note") else ""  # served from another search's measurement
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks
-        print(f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {v:>11,.0f} "
-              f"{days:>11} {(self.best or 0):>11,.0f}  {searched}{why}", file=out, flush=True)
+        # one reading of each number: a trial without one (invalid, pruned, oom, crash, ...) shows "-", not 0; a
+        # stopped trial's figure is its best timed step (what ASHA compared), said so
+        figure = f"{v:>11,.0f}" if r.get("status") in (Status.OK, Status.STOPPED) else f"{'-':>11}"
+        if r.get("status") == Status.STOPPED:
+            why += "  (stopped by ASHA: tokens/s of its best timed step)"
+        best = f"{self.best:>11,.0f}" if self.best is not None else f"{'-':>11}"
+        print(f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {figure} "
+              f"{days:>11} {best}  {searched}{why}", file=out, flush=True)
         print(self.progress(), file=out, flush=True)

@@ -149,11 +149,19 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         parts = overhead_parts(ran[1:] or ran, overhead[1:] or overhead)
         print(f"  where it went{' after the first' if len(ran) > 1 else ''}: {parts}", file=stream)
     tied = set(tie["tied"]) if tie else set()
+    from trainscout.analysis.table import trial_numbers  # the live table's "#": Optuna's trial number
+    numbers, first = trial_numbers(store, name), {}
+    for t in trials:
+        if t["status"] == Status.OK and t["key"]:
+            first.setdefault(t["key"], numbers.get(t["trial"]))
+    for b in best:
+        b["trial_number"] = first.get(b["key"])
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
         cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
         mark = " (tie)" if b["key"] in tied else ""
-        print(f"best #{i}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
+        number = f" (trial #{b['trial_number']})" if b.get("trial_number") is not None else ""
+        print(f"best, rank {i}{number}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
               f"{days_or_hours(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
         for note in b["notes"]:

@@ -324,7 +324,7 @@ def test_a_tie_within_the_measured_noise_goes_to_the_simplest_and_is_shown(tmp_p
     assert "python your_train.py" in printed
     assert main(["report", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "#1 (tie)" in text and "#2 (tie)" in text and "The best is the simplest of 2" in text
+    assert "rank 1 (tie)" in text and "rank 2 (tie)" in text and "The best is the simplest of 2" in text
     assert "The best is the simplest of 2" in (out / "report.html").read_text()
 
 

@@ -978,7 +978,7 @@ def _r9_search(tmp_path, root, fault):
     log = open(tmp_path / "log").read()
     lines = [ln for ln in log.splitlines() if ln.strip()]
     assert rc == 1, log[-3000:]
-    assert "Traceback" not in log and "best #1" not in log, log[-3000:]
+    assert "Traceback" not in log and "best, rank 1" not in log, log[-3000:]
     assert lines[-1].startswith("trainscout: error: the results store"), lines[-3:]
     after = stored_trials(out, "s9")
     assert after is not None and before <= after < 8, (before, after)  # stopped, not run to the end

@@ -78,7 +78,7 @@ def test_report_writes_a_self_contained_html_and_names_the_best_config(store_dir
     assert page.count("<svg") >= 5  # Pareto, cost, importance, tokens/s per knob value, timeline
     assert "Pareto front" in page and "cpu-box" in page and "What failed and why" in page
     best = best_row(store_dir)
-    first = next(line for line in text.splitlines() if line.strip().startswith("#1"))
+    first = next(line for line in text.splitlines() if line.strip().startswith("rank 1"))
     assert best["key"][:12] in first and f"micro_batch_size={best['micro_batch_size']}" in first
     assert f"precision={best['precision']}" in first and "rent $" in first
     assert re.search(r"crash x1: .*(closed|crash|exit|Error)", text, re.I) and "invalid x1" in text
@@ -242,7 +242,7 @@ def test_a_store_of_measurements_only_is_reported(store_dir, tmp_path, capsys):
     out = tmp_path / "rep"
     assert main(["report", str(d), "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"{n} measurements, no search" in text and "#1 " in text
+    assert f"{n} measurements, no search" in text and "rank 1 " in text
     page = (out / "report.html").read_text(encoding="utf-8")
     assert len(_trial_rows(page)) == n and 'id="progress"' in page and "(no search rows" in page
     assert page.count("<svg") >= 4

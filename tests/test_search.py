@@ -53,7 +53,7 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray
     assert not [r for r in records if r.status != "ok"], [r.error for r in records]
     assert records[0].reused == 0 and all(r.reused > 0 for r in records[1:]), \
         [(r.started_at, r.reused) for r in records]
-    assert re.search(r"^best #1( \(tie\))?:", res.stdout, re.M) and "tokens/s" in res.stdout
+    assert re.search(r"^best, rank 1 \(trial #\d+\)( \(tie\))?:", res.stdout, re.M) and "tokens/s" in res.stdout
     # one reading of each number: ok COMPLETE with its tokens/s; PRUNED where ASHA stopped it (its reported steps as
     # intermediate values, Optuna's convention) or it was pruned before running; FAIL with its reason for invalid,
     # oom, crash, timeout (no value 0: the sampler reads their constraint, tests/test_study_states.py); a draw

@@ -24,6 +24,9 @@ STATUS_COLOR = {Status.OK: "#2e7d32", Status.OOM: "#c62828", Status.TIMEOUT: "#e
                 Status.UNSCHEDULED: "#bdbdbd"}
 
 
+MISSING = "-"  # a value not known or not measured, in every table and line (pandas printed <NA> and NaN)
+
+
 def _na(v) -> bool:
     return v is None or (pd.api.types.is_scalar(v) and bool(pd.isna(v)))
 
@@ -65,24 +68,24 @@ def config_text(row, varied: list[str], knobs: list[str] | None = None) -> str:
 
 
 def usd(v) -> str:
-    """US dollars as text: whole dollars from $1000, else cents (2 significant digits under one); "n/a" if missing."""
+    """US dollars as text: whole dollars from $1000, else cents (2 significant digits under one); "-" if missing."""
     if _na(v):
-        return "n/a"
+        return MISSING
     if 0 < v < 0.01:
         return f"${v:.2g}"  # a tiny model's run: the digits that are there, not $0.00
     return f"${v:,.2f}" if v < 1000 else f"${v:,.0f}"
 
 
 def days(v) -> str:
-    """Days as text, no unit: one decimal from 10 up, three significant digits below; "n/a" if missing."""
+    """Days as text, no unit: one decimal from 10 up, three significant digits below; "-" if missing."""
     if _na(v):
-        return "n/a"
+        return MISSING
     return f"{v:,.1f}" if v >= 10 else f"{v:.3g}"
 
 
 def num(v, spec: str = ",.0f") -> str:
-    """A number formatted with spec (default: whole, thousands separated); "n/a" if missing."""
-    return "n/a" if _na(v) else format(v, spec)
+    """A number formatted with spec (default: whole, thousands separated); "-" if missing."""
+    return MISSING if _na(v) else format(v, spec)
 
 
 def where(row) -> str:
@@ -110,8 +113,8 @@ def contributed(row) -> str:
 
 
 def gpu_s_text(row) -> str:
-    """A row's device-seconds (wall time × ranks) as text, "≈N (est.)" when estimated; "n/a" if missing."""
+    """A row's device-seconds (wall time × ranks) as text, "≈N (est.)" when estimated; "-" if missing."""
     v = row.get("gpu_s")
     if _na(v):
-        return "n/a"
+        return MISSING
     return f"≈{v:,.0f} (est.)" if row.get("gpu_s_estimated") else f"{v:,.0f}"

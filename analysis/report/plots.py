@@ -43,7 +43,7 @@ def plot_pareto(a: Analysis) -> str:
         sel = b[[x == g for x in groups]]
         for j, (i, r) in enumerate(sel.iterrows()):
             _dot(fig, ax, r["peak_memory_gib"], r["projected_days"],
-                 f"{label(r)}: {num(r['tokens_per_s'])} tokens/s, {days(r['projected_days'])} days (best #{i + 1})",
+                 f"{label(r)}: {num(r['tokens_per_s'])} tokens/s, {days(r['projected_days'])} days (rank {i + 1})",
                  s=40, color=color, alpha=0.75, label=g if j == 0 else "_nolegend_", zorder=2)
     for model, g in b.groupby("model"):
         front = pareto_front(list(zip(g["peak_memory_gib"], g["projected_days"], g.index)))

@@ -69,7 +69,7 @@ def summary(a: Analysis, top: int = 5) -> str:
                      "the GPUs and machines):")
         tied = _tied_keys(a)
         for i, r in a.best.head(top).iterrows():
-            lines.append(f"  #{i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
+            lines.append(f"  rank {i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
                          f"MFU {num(r['mfu'], '.3f')}  quality {r['quality']}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
