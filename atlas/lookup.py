@@ -157,7 +157,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
             rec, m = best["record"], best["record"]["metrics"]
             step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
             days = rec["recipe"]["total_steps"] * step / 86400
-            mfus = [(r.get("derived") or {}).get("mfu") for r in oks]
+            mfus = [_mfu_of(r) for r in oks]
             mfus = [x for x in mfus if x is not None]
             row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
                    "gpus": n,
@@ -174,11 +174,66 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                    "quality": quality_status(m, None, rec["config"], rec.get("device")),
                    "origins": sorted({r["provenance"].get("origin") for r in oks})}
             row.update(_money(days, n, row["gpu"], prices))
+            row["_record"] = dict(rec, key=best["key"], metrics=dict(m, tokens_per_s=tps))
             ok.append(row)
-        ok.sort(key=lambda r: -r["tokens_per_s"])
+        ok, tie = _ranked(ok)
+        if tie:
+            notes.append(f"{kind_} x {n}: {tie}")
+        mine_first = next((i for i, r in enumerate(ok) if "contributed" not in r["origins"]), None)
+        if mine_first:  # contributed rows above the first measured here or shipped: said, never silent
+            notes.append(f"{kind_} x {n}: {mine_first} contributed row(s) rank above the best measured here or "
+                         "shipped: their provenance names who measured them ([contributed])")
         out.append({"gpu": kind_, "gpus": n, "global_batch": batch, "rows": ok[:top], "more": max(0, len(ok) - top),
                     "oom": oom})
     return {"groups": out, "notes": notes}
+
+
+def _mfu_of(row: dict) -> float | None:
+    """A row's MFU: the recomputed one it carries (derived), else recomputed here (trainscout.trial.mfu: a store
+    layer's record carries none)."""
+    got = (row.get("derived") or {}).get("mfu")
+    if got is not None:
+        return got
+    from trainscout.trial.mfu import mfu
+    from trainscout.trial.records import Record
+    try:
+        return mfu(Record.from_dict({k: v for k, v in row["record"].items() if k not in ("key", "source")}))
+    except Exception:  # noqa: BLE001 - a model this trainscout cannot count: MFU unknown
+        return None
+
+
+def _ranked(rows: list[dict]) -> tuple[list[dict], str]:
+    """The group's rows in the order a user acts on: first the best `trainscout export --best` would write
+    (analysis.ties.choose: the fastest, or the simplest within its measured noise), over the rows whose quality
+    verdict did not fail; then the others by tokens/s. (rows, the tie's sentence or "")."""
+    from trainscout.analysis.ties import choose
+    from trainscout.trial.quality import FAILED
+    from trainscout.trial.records import Record
+    rows = sorted(rows, key=lambda r: -r["tokens_per_s"])
+    for r in rows:
+        r["best"] = False
+    fit = [r for r in rows if r["quality"][0] != FAILED]
+    try:
+        recs = {id(r): Record.from_dict({k: v for k, v in r["_record"].items() if k != "source"}) for r in fit}
+        choice = choose(list(recs.values()))
+    except Exception:  # noqa: BLE001 - a record the rule cannot judge: the fastest that did not fail
+        choice = None
+    for r in rows:
+        r.pop("_record", None)
+    if choice is None:
+        if fit:
+            fit[0]["best"] = True
+            rows.remove(fit[0])
+            rows.insert(0, fit[0])
+        return rows, ""
+    best = next(r for r in fit if recs[id(r)] is choice.best)
+    best["best"] = True
+    rows.remove(best)
+    failed_first = bool(rows) and rows[0]["quality"][0] == FAILED and rows[0]["tokens_per_s"] > best["tokens_per_s"]
+    tie = choice.line() if choice.is_tie else ""
+    if failed_first:
+        tie = (tie + "; " if tie else "") + "a faster configuration failed its quality verdict and is not the best"
+    return [best, *rows], tie
 
 
 def search_command(target: dict, gpus: int, global_batch: int | None) -> str:
@@ -211,12 +266,18 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
         got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
                                          gpu_memory_gib, host_memory_gib), source="computed now from the atlas's rows")
     loo = model["loo"]["model"]
+    fam = predict.arch_family(target["config"]) if target["config"] else None
     rows = []
     for r in got["rows"]:
-        level = r["level"]
-        err = predict.loo_summary(loo, level)
-        row = dict(r, status="predicted", error=err, error_all=predict.loo_summary(loo), gpu=f"{kind}",
-                   train_tokens=r["total_steps"] * r["tokens_per_step"])
+        # the error quoted is the calibrating rows' own: each of them predicted with its model held out
+        err = predict.loo_summary(loo, ids=r.get("calibrated_ids") or ())
+        gpu_of = (r.get("calibrated_gpus") or [kind])[0]
+        fams = r.get("calibrated_families") or [fam]
+        over = predict.loo_summary(loo, gpu=gpu_of, family=fams[0] if len(fams) == 1 else None)
+        if not err["tokens_per_s"]["n"]:
+            err = over
+        row = dict(r, status="predicted", error=err, error_all=over, error_scope=f"{gpu_of} "
+                   f"{' and '.join(fams)}", gpu=f"{kind}", train_tokens=r["total_steps"] * r["tokens_per_step"])
         row.update(_money(r["projected_days"], r["gpus"], kind, prices))
         rows.append(row)
     measured_kinds = {s_kind for s_kind in (predict.gpu_kind(x["provenance"].get("gpu")) for x in atlas.rows)}
@@ -335,6 +396,7 @@ def render(answer: dict, provenance: bool = True) -> str:
             reps = f" [median of {len(r['repeats'])}]" if len(r["repeats"]) > 1 else ""
             lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
             contributed = " [contributed]" if "contributed" in r["origins"] else ""
+            contributed += " [best: what export --best writes]" if r.get("best") and len(g["rows"]) > 1 else ""
             lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r['mfu'], '{:.3f}'):>5}  "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r['projected_days'], '{:.1f}'):>6}  "
                          f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']}{reps}{lab}{contributed}")
@@ -372,12 +434,12 @@ def render(answer: dict, provenance: bool = True) -> str:
                          f"{r['describe']}")
             e, ea = r["error"], r["error_all"]
             lines.append(f"     calibrated on {', '.join(r['calibrated_on'])} (level {r['level']}: "
-                         f"{', '.join(predict.LEVELS[r['level']]) or 'any row'}); leave-one-model-out error there: "
+                         f"{predict.LEVEL_WORDS[r['level']]}); leave-one-model-out error of those rows: "
                          f"tokens/s median {_pct(e['tokens_per_s']['median_abs'])}, worst "
                          f"{_pct(e['tokens_per_s']['worst'])} ({e['tokens_per_s']['n']} rows); peak memory median "
                          f"{_pct(e['peak_memory']['median_abs'])}, worst {_pct(e['peak_memory']['worst'])}")
             if i == 1:
-                lines.append(f"     over all {ea['tokens_per_s']['n']} shipped rows: tokens/s median "
+                lines.append(f"     over all {ea['tokens_per_s']['n']} {r.get('error_scope', '')} rows: tokens/s median "
                              f"{_pct(ea['tokens_per_s']['median_abs'])}, worst {_pct(ea['tokens_per_s']['worst'])}; "
                              f"peak memory median {_pct(ea['peak_memory']['median_abs'])}, worst "
                              f"{_pct(ea['peak_memory']['worst'])}")
@@ -400,7 +462,7 @@ def render_summary(answers: list[dict]) -> str:
     for a in answers:
         rows = [r for g in a["measured"] for r in g["rows"]]
         if rows:
-            r = max(rows, key=lambda r: r["tokens_per_s"])
+            r = next((r for r in rows if r.get("best")), rows[0])
             lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
             lines.append(f"{a['model']:14} {'measured':9} {_num(r['tokens_per_s']):>9} {_num(r['mfu'], '{:.3f}'):>6} "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8} {_num(r['projected_days'], '{:.1f}'):>7} "

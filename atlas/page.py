@@ -23,12 +23,20 @@ STRINGS = {"model", "arch", "gpu", "status", "describe", "origin", "date", "comm
 
 
 def _tags(config: dict, defaults: dict) -> list[str]:
-    from trainscout.spaces import fmt
-    skip = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule")
-    out = [f"{k}={fmt(v)}" for k, v in sorted(config.items()) if k not in skip and k in defaults and v != defaults[k]]
-    if (config.get("pipeline_stages") or 1) > 1:
-        out.append(f"pipeline_schedule={config.get('pipeline_schedule')}")
-    return out
+    """The knobs a configuration sets away from their defaults, as `--set` writes them; a knob that only applies
+    under another's value (Knob.requires: a pipeline's schedule) shown where it applies, its default included; the
+    micro-batch's knob never (the page has the micro-batch in its description)."""
+    from trainscout.spaces import all_knobs, fmt
+    knobs = {k.name: k for k in all_knobs() if not k.micro_batch}
+
+    def shown(name, v) -> bool:
+        k = knobs[name]
+        if not k.applies(config):
+            return False
+        under = any(config.get(r, knobs[r].default) != knobs[r].default for r in k.requires if r in knobs)
+        return v != defaults[name] or under  # set, or applying only because another knob is set
+
+    return [f"{name}={fmt(v)}" for name, v in sorted(config.items()) if name in knobs and shown(name, v)]
 
 
 def page_rows(atlas) -> list[dict]:

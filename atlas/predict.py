@@ -4,8 +4,9 @@ Peak memory: the calibrated memory model (trial/memory.py: peak = a·states + b�
 the measured peaks of the GPU kind). Speed: the step-time model (trial/steptime.py) is a roofline that ranks
 configurations and is never a speed by itself (it predicts ~1.5-2x the measured tokens/s on the H200). Here it is
 calibrated on measured rows: a prediction's step is the roofline's step times the median measured/roofline ratio
-of the rows nearest to it — the same configuration family (FAMILY, backing off level by level in LEVELS where no
-row of it is measured) and, among those, the two measured model shapes nearest in parameter count (another
+of the rows nearest to it — the same configuration family (the knobs' own declarations, backing off level by level
+in LEVELS where no row of it is measured; the architecture's family, dense or a mixture of experts, is part of
+every level but the last) and, among those, the two measured model shapes nearest in parameter count (another
 architecture counts as farther). Leave-one-out over the shipped rows shows what that is worth: each row predicted
 from the rows of the other models only (its own model held out, as for a model never measured), and from the other
 rows (its repeats held out too); `loo_table` prints both.
@@ -31,88 +32,131 @@ CANDIDATES = 4      # distinct configurations tried for a model never measured
 
 
 # --- configuration families -------------------------------------------------------------------------------
+# What a family is made of comes from the knobs' own declarations (spaces.Knob), never from a list of names here: a
+# knob added in its own file (a plugin's included) is a dimension of every family at once. Besides the knobs: the
+# GPU count, the engine that ran it (Plan.engine) and the architecture's family (dense or a mixture of experts, from
+# the model's config). The levels drop dimensions by the role a knob declares, most specific first:
+#   0  every knob but the micro-batch's (`micro_batch`: never part of a family)
+#   1  the knobs with a declared effect on speed, memory, parallelism or numbers: `start`, `savers`, `mesh_dim`,
+#      a `numerics` of their own (attention, the SDPA backend, an expert kernel, a compile scope, a pipeline's
+#      schedule: left out)
+#   2  less the memory savers that are not also a parallel degree or a numerics change (`savers`)
+#   3  the start-point knobs and the numerics ones (no engine, no parallel degree)
+#   4  the start-point knobs alone (what is compiled, the loss kernel, fp8) and the architecture's family
+#   5  the architecture's family alone (a mixture of experts is calibrated on dense rows only where no mixture
+#      of experts was measured on that GPU kind)
+#   6  any row
+DENSE, MOE = "dense", "MoE"
+FIXED = ("gpus", "engine", "arch")  # the dimensions that are not knobs
+
+
+def _roles() -> dict[str, set[str]]:
+    """Knob names by declared role (spaces.Knob): start, savers, mesh, numerics, and every family knob."""
+    from trainscout.spaces import Knob, all_knobs
+    knobs = [k for k in all_knobs() if not k.micro_batch]
+    return {"all": {k.name for k in knobs},
+            "start": {k.name for k in knobs if k.start},
+            "savers": {k.name for k in knobs if k.savers},
+            "mesh": {k.name for k in knobs if k.mesh_dim},
+            "numerics": {k.name for k in knobs if type(k).numerics is not Knob.numerics}}
+
+
+def _level_names() -> tuple[tuple[str, ...], ...]:
+    r = _roles()
+    order = [k for k in sorted(r["all"])]
+    pick = lambda names: tuple(n for n in order if n in names)  # noqa: E731
+    effect = r["start"] | r["savers"] | r["mesh"] | r["numerics"]
+    return (
+        (*FIXED, *pick(r["all"])),
+        (*FIXED, *pick(effect)),
+        (*FIXED, *pick(effect - (r["savers"] - r["mesh"] - r["numerics"]))),
+        ("gpus", "arch", *pick(r["start"] | r["numerics"])),
+        ("arch", *pick(r["start"])),
+        ("arch",),
+        (),
+    )
+
+
+def _memory_level_names() -> tuple[tuple[str, ...], ...]:
+    """What a measured peak carries to another model: the engine, its savers and parallel degrees, what is compiled
+    (the start-point knobs), then less and less."""
+    r = _roles()
+    order = sorted(r["all"])
+    pick = lambda names: tuple(n for n in order if n in names)  # noqa: E731
+    effect = r["start"] | r["savers"] | r["mesh"] | r["numerics"]
+    return (
+        (*FIXED, *pick(effect)),
+        (*FIXED, *pick(r["start"] | r["savers"] | r["mesh"])),
+        ("engine", "arch", *pick(r["savers"] | r["mesh"] | r["start"])),
+        ("engine", "arch", *pick(r["savers"] | r["mesh"])),
+        ("arch",),
+        (),
+    )
+
+
+LEVELS = _level_names()
+LEVEL_WORDS = ("the same GPU count, engine, architecture family and every knob",
+               "the same GPU count, engine, architecture family and the knobs with a declared effect (start points, "
+               "memory savers, parallel degrees, numerics)",
+               "as level 1, the memory savers aside",
+               "the same GPU count, architecture family, start-point and numerics knobs",
+               "the same architecture family and start-point knobs",
+               "the same architecture family",
+               "any row")
+MEMORY_LEVELS = _memory_level_names()
+
+
 def plan_of(rec: dict) -> Plan:
     """A stored record's plan (a row's "record"), read as today's Plan whatever form it was stored in."""
     return Plan.from_dict(rec.get("plan") or {})
 
 
-def _scope(plan: Plan) -> str | None:
-    if not plan.compile:
-        return None
-    if plan.compile_scope == "auto":
-        return "model" if plan.engine == "deepspeed" else "layers"
-    return plan.compile_scope
+def arch_family(model_config: dict | None) -> str:
+    """dense, or MoE for a mixture of experts (spaces.model_config: the experts a token runs, or the routed experts
+    under any spelling transformers' families use)."""
+    from trainscout.spaces.model_config import EXPERTS, sizes
+    cfg = model_config or {}
+    try:
+        return MOE if sizes(cfg).experts_per_token or any(cfg.get(k) for k in EXPERTS) else DENSE
+    except Exception:  # noqa: BLE001 - a config sizes cannot read: its model_type's words decide
+        return MOE if "moe" in str((model_config or {}).get("model_type", "")).lower() else DENSE
 
 
-def _ckpt(plan: Plan) -> str:
-    every = plan.checkpoint_every
-    return "none" if not every else "full" if every == 1 else "partial"
+def _dims(config: dict, plan: Plan, world_size: int, arch: str) -> dict:
+    from trainscout.spaces import all_knobs
+    out = {"gpus": world_size, "engine": plan.engine, "arch": arch}
+    for k in all_knobs():
+        if not k.micro_batch:
+            v = config.get(k.name, k.default)
+            out[k.name] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+    return out
 
 
-FAMILY = {  # what a configuration family is made of, read from a record's config and plan
-    "gpus": lambda c, p, w: w,
-    "engine": lambda c, p, w: p.engine,
-    "zero": lambda c, p, w: p.engine_config.get("stage", 0) if p.engine == "deepspeed" else 0,
-    "offload": lambda c, p, w: (bool(c.get("offload_optimizer")), bool(c.get("offload_params"))),
-    "fsdp": lambda c, p, w: c.get("fsdp", "off"),
-    "pipeline": lambda c, p, w: (c.get("pipeline_stages", 1), c.get("pipeline_schedule") if
-                                 (c.get("pipeline_stages") or 1) > 1 else None),
-    "compile": lambda c, p, w: _scope(p),
-    "loss": lambda c, p, w: c.get("loss_kernel", "eager"),
-    "fp8": lambda c, p, w: c.get("fp8", "off"),
-    "precision": lambda c, p, w: c.get("precision"),
-    "ckpt": lambda c, p, w: _ckpt(p),
-    "attention": lambda c, p, w: (c.get("attention"), c.get("sdpa_backend", "auto")),
-    "tf32": lambda c, p, w: c.get("tf32"),
-}
-LEVELS = (  # most specific first: a prediction is calibrated at the first level with measured rows
-    tuple(FAMILY),
-    ("gpus", "engine", "zero", "offload", "fsdp", "pipeline", "compile", "loss", "fp8", "precision", "ckpt"),
-    ("gpus", "engine", "compile", "loss", "fp8", "precision", "ckpt"),
-    ("gpus", "compile", "loss", "fp8", "precision"),
-    ("compile", "fp8"),
-    (),
-)
-
-
-def family(config: dict, plan: Plan, world_size: int, level: int = 0) -> tuple:
+def family(config: dict, plan: Plan, world_size: int, level: int = 0, arch: str = DENSE) -> tuple:
     """A configuration's family at a level of LEVELS (micro-batch and accumulation are never part of it)."""
-    return tuple((name, FAMILY[name](config, plan, world_size)) for name in LEVELS[level])
+    dims = _dims(config, plan, world_size, arch)
+    return tuple((name, dims.get(name)) for name in _level_names()[level])  # the knobs registered now
+
+
+def families(config: dict, plan: Plan, world_size: int, arch: str) -> tuple:
+    """family() at every level."""
+    dims = _dims(config, plan, world_size, arch)
+    return tuple(tuple((name, dims.get(name)) for name in names) for names in _level_names())
 
 
 def describe(config: dict, plan: Plan) -> str:
-    """A configuration in a few words: what differs from the defaults, and the micro-batch it ran."""
-    parts = []
-    scope = _scope(plan)
-    if scope:
-        parts.append(f"compile {scope}")
-    if config.get("loss_kernel", "eager") != "eager":
-        parts.append(f"loss {config['loss_kernel']}")
-    if config.get("fp8", "off") != "off":
-        parts.append(f"fp8 {config['fp8']}")
-    if config.get("zero_stage"):
-        parts.append(f"ZeRO-{config['zero_stage']}")
-    if config.get("fsdp", "off") != "off":
-        parts.append(f"FSDP2 {config['fsdp']}")
-    if config.get("offload_optimizer"):
-        parts.append("offload optimizer")
-    if config.get("offload_params"):
-        parts.append("offload params")
-    if (config.get("pipeline_stages") or 1) > 1:
-        parts.append(f"pipeline {config['pipeline_stages']} {config.get('pipeline_schedule')}")
-    ck = _ckpt(plan)
-    if ck != "none":
-        parts.append(f"checkpointing {config.get('activation_checkpointing')}")
-    if config.get("precision") not in (None, "bf16-mixed"):
-        parts.append(str(config["precision"]))
-    if config.get("attention") not in (None, "sdpa"):
-        parts.append(f"attention {config['attention']}")
-    if config.get("sdpa_backend") not in (None, "auto"):
-        parts.append(f"sdpa {config['sdpa_backend']}")
-    if config.get("tf32") is False:
-        parts.append("tf32 off")
-    parts.append(f"mbs {plan.micro_batch_size}" + (" (probed)" if plan.micro_batch_probe else ""))
-    return ", ".join(parts)
+    """A configuration in a few words: the engine, the knobs set away from their defaults (as `--set` writes
+    them), and the micro-batch it ran."""
+    from trainscout.spaces import all_knobs, fmt
+    parts, mbs = [], None
+    for k in all_knobs():
+        v = config.get(k.name, k.default)
+        if k.micro_batch:
+            mbs = k.measured(v, plan)
+            mbs = f"mbs {fmt(mbs)}" + (" (probed)" if mbs != v else "")
+        elif k.is_set(v) and v != k.default and k.applies(config):
+            parts.append(f"{k.name}={fmt(v)}")
+    return ", ".join(p for p in (*parts, mbs) if p)
 
 
 # --- samples: a measured row as the predictions read it -----------------------------------------------------
@@ -126,6 +170,7 @@ class Sample:
     shape: str          # the model's identity: the same shape, the same model (a name or a config file)
     arch: str
     n_params: float
+    family: str         # dense | MoE (arch_family)
     gpu: str | None     # its GPU kind
     world: int
     fam: tuple          # family() at every level
@@ -174,7 +219,7 @@ def features(record) -> dict:
     states, acts = memory.terms(spec)
     return {"roofline_s": steptime.step_s(spec), "states": states, "acts": acts,
             "n_params": memory._counts(spec.model_config)["N"], "layers": sizes(spec.model_config).layers,
-            "arch": spec.model_config.get("model_type")}
+            "arch": spec.model_config.get("model_type"), "family": arch_family(spec.model_config)}
 
 
 def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
@@ -190,7 +235,9 @@ def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
         out.append(Sample(
             id=row_id(row), key=row["key"], model=rec["model"], shape=shape_of(rec.get("model_config")) or rec["model"],
             arch=f["arch"], n_params=f["n_params"], gpu=gpu_kind(row["provenance"].get("gpu")), world=world,
-            fam=tuple(family(rec["config"], plan, world, lv) for lv in range(len(LEVELS))), config=rec["config"], plan=plan,
+            family=f.get("family") or arch_family(rec.get("model_config")),
+            fam=families(rec["config"], plan, world, f.get("family") or arch_family(rec.get("model_config"))),
+            config=rec["config"], plan=plan,
             roofline_s=f["roofline_s"], step_s=m["step_s"],
             tokens_per_step=rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
             states=f["states"], acts=f["acts"], peak=max(peaks) * 2**20 if peaks else None,
@@ -218,17 +265,6 @@ def calibrate(fam: tuple, n_params: float, arch: str, pool: list[Sample]) -> tup
     return None
 
 
-MEMORY_LEVELS = (  # what a measured peak carries to another model: the engine, what is compiled, checkpointing
-    ("gpus", "engine", "zero", "offload", "fsdp", "pipeline", "compile", "loss", "fp8", "precision", "ckpt",
-     "attention"),
-    ("gpus", "engine", "zero", "offload", "fsdp", "pipeline", "compile", "loss", "ckpt"),
-    ("engine", "zero", "offload", "fsdp", "pipeline", "compile", "ckpt"),
-    ("engine", "compile", "ckpt"),
-    ("compile",),
-    (),
-)
-
-
 def _memory_family(fam: tuple, names: tuple) -> tuple:
     full = dict(fam[0])
     return tuple(full[n] for n in names)
@@ -242,7 +278,7 @@ def memory_calibration(fam: tuple, n_params: float, arch: str, pool: list[Sample
     are the ones the analytic terms model least (the whole model compiled, checkpointing with a compiled loss).
     (calibration, level); None where the pool has no peak."""
     from trainscout.trial.metrics import median
-    for level, names in enumerate(MEMORY_LEVELS):
+    for level, names in enumerate(_memory_level_names()):
         same = [s for s in pool if s.peak and _memory_family(s.fam, names) == _memory_family(fam, names)]
         if not same:
             continue
@@ -280,7 +316,8 @@ def leave_one_out(pool: list[Sample], hold: str) -> list[dict]:
             cal = memory_calibration(s.fam, s.n_params, s.arch, rest)
             mem = memory.predict_terms(s.states, s.acts, cal[0]) if cal else None
             fitted = memory.predict_terms(s.states, s.acts, memory_fit(rest))
-        out.append({"id": s.id, "model": s.model, "level": level, "tps_err": tps / s.tokens_per_s - 1,
+        out.append({"id": s.id, "model": s.model, "gpu": s.gpu, "family": s.family, "level": level,
+                    "calibrated_families": sorted({x.family for x in used}), "tps_err": tps / s.tokens_per_s - 1,
                     "mem_err": None if mem is None else mem / s.peak - 1,
                     "mem_fit_err": None if fitted is None else fitted / s.peak - 1})
     return out
@@ -294,9 +331,13 @@ def summary(errors: list[float]) -> dict:
     return {"n": len(errors), "median_abs": median([abs(e) for e in errors]), "worst": max(errors, key=abs)}
 
 
-def loo_summary(results: list[dict], level: int | None = None) -> dict:
-    """The tokens/s and memory error summaries of leave_one_out's results (at one calibration level, or all)."""
-    sel = [r for r in results if level is None or r["level"] == level]
+def loo_summary(results: list[dict], level: int | None = None, gpu: str | None = None, family: str | None = None,
+                ids=None) -> dict:
+    """The tokens/s and memory error summaries of leave_one_out's results (at one calibration level, or all; of
+    one GPU kind, one architecture family, the rows of ids)."""
+    ids = set(ids) if ids is not None else None
+    sel = [r for r in results if (level is None or r["level"] == level) and (gpu is None or r.get("gpu") == gpu)
+           and (family is None or r.get("family") == family) and (ids is None or r["id"] in ids)]
     return {"tokens_per_s": summary([r["tps_err"] for r in sel]),
             "peak_memory": summary([r["mem_err"] for r in sel if r["mem_err"] is not None]),
             "peak_memory_one_fit": summary([r["mem_fit_err"] for r in sel if r.get("mem_fit_err") is not None])}
@@ -326,7 +367,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     from trainscout.spaces import ConfigError, all_knobs
     from trainscout.trial import memory
     from trainscout.trial.memory import FIT_SHARE
-    from trainscout.trial.models import resolve_model, sizes
+    from trainscout.trial.models import resolve_model
     spec_model = resolve_model(model)
     notes: list[str] = []
     kind = gpu_kind(gpu) or gpu
@@ -345,7 +386,8 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     installed = frozenset(p for k in all_knobs() for p in k.packages)  # the GPU box is assumed to have them
     n = memory._counts(spec_model.config)["N"]
     arch = spec_model.config.get("model_type")
-    if sizes(spec_model.config).experts and not any(s.arch == arch for s in on_kind):
+    kind_of_arch = arch_family(spec_model.config)
+    if kind_of_arch == MOE and not any(s.family == MOE for s in on_kind):
         notes.append(f"a mixture of experts ({arch}), calibrated on dense models only: the roofline counts its active "
                      "parameters but not its routing nor its grouped expert GEMMs (a 2.6B qwen3_moe measured 0.47x "
                      "its prediction on the H200, docs/BENCHMARKS.md): measure it")
@@ -356,7 +398,8 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         host_gib = host_memory_gib or HOST_GIB_PER_GPU * want
         hw = {"device": "cuda", "gpu": hw_name, "gpu_memory_gib": capacity_gib, "gpu_count": want,
               "capability": capability, "host_memory_gib": host_gib}
-        rows = _candidates(spec_model, want, n, arch, on_kind, global_batch, hw, installed, cap, notes)
+        rows = _candidates(spec_model, want, n, arch, kind_of_arch, on_kind, global_batch, hw, installed, cap,
+                           notes)
         if rows:
             break
         notes.append(f"nothing is predicted to fit {want} x {kind} ({FIT_SHARE:.0%} of {capacity_gib:.1f} GiB, the "
@@ -375,9 +418,13 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         tps = r["tokens_per_step"] / step
         fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (trial/mfu.py)
         r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),
+                 calibrated_ids=sorted(s.id for s in used), calibrated_gpus=sorted({str(s.gpu) for s in used}),
+                 calibrated_families=sorted({s.family for s in used}),
                  projected_days=r["total_steps"] * step / 86400, mfu=metrics.mfu(tps, fpt, peak_tflops, r["gpus"]),
                  mfu_convention=f"{flops.CONVENTION} (predicted)")
-    rows.sort(key=lambda r: -r["tokens_per_s"])
+    # a configuration one GPU cannot profit from (a sharding engine over one data rank: memory.shards_nothing) is
+    # never ranked first on a prediction: only a measurement that it is faster could put it there
+    rows.sort(key=lambda r: (r["shards_nothing"], -r["tokens_per_s"]))
     near = min((_distance(n, arch, s) for s in on_kind), default=None)
     if near is not None and near > REACH:
         nearest = min(on_kind, key=lambda s: _distance(n, arch, s))
@@ -388,14 +435,16 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
             "notes": notes, "n_params": n, "capacity_gib": capacity_gib, "host_memory_gib": host_gib}
 
 
-def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], global_batch: int | None, hw: dict,
-                installed: frozenset, cap: float, notes: list[str]) -> list[dict]:
+def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: list[Sample], global_batch: int | None,
+                hw: dict, installed: frozenset, cap: float, notes: list[str]) -> list[dict]:
     """predict_model's candidates on `gpus` GPUs, each at its largest fitting micro-batch (unsorted, uncalibrated):
     the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
     the nearest models' rows; one that does not fit as it is gets the memory saver predicted fastest of those that
     fit (search.start.fits' rule)."""
     from trainscout.spaces import fmt, memory_savers
     from trainscout.trial import engines, memory, steptime
+    from trainscout.spaces import all_knobs
+    micro = {k.name for k in all_knobs() if k.micro_batch}
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
@@ -410,14 +459,13 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
     host = hw["host_memory_gib"] * GiB
     out = []
     for s in picked:
-        base = {k: v for k, v in s.config.items() if k != "micro_batch_size"}
+        base = {k: v for k, v in s.config.items() if k not in micro}
         fitting, why = [], None
         for rank, extra in enumerate(({}, *memory_savers())):
             settings = {**base, **extra}
-            if settings.get("zero_stage") and settings.get("compile_scope") == "layers":
-                settings["compile_scope"] = "auto"  # DeepSpeed compiles the whole model (compile_scope's rule)
             spec, mem, why_not, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
-                                                       lambda fam: memory_calibration(fam, n, arch, pool), cap, host)
+                                                       lambda fam: memory_calibration(fam, n, arch, pool), cap, host,
+                                                       kind_of_arch, keep=set(extra))
             if spec is None:
                 if refused and not extra:
                     why = why_not
@@ -444,36 +492,51 @@ def _candidates(model, gpus: int, n: float, arch: str, pool: list[Sample], globa
                     "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
                     "total_steps": spec.recipe["total_steps"], "from": s.model,
                     "savers_fitting": len(fitting) - (0 if extra else 1),
-                    "_fam": tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))),
+                    "shards_nothing": bool(memory.shards_nothing(spec)),
+                    "_fam": families(spec.config, spec.plan, gpus, kind_of_arch),
                     "_roofline_s": step})
     return out
 
 
 def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw: dict, installed: frozenset,
-                 calibration, cap: float, host: float):
+                 calibration, cap: float, host: float, kind_of_arch: str = DENSE, keep: set | None = None):
     """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes by the
     calibrated memory model and by the uncalibrated one (trainscout estimate's, a fresh search's), on a host of
     `host` bytes by trial.memory.host_refusal, the search's rule; or (None, None, why not, refused): refused=True
     where a knob rule refuses the configuration on this model and GPU, False where it does not fit.
-    calibration(fam): the memory calibration of a family."""
+    calibration(fam): the memory calibration of a family. A knob the saver (keep) does not set that the saver's
+    settings refuse (the whole model compiled under DeepSpeed, not its layers) goes back to its default, once."""
     from trainscout.spaces import ConfigError, Context
     from trainscout.trial import memory, prepare
     batch = global_batch or model.recipe.global_batch
     dp = Context(world_size=gpus).data_parallel_ranks(settings)  # the world over pipeline, tensor, context degrees
     per_rank = batch // dp if batch % dp == 0 else batch
-    smallest = None
+    from trainscout.spaces import all_knobs
+    knobs = {k.name: k for k in all_knobs()}
+    mb = next(k.name for k in knobs.values() if k.micro_batch)
+    smallest, reset = None, set()
     for mbs in [d for d in range(min(per_rank, 256), 0, -1) if per_rank % d == 0]:
-        try:
-            spec = prepare(model, {**settings, "micro_batch_size": mbs}, workers=gpus, hw=hw, global_batch=batch,
-                           installed=installed)
-        except ConfigError as e:
-            if e.field == "micro_batch_size":
-                continue
-            return None, None, str(e), True
+        while True:
+            try:
+                spec = prepare(model, {**settings, mb: mbs}, workers=gpus, hw=hw, global_batch=batch,
+                               installed=installed)
+                break
+            except ConfigError as e:
+                if e.field == mb:
+                    spec = None
+                    break
+                if e.field in knobs and e.field in settings and e.field not in (keep or set()) | reset and \
+                        settings[e.field] != knobs[e.field].default:
+                    reset.add(e.field)
+                    settings = {**settings, e.field: knobs[e.field].default}
+                    continue
+                return None, None, str(e), True
+        if spec is None:
+            continue
         over_host = memory.host_refusal(spec, host, memory.MARGIN)  # the same at every micro-batch
         if over_host:
             return None, None, over_host, False
-        got = calibration(tuple(family(spec.config, spec.plan, gpus, lv) for lv in range(len(LEVELS))))
+        got = calibration(families(spec.config, spec.plan, gpus, kind_of_arch))
         mem = memory.predict_terms(*memory.terms(spec), got[0] if got else None)
         if mem <= cap and memory.predict(spec) <= cap:
             return spec, mem, None, False
@@ -484,24 +547,27 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
 
 
 # --- what bench/build_atlas.py ships ----------------------------------------------------------------------------
-def build_model(rows: list[dict], log=print) -> dict:
+def build_model(rows: list[dict], log=print, feats: dict | None = None, predict: bool = True) -> dict:
     """atlas/model.json from the shipped rows: each ok row's features, the memory calibration per GPU kind, the
     leave-one-out results and summaries, and the predictions for every named model no row measured (one GPU of
-    each measured kind, the model's recipe)."""
+    each measured kind, the model's recipe). feats: the features already computed (bench/build_atlas.py --check
+    --fast: the shipped ones), predict=False: no predictions (an empty dict)."""
     import time
     from trainscout.trial.models import PYTHIA
     from trainscout.trial.records import Record
-    feats, t0 = {}, time.time()
-    for row in rows:
-        if row["record"].get("status") == "ok":
-            feats[row_id(row)] = features(Record.from_dict(row["record"]))
-    log(f"  features of {len(feats)} ok rows: {time.time() - t0:.0f} s")
+    t0 = time.time()
+    if feats is None:
+        feats = {}
+        for row in rows:
+            if row["record"].get("status") == "ok":
+                feats[row_id(row)] = features(Record.from_dict(row["record"]))
+        log(f"  features of {len(feats)} ok rows: {time.time() - t0:.0f} s")
     pool = samples(rows, feats)
     loo = {hold: leave_one_out(pool, hold) for hold in ("model", "row")}
     kinds = sorted({s.gpu for s in pool if s.gpu})
     measured = {s.model for s in pool} | {s.shape for s in pool}
     predictions = {}
-    for kind in kinds:
+    for kind in kinds if predict else ():
         for name in PYTHIA:
             if name in measured:
                 continue
@@ -512,11 +578,30 @@ def build_model(rows: list[dict], log=print) -> dict:
             "loo": loo, "loo_summary": {hold: {"all": loo_summary(res),
                                                **{str(lv): loo_summary(res, lv) for lv in range(len(LEVELS))}}
                                         for hold, res in loo.items()},
+            "loo_by": {hold: {f"{g}|{fm}": loo_summary(res, gpu=g, family=fm)
+                              for g in sorted({str(r["gpu"]) for r in res}) for fm in (DENSE, MOE)
+                              if any(str(r["gpu"]) == g and r["family"] == fm for r in res)}
+                       for hold, res in loo.items()},
             "predictions": predictions}
 
 
 def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:+.1f} %" if v < 0 or v > 0 else "0.0 %"
+
+
+def loo_table_by(model: dict) -> str:
+    """The leave-one-out error per GPU kind and architecture family (docs/BENCHMARKS.md, markdown)."""
+    lines = ["| held out | GPU | family | rows | tokens/s: median \\|error\\| | worst | peak memory: median \\|error\\| "
+             "| worst |", "|---|---|---|---|---|---|---|---|"]
+    names = {"model": "the row's model", "row": "the row and its repeats"}
+    for hold, by in model.get("loo_by", {}).items():
+        for what, s in by.items():
+            gpu, fam = what.split("|")
+            t, m = s["tokens_per_s"], s["peak_memory"]
+            lines.append(f"| {names[hold]} | {gpu} | {fam} | {t['n']} | {100 * t['median_abs']:.1f} % | "
+                         f"{_pct(t['worst'])} | " + (f"{100 * m['median_abs']:.1f} % | {_pct(m['worst'])} |"
+                                                      if m["n"] else "- | - |"))
+    return "\n".join(lines)
 
 
 def loo_table(model: dict) -> str:
@@ -530,7 +615,7 @@ def loo_table(model: dict) -> str:
             if not s["tokens_per_s"]["n"]:
                 continue
             t, m = s["tokens_per_s"], s["peak_memory"]
-            what = "any level" if lv == "all" else f"level {lv}: " + (", ".join(LEVELS[int(lv)]) or "any row")
+            what = "any level" if lv == "all" else f"level {lv}: {LEVEL_WORDS[int(lv)]}"
             lines.append(f"| {names[hold]} | {what} | {t['n']} | {100 * t['median_abs']:.1f} % | {_pct(t['worst'])} | "
                          + (f"{100 * m['median_abs']:.1f} % | {_pct(m['worst'])} |" if m["n"] else "- | - |")
                          + (f" {100 * f['median_abs']:.1f} %, {_pct(f['worst'])} |" if (f := s["peak_memory_one_fit"])["n"]

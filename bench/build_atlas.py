@@ -1,8 +1,9 @@
-"""Build the shipped atlas from the project's own H200 records in bench/data (deterministic: the same bench/data and
-the same code give byte-identical files).
+"""Build the shipped atlas from every GPU measurement of the project's in bench/data (H200 and H100, dense models and
+mixtures of experts; deterministic: the same bench/data and the same code give byte-identical files).
 
     python bench/build_atlas.py            # writes atlas/records.jsonl.gz and atlas/model.json, prints what it did
-    python bench/build_atlas.py --check    # rebuild in memory and fail if the shipped files differ
+    python bench/build_atlas.py --check    # rebuild in memory and fail if the shipped files differ (~30-70 s)
+    python bench/build_atlas.py --check --fast  # the records exactly, model.json by a fast path (tests/ runs it)
     python bench/build_atlas.py --table    # the leave-one-out table of the shipped files (docs/BENCHMARKS.md)
 
 What is read: every results store (trainscout_measurements of each *.db under bench/data, opened read-only), and
@@ -119,7 +120,7 @@ def labels_of(rec) -> list[dict]:
     """What docs/BENCHMARKS.md says biases a record (kept, labelled)."""
     out = []
     probe = rec.probe or []
-    if (rec.plan or {}).get("micro_batch_probe") and rec.config.get("compile") and \
+    if rec.plan is not None and rec.plan.micro_batch_probe and rec.config.get("compile") and \
             any(s == "oom" for _, s in probe) and (rec.started_at or "") < PROBE_FIX:
         out.append({"name": "probe-dynamic-shapes",
                     "why": "micro_batch_size=max stepped down after an out-of-memory candidate before 2026-12-02: "
@@ -209,21 +210,73 @@ def gz_bytes(text: str) -> bytes:
     return buf.getvalue()
 
 
+SAMPLE_EVERY = 10  # --check --fast recomputes the features of every 10th ok row (the model built on the meta device)
+
+
+def _same(a, b, rel: float = 1e-9) -> bool:
+    """JSON values equal, floats to rel (a float printed and read back is the same float; this is for safety)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= rel * max(abs(a), abs(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
+    return a == b
+
+
+def check_fast(rows: list[dict], records: bytes, out: str, log) -> int:
+    """--check --fast (what the test suite runs, ~10 s): the records file exactly; of model.json, that its
+    features cover exactly the ok rows, every SAMPLE_EVERY-th row's features recomputed equal to the shipped ones,
+    and the leave-one-out (results, summaries, per GPU kind and family) recomputed from the shipped features equal
+    to the shipped ones. Not checked here: the other rows' features and the predictions (the full --check does)."""
+    from trainscout.atlas import predict
+    from trainscout.trial.records import Record
+    problems = []
+    path = os.path.join(out, "records.jsonl.gz")
+    if not os.path.exists(path) or open(path, "rb").read() != records:
+        problems.append(f"{path} is not a rebuild of bench/data")
+    with open(os.path.join(out, "model.json"), encoding="utf-8") as f:
+        shipped = json.load(f)
+    feats = shipped.get("features", {})
+    ok = [r for r in rows if r["record"].get("status") == "ok"]
+    if set(feats) != {predict.row_id(r) for r in ok}:
+        problems.append("model.json's features are not those of the shipped ok rows")
+    for row in ok[::SAMPLE_EVERY]:
+        fresh = json.loads(json.dumps(predict.features(Record.from_dict(row["record"]))))
+        if not _same(fresh, feats.get(predict.row_id(row))):
+            problems.append(f"model.json's features of {predict.row_id(row)} ({row['record']['model']}) differ from "
+                            f"a recount: {fresh} against {feats.get(predict.row_id(row))}")
+            break
+    model = json.loads(json.dumps(predict.build_model(rows, log=log, feats=feats, predict=False)))
+    for part in ("loo", "loo_summary", "loo_by"):
+        if not _same(model[part], shipped.get(part)):
+            problems.append(f"model.json's {part} is not what the shipped features give")
+    print("; ".join(problems) if problems else "the shipped atlas is up to date (records exactly; model.json's "
+          f"features sampled 1 in {SAMPLE_EVERY} and its leave-one-out recomputed)")
+    return 1 if problems else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="rebuild and compare with the shipped files; exit 1 if they differ")
     p.add_argument("--out", default=OUT, help="folder to write records.jsonl.gz and model.json into")
     p.add_argument("--table", action="store_true", help="print the shipped model.json's leave-one-out table only")
+    p.add_argument("--fast", action="store_true",
+                   help="with --check: the records exactly; model.json by a fast path (check_fast)")
     a = p.parse_args(argv)
     if a.table:
         from trainscout.atlas import db, predict
         print(predict.loo_table(db.shipped_model()))
+        print()
+        print(predict.loo_table_by(db.shipped_model()))
         return 0
     from trainscout.atlas import predict
     t0 = time.time()
     log = (lambda s: print(s, file=sys.stderr))
     rows = build_rows(log)
     records = gz_bytes("".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in rows))
+    if a.check and a.fast:
+        return check_fast(rows, records, a.out, log)
     model = predict.build_model(rows, log=log)
     model_text = json.dumps(model, sort_keys=True, indent=1, allow_nan=False) + "\n"
     paths = {os.path.join(a.out, "records.jsonl.gz"): records, os.path.join(a.out, "model.json"): model_text.encode()}
@@ -240,6 +293,8 @@ def main(argv=None) -> int:
           f"{sum(1 for r in rows if r['labels'])} labelled; {len(records):,} bytes; model.json {len(model_text):,} "
           f"bytes; {time.time() - t0:.0f} s")
     print(predict.loo_table(model))
+    print()
+    print(predict.loo_table_by(model))
     return 0
 
 

@@ -87,8 +87,8 @@ def test_lookup_prints_the_measured_best_with_days_cost_and_provenance(capsys):
     mine = [r for r in db.shipped_rows() if r["record"]["model"] == "pythia-1b" and r["record"]["world_size"] == 1
             and r["record"]["status"] == "ok" and r["record"]["recipe"]["global_batch"] == 1024]
     measured = {r["record"]["metrics"]["tokens_per_s"] for r in mine}
-    best = g["rows"][0]
-    assert best["tokens_per_s"] == max(r["tokens_per_s"] for r in g["rows"])
+    best = g["rows"][0]  # what export --best would write: the fastest, or the simplest within its noise (ties)
+    assert best["best"] and best["tokens_per_s"] >= max(r["tokens_per_s"] for r in g["rows"]) * 0.97
     assert set(best["repeats"]) <= measured and best["tokens_per_s"] >= max(measured) * 0.9
     assert best["projected_days"] == pytest.approx(143_000 * 1024 * 2048 / best["tokens_per_s"] / 86400)
     assert best["rent_usd"] == pytest.approx(best["projected_days"] * 24 * 3.5)  # analysis/prices.json: H200
@@ -98,7 +98,7 @@ def test_lookup_prints_the_measured_best_with_days_cost_and_provenance(capsys):
     assert "MEASURED" in out and "provenance: " in out and "driver unknown" in out and "PREDICTED" not in out
     assert "budget: no configuration finishes within 30 days" in out  # one H200's fastest needs ~33 days
     assert main(["lookup", "--model", "pythia-1b", "--gpu", "H200", "--budget", "30d"]) == 0
-    assert "budget: within 30 days: ZeRO-1, mbs 8 on 2 x H200 (measured)" in capsys.readouterr().out
+    assert "budget: within 30 days: zero_stage=1, mbs 8 on 2 x H200 (measured)" in capsys.readouterr().out
 
 
 def test_lookup_answers_the_seed_question_in_under_a_second(capsys):
@@ -131,7 +131,7 @@ def test_lookup_of_a_config_never_measured_prints_a_labelled_prediction(tmp_path
     assert main(["lookup", "--model", str(path), "--gpu", "H200"]) == 0
     out = capsys.readouterr().out
     assert "small-llama on 1 x H200: NOT MEASURED - PREDICTED" in out and "MEASURED (" not in out
-    assert "leave-one-model-out error there: tokens/s median" in out and "peak memory median" in out
+    assert "leave-one-model-out error of those rows: tokens/s median" in out and "peak memory median" in out
     assert f"measure it: trainscout search --model {path} --time-budget 30m" in out
     assert "extrapolated" in out  # far smaller than any measured model: said so
     assert main(["lookup", "--model", str(path), "--gpu", "H200", "--json"]) == 0
@@ -139,11 +139,13 @@ def test_lookup_of_a_config_never_measured_prints_a_labelled_prediction(tmp_path
     loo = db.shipped_model()["loo"]["model"]
     for r in p["rows"]:
         assert r["status"] == "predicted" and 0 < r["peak_memory_gib"] <= 0.85 * 139.8 and r["tokens_per_s"] > 0
-        assert r["error"] == predict.loo_summary(loo, r["level"])  # the error bar is the leave-one-out's
+        # the error bar is the leave-one-out's of the rows that calibrated it
+        assert r["error"] == predict.loo_summary(loo, ids=r["calibrated_ids"])
 
 
 def test_lookup_of_a_mixture_of_experts_says_it_was_calibrated_on_dense_models(tmp_path, capsys):
-    """No shipped row is a mixture of experts: its prediction (2.1x what the H200 measured for qwen3-moe-2b) says so."""
+    """Calibrated on the H200's mixtures of experts where they are measured; on dense rows alone (a pool without
+    them), the prediction says so."""
     cfg = {"model_type": "qwen3_moe", "hidden_size": 512, "intermediate_size": 1536, "moe_intermediate_size": 256,
            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
            "num_experts": 16, "num_experts_per_tok": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
@@ -151,8 +153,11 @@ def test_lookup_of_a_mixture_of_experts_says_it_was_calibrated_on_dense_models(t
     path.write_text(json.dumps(cfg))
     assert main(["lookup", "--model", str(path), "--gpu", "H200"]) == 0
     out = capsys.readouterr().out
-    assert "NOT MEASURED - PREDICTED" in out
-    assert "note: a mixture of experts (qwen3_moe), calibrated on dense models only" in out and "measure it" in out
+    assert "NOT MEASURED - PREDICTED" in out and "H200 MoE rows" in out and "calibrated on dense models only" not in out
+    model = db.shipped_model()
+    dense = [s for s in predict.samples(list(db.shipped_rows()), model["features"]) if s.family == predict.DENSE]
+    got = predict.predict_model(str(path), "NVIDIA H200", 1, dense)
+    assert any(n.startswith("a mixture of experts (qwen3_moe), calibrated on dense models only") for n in got["notes"])
 
 
 def test_leave_one_out_holds_out_the_model_and_is_what_the_docs_print():

@@ -13,7 +13,7 @@ import pytest
 from trainscout.spaces import REGISTRY, ConfigError, Knob, all_knobs, register
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCANNED = ("search", "analysis", "cli")
+SCANNED = ("search", "analysis", "cli", "atlas")  # atlas/: issue 47 (82 knob names there before, 0 after)
 # (file, knob name) -> how often it may appear there, and why. Only names that are not the knob there.
 ALLOWED = {
     # transformers' TrainingArguments fields spelled as the knobs are: HF_ORDER, the order training_args.json lists
@@ -78,8 +78,8 @@ def f(cfg, plan, micro_batch_size=1):  # fp8 in a comment
                                           (8, "compile"), (9, "fp8"), (10, "fp8"), (11, "fp8")]
 
 
-def test_search_analysis_and_cli_name_no_knob():
-    """Every registered knob's name as code in search/, analysis/ and cli/: only the allowlist's, as often as it
+def test_search_analysis_cli_and_atlas_name_no_knob():
+    """Every registered knob's name as code in search/, analysis/, cli/ and atlas/: only the allowlist's, as often as it
     says. A knob's role belongs in its own file (spaces.Knob's docstring lists them)."""
     names = {k.name for k in all_knobs()}
     found: dict[tuple[str, str], list[int]] = {}
@@ -186,6 +186,19 @@ def test_a_plugin_knobs_column_and_export_role_are_honoured(widget, h200_grid, t
     export(on, str(folder), ("hf", "command"), measurements=[on, off])
     assert json.loads((folder / "training_args.json").read_text())["dataloader_num_workers"] == 2
     assert json.loads((folder / "trainscout.json").read_text())["hook"] == [f"{WIDGET}=on"]
+
+
+def test_a_plugin_knob_is_a_dimension_of_the_atlas_families(widget):
+    """atlas/ groups by the knobs' declarations: the widget (a saver) is a dimension of a family at the levels that
+    keep memory savers, without atlas/ edited; rows that differ only in it are different families."""
+    from trainscout.atlas import predict
+    from trainscout.spaces.plan import Plan
+    plan = Plan.from_dict({})
+    on = predict.families({WIDGET: "on"}, plan, 1, predict.DENSE)
+    off = predict.families({}, plan, 1, predict.DENSE)
+    assert (WIDGET, "on") in on[0] and (WIDGET, "on") in on[1] and (WIDGET, "off") in off[0]
+    assert on[0] != off[0] and on[-1] == off[-1] == ()
+    assert predict.families({}, plan, 1, predict.MOE)[0] != off[0]  # a mixture of experts is its own family
 
 
 def test_the_widget_is_gone_after_its_test():
