@@ -278,3 +278,37 @@ def test_export_over_an_earlier_export_is_refused(h200_grid, tmp_path, capsys):
     assert main(["export", str(h200_grid), "--best", "--format", "command", "--out", str(out)]) == 2
     assert "holds an export already" in one_error(capsys)
     assert (out / "trainscout.json").read_bytes() == before
+
+
+# --- 5. a stale JIT-build lock (a rank killed while building DeepSpeed's op) is named in the trial's error -------------
+def test_stale_build_locks_are_old_and_held_by_no_process(tmp_path):
+    from trainscout.trial.runner import stale_build_locks
+    old, young, held = (tmp_path / n / "lock" for n in ("cpu_adam", "fused_adam", "deepspeed_shm_comm"))
+    for p in (old, young, held):
+        p.parent.mkdir()
+        p.touch()
+    past = time.time() - 1200
+    for p in (old, held):
+        os.utime(p, (past, past))
+    fd = os.open(held, os.O_RDONLY)  # a live builder keeps its lock open (torch's FileBaton)
+    try:
+        found = stale_build_locks(str(tmp_path))
+    finally:
+        os.close(fd)
+    assert [p for p, _ in found] == [os.path.realpath(old)] and found[0][1] >= 1199
+
+
+def test_a_zero_trial_waiting_on_a_stale_build_lock_names_it(tmp_path):
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"  # what DeepSpeed builds first on the CPU
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    past = time.time() - 1200
+    os.utime(lock, (past, past))
+    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu",
+                        "--workers", "2", "--set", "zero_stage=2", "--set", "compile=false", "--steps", "1",
+                        "--warmup", "0", "--timeout", "30", "--json"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=240, env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"),
+                                             RAY_AUTH_MODE="disabled"))
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rec["status"] == "timeout" and "stale build lock" in rec["error"], rec["error"]
+    assert str(lock) in rec["error"]

@@ -192,6 +192,45 @@ def _worker_env(spec: TrialSpec) -> dict:
     return env
 
 
+STALE_LOCK_S = 300.0  # a JIT build's lock older than this that no process holds open was left by a killed builder
+
+
+def stale_build_locks(root: str | None = None, older_s: float = STALE_LOCK_S) -> list[tuple[str, float]]:
+    """(path, age s) of torch's JIT-build locks (TORCH_EXTENSIONS_DIR/<op>/lock, DeepSpeed's ops) on this host that
+    are older than older_s and that no live process holds open: torch's FileBaton creates the lock, keeps it open
+    while it builds and removes it after; a rank killed meanwhile (a timeout, an OOM) leaves it, and every later
+    build of that op waits on it forever (the ZeRO trials after one waited to their time limit). root: the ranks'
+    TORCH_EXTENSIONS_DIR, else torch's default folder (~/.cache/torch_extensions/py*_*)."""
+    import glob
+    if root:
+        locks = glob.glob(os.path.join(root, "*", "lock"))
+    else:
+        base = os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+        locks = glob.glob(os.path.join(base, "*", "lock")) + glob.glob(os.path.join(base, "*", "*", "lock"))
+    now = time.time()
+    old = []
+    for path in locks:
+        try:
+            age = now - os.stat(path).st_mtime
+        except OSError:
+            continue
+        if age >= older_s:
+            old.append((os.path.realpath(path), age))
+    if not old:
+        return []
+    held = set()
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):  # who holds them open (this host's processes that we may see)
+        try:
+            for fd in os.listdir(fd_dir):
+                try:
+                    held.add(os.readlink(os.path.join(fd_dir, fd)))
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return [(p, age) for p, age in old if p not in held]
+
+
 def _log_tail(log_dir: str, n: int = 20) -> str:
     tails = []
     for f in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
@@ -301,8 +340,12 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     elif "unscheduled" in raw:
         record = record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
     elif "timeout" in raw:
+        stale = stale_build_locks(_worker_env(spec).get("TORCH_EXTENSIONS_DIR"))
+        why = ("; a rank likely waited on a stale build lock of a compiled extension (a rank killed while building "
+               "it left it): " + ", ".join(f"{p} ({age / 60:.0f} min old, no process holds it)" for p, age in stale)
+               + ": remove it and measure again") if stale else ""
         record = record.replace(status=Status.TIMEOUT, metrics=None,
-                                error=f"no result within the {timeout:g} s limit; workers killed")
+                                error=f"no result within the {timeout:g} s limit; workers killed{why}")
     else:
         tail = _log_tail(log_dir)
         status = classify(raw["error"] + "\n" + tail)
