@@ -28,6 +28,7 @@ class Layer:
     kind: str               # shipped | store | file
     rows: list[dict]
     refused: list = field(default_factory=list)
+    contributed: set = field(default_factory=set)  # a store's rows (indexes) that came by import or contribution
 
 
 @dataclass
@@ -71,7 +72,7 @@ def _store_layer(source: str) -> Layer:
         url = default_url(source)
     else:
         url = "sqlite:///" + os.path.abspath(source)
-    rows = []
+    rows, contributed = [], set()
     for rec in Store(url).measurements():
         if str(rec.status) not in USED or rec.fault:
             continue
@@ -81,7 +82,9 @@ def _store_layer(source: str) -> Layer:
         if carried:
             prov["origin"] = "contributed" if str(rec.source or "").startswith("contributed:") else prov.get("origin")
         rows.append(schema.make_row(d, rec.key, prov, d.get("labels") if isinstance(d.get("labels"), list) else None))
-    return Layer(source, "store", rows)
+        if str(rec.source or "").startswith(("contributed:", "imported:")):
+            contributed.add(len(rows) - 1)
+    return Layer(source, "store", rows, contributed=contributed)
 
 
 def layer_of(source: str, below: dict[str, dict]) -> Layer:
@@ -110,9 +113,15 @@ def load(sources: list[str] | None = None, shipped: bool = True) -> Atlas:
     from .predict import row_id
     layers = [Layer("shipped", "shipped", list(shipped_rows()))] if shipped else []
     merged: dict[str, dict] = {row_id(r): r for r in layers[0].rows} if layers else {}
+    from trainscout.store import contrib
     for source in sources or []:
         below = {r["key"]: r["record"] for r in merged.values()}
         layer = layer_of(source, below)
+        theirs = layer.contributed
+        if theirs:  # a store's imported rows meet the rows below them as an import would: a conflict kept apart
+            kept, conflicts = contrib.apart([r for i, r in enumerate(layer.rows) if i in theirs], below)
+            layer.rows = [r for i, r in enumerate(layer.rows) if i not in theirs] + kept
+            layer.refused.extend(conflicts)
         layers.append(layer)
         for r in layer.rows:
             merged[row_id(r)] = r

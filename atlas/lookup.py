@@ -157,7 +157,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
             rec, m = best["record"], best["record"]["metrics"]
             step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
             days = rec["recipe"]["total_steps"] * step / 86400
-            mfus = [_mfu_of(r) for r in oks]
+            mfus = [predict.row_mfu(r) for r in oks]
             mfus = [x for x in mfus if x is not None]
             row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
                    "gpus": n,
@@ -186,20 +186,6 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
         out.append({"gpu": kind_, "gpus": n, "global_batch": batch, "rows": ok[:top], "more": max(0, len(ok) - top),
                     "oom": oom})
     return {"groups": out, "notes": notes}
-
-
-def _mfu_of(row: dict) -> float | None:
-    """A row's MFU: the recomputed one it carries (derived), else recomputed here (trainscout.trial.mfu: a store
-    layer's record carries none)."""
-    got = (row.get("derived") or {}).get("mfu")
-    if got is not None:
-        return got
-    from trainscout.trial.mfu import mfu
-    from trainscout.trial.records import Record
-    try:
-        return mfu(Record.from_dict({k: v for k, v in row["record"].items() if k not in ("key", "source")}))
-    except Exception:  # noqa: BLE001 - a model this trainscout cannot count: MFU unknown
-        return None
 
 
 def _ranked(rows: list[dict]) -> tuple[list[dict], str]:

@@ -66,7 +66,7 @@ def page_rows(atlas) -> list[dict]:
             "gpu": predict.gpu_kind(prov.get("gpu")) or prov.get("gpu"), "gpus": n,
             "status": "measured" if ok else "out of memory",
             "tokens_per_s": round(m["tokens_per_s"]) if ok else None,
-            "mfu": round((r.get("derived") or {}).get("mfu") or 0, 4) or None if ok else None,
+            "mfu": round(predict.row_mfu(r) or 0, 4) or None if ok else None,
             "peak_gib": round(m["peak_memory_gib"], 1) if ok and m.get("peak_memory_gib") else None,
             "days": round(days, 2) if days else None,
             "run_tokens_b": round(recipe["total_steps"] * recipe["global_batch"] * recipe["seq_len"] / 1e9, 1),

@@ -193,6 +193,20 @@ class Sample:
         return self.tokens_per_step / self.step_s
 
 
+def row_mfu(row: dict) -> float | None:
+    """A row's MFU: the recomputed one it carries (derived), else recomputed here (trainscout.trial.mfu: a store
+    layer's record carries none)."""
+    got = (row.get("derived") or {}).get("mfu")
+    if got is not None:
+        return got
+    from trainscout.trial.mfu import mfu
+    from trainscout.trial.records import Record
+    try:
+        return mfu(Record.from_dict({k: v for k, v in row["record"].items() if k not in ("key", "source")}))
+    except Exception:  # noqa: BLE001 - a model this trainscout cannot count: MFU unknown
+        return None
+
+
 def row_id(row: dict) -> str:
     """A row's identity in model.json: its key and its trial."""
     return f"{row['key']}:{row['record'].get('trial_id')}"
@@ -241,7 +255,7 @@ def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
             roofline_s=f["roofline_s"], step_s=m["step_s"],
             tokens_per_step=rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
             states=f["states"], acts=f["acts"], peak=max(peaks) * 2**20 if peaks else None,
-            mfu=(row.get("derived") or {}).get("mfu")))
+            mfu=row_mfu(row)))
     return out
 
 

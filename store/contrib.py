@@ -392,6 +392,24 @@ def checked(rows: list[tuple[int, dict]], known: dict[str, dict] | None = None) 
     return accepted, merged, refused
 
 
+def apart(rows: list[dict], known: dict[str, dict]) -> tuple[list[dict], list]:
+    """Rows of another layer (a store's contributed or imported records) against the records below them (known:
+    by key): (the rows that agree with or are new to them, [(None, key, why)] the conflicts, kept apart). The same
+    rule as an import's: the key recomputed from the records' own fields, NOISE."""
+    below = {record_key(rec) or k: rec for k, rec in known.items()}
+    kept, out = [], []
+    for row in rows:
+        ident = record_key(row["record"]) or row["key"]
+        clash = conflict(row["record"], below[ident]) if ident in below else None
+        if clash is None:
+            kept.append(row)
+        else:
+            out.append(("-", row["key"], f"conflicting duplicate of a record below it (the same configuration: the key "
+                                          f"recomputed from its fields): {clash}; a conflict, kept apart and never "
+                                          "averaged in"))
+    return kept, out
+
+
 def stored_record(row: dict, path: str | None = None) -> dict:
     """The record a store keeps of a row: a plain export's line as it was (less its key and source), a share
     file's measurement with its provenance (the file it was imported from added: imported_from), labels and hash

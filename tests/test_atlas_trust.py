@@ -116,6 +116,13 @@ def test_an_h200_row_inflated_1_4x_is_a_conflict_never_averaged_in(tmp_path, cap
     assert main(["results", str(pool), "--import", f]) == 1
     assert "conflicting duplicate of the record already stored" in capsys.readouterr().err
     assert [m.m["tokens_per_s"] for m in Store(default_url(str(pool))).measurements()] == [tps]
+    # imported into a store of its own (nothing there to contradict it), then that store layered on the shipped set:
+    # the contributed row meets the shipped one as an import would, a conflict kept apart
+    other = tmp_path / "other"
+    assert main(["results", str(other), "--import", f]) == 0
+    atlas = db.load([str(other)])
+    assert not [r for r in atlas.rows if r["record"]["trial_id"] == "f" * 12]
+    assert any("kept apart" in why for _, _, why in atlas.layers[1].refused)
 
 
 def test_a_share_row_names_its_contributor_and_store(tmp_path, monkeypatch):
