@@ -56,6 +56,14 @@ def test_optimizer_impl_auto_is_todays_choice_and_one_configuration_with_it():
     assert optimizer_spec(Plan(), RECIPE, "cpu")["kwargs"]["foreach"] is True
 
 
+def test_fsdp_cpu_offload_runs_fused_and_says_so():
+    ctx = Context(world_size=2, device="cpu", num_layers=2, global_batch=4, installed=frozenset({"torchao"}))
+    cfg, _ = resolve({"fsdp": "full_shard_offload", "micro_batch_size": 2}, ctx)
+    assert cfg["optimizer_impl"] == "fused"  # what trial/engines/fsdp.py steps the host's shards with
+    with pytest.raises(ConfigError, match="fsdp=full_shard_offload steps the shards on the host.*set optimizer_impl=auto"):
+        resolve({"fsdp": "full_shard_offload", "optimizer_impl": "foreach", "micro_batch_size": 2}, ctx)
+
+
 def test_optimizer_impl_is_refused_beside_torchaos_optimizers_naming_the_fix():
     with pytest.raises(ConfigError, match="optimizer_impl=fused needs optimizer_state=fp32.*set optimizer_state=fp32"):
         plan_of(optimizer_impl="fused", optimizer_state="8bit")
@@ -140,6 +148,9 @@ def test_optimizer_state_refusals_name_the_fix():
         plan_of(optimizer_state="8bit", zero_stage=2, offload_optimizer=True)
     with pytest.raises(ConfigError, match="not DeepSpeed's flat ZeRO partitions: set zero_stage=0"):
         plan_of(optimizer_state="4bit", zero_stage=1)
+    with pytest.raises(ConfigError, match="cannot step bf16 DTensor shards.*set precision=bf16-mixed, fsdp=off"):
+        resolve({"optimizer_state": "8bit", "precision": "bf16", "fsdp": "full_shard", "micro_batch_size": 2},
+                Context(world_size=2, device="cpu", num_layers=2, global_batch=4, installed=frozenset({"torchao"})))
     with pytest.raises(ConfigError, match="needs torchao.*set optimizer_state=fp32"):
         resolve({"optimizer_state": "8bit"}, Context(world_size=1, device="cpu", num_layers=2, global_batch=2))
 
@@ -185,3 +196,27 @@ def test_hooks_run_in_the_declared_order_not_by_name():
     # a knob named to sort first, declared later, runs later
     names = [k.name for k in in_order([get("optimizer_state"), get("precision"), get("optimizer_impl")])]
     assert names.index("optimizer_state") == 2
+
+
+# real trials: 2 gloo ranks in the trial's worker processes, the record's dtypes as the optimizer stepped them
+TRIALS = {
+    "ddp-8bit": ({"optimizer_state": "8bit", "precision": "bf16-mixed"}, {"8bit", "float32"}, "float32"),
+    "fsdp2-4bit": ({"fsdp": "full_shard", "precision": "bf16-mixed", "optimizer_state": "4bit"}, {"4bit", "float32"},
+                   "float32"),  # torchao's states over FSDP2's DTensor shards
+    "fsdp2-bf16": ({"fsdp": "full_shard", "precision": "bf16"}, {"bfloat16"}, "bfloat16"),
+    "pipeline-fused": ({"pipeline_stages": 2, "optimizer_impl": "fused"}, {"float32"}, "float32"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRIALS))
+def test_a_real_trial_trains_what_the_optimizer_knobs_say(case):
+    from trainscout.trial import execute, prepare
+    settings, states, weights = TRIALS[case]
+    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 4, **settings}, device="cpu", workers=2, steps=2,
+                   warmup=1, global_batch=32, measure_accum=2)
+    rec = execute(spec, timeout=300)
+    assert rec.ok, rec.error
+    seen = rec.metrics["dtypes"]
+    assert seen["weights"] == seen["gradients"] == weights
+    assert set(seen["optimizer"].split("+")) == states
+    assert rec.metrics["optimizer_s"] > 0

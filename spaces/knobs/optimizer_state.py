@@ -44,6 +44,17 @@ class OptimizerState(Knob):
             raise ConfigError(self.name, f"optimizer_state={value} is built for the PyTorch engines (plain, DDP, "
                                          "FSDP2, pipeline), not DeepSpeed's flat ZeRO partitions: set zero_stage=0 "
                                          "or optimizer_state=fp32")
+        if cfg["fsdp"] == "full_shard_offload":
+            raise ConfigError(self.name, f"optimizer_state={value}: fsdp=full_shard_offload steps the host's shards "
+                                         "with torch's fused AdamW; torchao's optimizer on offloaded DTensor shards is "
+                                         "not checked here: set fsdp=full_shard or optimizer_state=fp32")
+        if value != "bf16" and cfg["precision"] == "bf16" and cfg["fsdp"] != "off":
+            # seen on 2 gloo ranks (torch 2.13, torchao 0.18): torchao's quantised states over bf16 DTensor shards
+            # fail in its compiled step ("OptimState8bit dispatch: ... unimplemented ... aten.view.dtype")
+            raise ConfigError(self.name, f"optimizer_state={value} under precision=bf16 and FSDP2: torchao 0.18's "
+                                         "quantised states cannot step bf16 DTensor shards (aten.view.dtype is not "
+                                         "implemented for them): set precision=bf16-mixed, fsdp=off or "
+                                         "optimizer_state=fp32")
         if value == "bf16" and cfg["precision"] == "bf16":
             raise ConfigError(self.name, "optimizer_state=bf16: precision=bf16 keeps AdamW's states in the weights' "
                                          "bf16 already: leave optimizer_state=fp32 (the weights' dtype)")
