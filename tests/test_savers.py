@@ -143,8 +143,9 @@ def test_refused_combinations_name_the_fix():
 
 def test_savers_are_declared_and_reach_the_search():
     savers = spaces.memory_savers()
-    assert {"activation_checkpointing": "selective"} in savers and {"activation_offload": "on"} in savers
-    assert {"fsdp": "full_shard_offload"} in savers
+    assert {"activation_checkpointing": "selective"} in savers and {"fsdp": "full_shard_offload"} in savers
+    # activation offload is not one until the step-time model charges its PCIe traffic (its file says why)
+    assert not spaces.get("activation_offload").savers
     # selective is the cheapest checkpointing saver (it recomputes no product), the offloads the dearest
     assert savers.index({"activation_checkpointing": "selective"}) < savers.index({"activation_checkpointing": 4})
     assert savers.index({"fsdp": "full_shard"}) < savers.index({"fsdp": "full_shard_offload"})

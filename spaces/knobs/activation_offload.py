@@ -13,8 +13,12 @@ class ActivationOffload(Knob):
     # saved-tensor hook outside it sees: offload there would move nothing. One or the other.
     requires = {"activation_checkpointing": ("none",)}
     stage = "checkpoint"  # hooks on the layers before per-layer compile (which graph-breaks at them) and sharding
-    # a memory saver that recomputes nothing: the layers' activations cross PCIe twice a micro-batch instead
-    savers = ((35, {"activation_offload": "on"}),)
+    # Not a memory saver yet: start points pick among the savers that fit by predicted step time, and the step-time
+    # model (trial/steptime.py) has no term for the layers' activations crossing PCIe twice a micro-batch, so it
+    # predicted this the fastest of all (Pythia-6.9B on an H200: 96 s a step against full checkpointing's 130 s, where
+    # ~10 GB each way per micro-batch at ~25 GB/s costs far more than recomputing the forward). Declare
+    # ((35, {"activation_offload": "on"}),) once steptime charges 2 x memory.host_held bytes per micro-batch.
+    savers = ()
     without_hook = "off"
 
     def apply(self, plan, value, cfg, ctx):
