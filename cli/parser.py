@@ -7,7 +7,7 @@ from .flags import (JSON_HELP, MODEL_HELP, SET_HELP, HelpFormatter, Parser, add_
                     positive_int, positive_seconds, seed_int, verbosity_flags)
 from .lookups import cmd_atlas, cmd_lookup, cmd_report
 from .measure import cmd_estimate, cmd_knobs, cmd_train, cmd_trial, cmd_verify
-from .searches import SEARCH_DEFAULTS, SEARCH_RULES, cmd_export, cmd_results, cmd_search
+from .searches import SEARCH_DEFAULTS, SEARCH_RULES, TRACKERS, cmd_export, cmd_results, cmd_search
 
 
 DESCRIPTION = """What is the fastest way to pre-train model X on the GPUs I have, and how many days and dollars will
@@ -131,8 +131,15 @@ def build_parser() -> Parser:
                    help="number of trials in all; with --resume a larger number runs more (default: until "
                         "--time-budget; give one of them)")
     s.add_argument("--time-budget", type=duration, default=None,
-                   help="stop starting trials after this, e.g. 30m, 2h, 1h30m; with --resume: for this run "
+                   help="the command's time, e.g. 30m, 2h, 1h30m, counted from its start: the search ends, summary "
+                        "printed, by then (the running trials stopped); with --resume: for this run "
                         "(default: until --trials)")
+    s.add_argument("--track", action="append", choices=TRACKERS, default=None, metavar="{" + ",".join(TRACKERS) + "}",
+                   help="log each trial as a run (its knobs as params, per-step and final metrics, the search's name "
+                        "as the experiment) through Ray Tune's own callbacks (repeatable): mlflow (MLFLOW_TRACKING_URI, "
+                        "default sqlite:///OUT/mlflow.db; pip install 'trainscout[mlflow]'), wandb (project: the search's name; "
+                        "WANDB_MODE=offline works; pip install 'trainscout[wandb]'), tensorboard (event files per trial "
+                        "under OUT/tune)")
     s.add_argument("--space", default=None,
                    help="YAML space file: knob: value (fixed) or knob: [values] (default: every knob's choices)")
     s.add_argument("--set", action="append", metavar="KNOB=VALUE", help="fix a knob (repeatable)")

@@ -39,8 +39,29 @@ SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", 
                    "max_failures": 0, "one_node": True}  # applied after parsing: a resume must know which flags were given
 
 
+TRACKERS = ("mlflow", "wandb", "tensorboard")  # search --track: Ray Tune's own logger callbacks (search/driver.py)
+TRACKER_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}  # tracker: (module, extra)
+
+
+def tracking(kinds: list[str] | None) -> list[str]:
+    """--track's trackers, each once, in the order given; one whose package is missing is refused (exit 2) before
+    anything starts, naming the extra that installs it (tensorboard: tensorboardX comes with ray[tune])."""
+    import importlib.util
+    out = list(dict.fromkeys(kinds or []))
+    for kind in out:
+        module, extra = TRACKER_PACKAGES.get(kind, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise ConfigError("--track", f"--track {kind} needs the {module} package, which is not installed: "
+                                         f"pip install 'trainscout[{extra}]' (or leave --track {kind} out)")
+    if "tensorboard" in out and importlib.util.find_spec("tensorboardX") is None:
+        raise ConfigError("--track", "--track tensorboard needs tensorboardX (Ray Tune's TensorBoard writer), which "
+                                     "is not installed: pip install tensorboardX")
+    return out
+
+
 def cmd_search(a) -> int:
     """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone)."""
+    track = tracking(a.track)
     from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
     from trainscout.store import default_url, open_store
     out = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout, the rest on stderr
@@ -98,7 +119,8 @@ def cmd_search(a) -> int:
     # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
     stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
     try:
-        summary = run_search(args, stream=stream, resume=bool(a.resume), started=getattr(a, "started", None))
+        summary = run_search(args, stream=stream, resume=bool(a.resume), started=getattr(a, "started", None),
+                             track=track)
     finally:
         if stream is not out:
             stream.close()

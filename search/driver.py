@@ -202,6 +202,38 @@ def interrupted() -> bool:
     return _INTERRUPTED.is_set()
 
 
+# --- tracking: Ray Tune's own logger callbacks -----------------------------------------------------------------------
+def trackers(kinds, name: str, out: str, stream) -> list:
+    """Ray Tune's logger callbacks for search --track (cli.searches.tracking checked their packages): each Tune trial
+    a run, its config (the knobs) as params, each report's numbers as metrics (per timed step: the best step so far,
+    tokens_per_s, and the step's own, step_tokens_per_s; at the end the record's tokens/s, MFU, peak memory, days),
+    the search's name as the experiment (MLflow) or project (W&B). Where each writes is said on stream."""
+    out_abs = os.path.abspath(out)
+    made = []
+    for kind in kinds:
+        if kind == "mlflow":
+            from ray.air.integrations.mlflow import MLflowLoggerCallback
+            # default: a SQLite file in the output folder (MLflow 3.x refuses its ./mlruns file store unless told)
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.join(out_abs, 'mlflow.db')}"
+            made.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=name, tags={"trainscout_search": name}))
+            where = f"mlflow: experiment {name} at {secrets_masked(uri)}"
+        elif kind == "wandb":
+            from ray.air.integrations.wandb import WandbLoggerCallback
+            made.append(WandbLoggerCallback(project=name))
+            where = f"wandb: project {name}" + (" (offline)" if os.environ.get("WANDB_MODE") == "offline" else "")
+        else:
+            from ray.tune.logger import TBXLoggerCallback
+            made.append(TBXLoggerCallback())
+            where = f"tensorboard: tensorboard --logdir {os.path.join(out_abs, 'tune')}"
+        print(f"  tracking: {where}", file=stream, flush=True)
+    return made
+
+
+def secrets_masked(uri: str) -> str:
+    from trainscout.store import secrets
+    return secrets.masked(uri)
+
+
 # --- the time budget -----------------------------------------------------------------------------------------------
 # The budget is the command's: it counts from the command's start (the interpreter's, for the console script) and the
 # command ends, summary printed, by then. What the end takes after the trials are stopped (Tune stopping its trial
@@ -262,14 +294,14 @@ def _host_oom(why: str) -> None:
 
 
 def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream,
-        deadline: float | None = None) -> dict:
+        deadline: float | None = None, track: list[str] | None = None) -> dict:
     """Run the search's Tune loop on its open store (run_search holds the folder and the lease); the summary. A
     store that failed or was lost while it ran ends it in one line (StoreError: what was kept where)."""
     clear_store_failure()
     _HOST_OOM.clear()
     keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
     try:
-        summary = _run(args, store, name, space, hw, stream, keeper, deadline)
+        summary = _run(args, store, name, space, hw, stream, keeper, deadline, track or [])
     except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
         why = guard.failure_of(e)
         if why is None and keeper.lost() is None:
@@ -310,7 +342,7 @@ def _n(count: int, word: str) -> str:
 
 
 def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper,
-         deadline: float | None = None) -> dict:
+         deadline: float | None = None, track: list[str] | tuple = ()) -> dict:
     """deadline: when the command must have ended (time.time(); the time budget counted from the command's start)."""
     _BUDGET_OVER.clear()
     _RUNNING.clear()
@@ -391,7 +423,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                                     trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
-                                  verbose=0, callbacks=[_progress_callback(url, name, printer)],
+                                  verbose=0, callbacks=[_progress_callback(url, name, printer),
+                                                        *trackers(track, name, args.out, stream)],
                                   stop=_interrupt_stopper(keeper.path, keeper.ident, deadline),
                                   failure_config=tune.FailureConfig(max_failures=0)))
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""

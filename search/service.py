@@ -36,11 +36,13 @@ __all__ = ["FIT_SHARE", "FREE_RUN", "LOCK_FILE", "MEMORY_MARGIN", "METRIC", "TRI
            "store_points", "summarize", "validate"]
 
 
-def run_search(args: SearchArgs, stream=None, resume: bool = False, started: float | None = None) -> dict:
+def run_search(args: SearchArgs, stream=None, resume: bool = False, started: float | None = None,
+               track: list[str] | None = None) -> dict:
     """Run (or, resume=True, continue) a search; returns a summary with the best configurations ("interrupted":
     True when Ctrl-C ended it). A new search into a store that holds a search of its name (the --out folder's) is
     refused, and so is a second search on a folder while one runs there. A time budget counts from `started` (the
-    command's start, time.time(); default: now) and the search has ended, its summary printed, by then."""
+    command's start, time.time(); default: now) and the search has ended, its summary printed, by then. track:
+    the trackers each trial is logged to as a run (mlflow, wandb, tensorboard: Ray Tune's callbacks, driver.trackers)."""
     started = time.time() if started is None else started
     deadline = started + args.time_budget_s if args.time_budget_s else None
     stream = stream or sys.stdout
@@ -79,7 +81,7 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False, started: flo
             store.add_search(name, asdict(args))
         elif asdict(args) != saved:
             store.update_search(name, asdict(args))  # more --trials: the next resume starts from them
-        return driver.run(args, store, name, space, hw, stream, deadline)
+        return driver.run(args, store, name, space, hw, stream, deadline, track=track or [])
     finally:
         if lease is not None:
             lease.release()

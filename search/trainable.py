@@ -150,7 +150,8 @@ def _run_trial(spec, base: dict, trial_id: str):
 
     def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
         seen.append(m["tokens_per_s"])
-        tune.report({METRIC: max(seen), "step_s": m["step_s"], "status": str(Status.RUNNING), "cached": False})
+        tune.report({METRIC: max(seen), "step_s": m["step_s"], "step_tokens_per_s": m["tokens_per_s"],  # the step's
+                     "status": str(Status.RUNNING), "cached": False})  # own, for search --track
     for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
         try:
             record = execute(spec, timeout=base["timeout"], storage=base["trial_dir"], address=base["address"],
