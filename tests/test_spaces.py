@@ -6,7 +6,8 @@ import pytest
 from trainscout import spaces
 from trainscout.spaces import ConfigError, Context, Plan, resolve
 
-CTX = Context(world_size=2, device="cpu", num_layers=4, global_batch=256)
+CTX = Context(world_size=2, device="cpu", num_layers=4, global_batch=256,
+              installed=frozenset({"torchao"}))  # this CPU box: torchao installed (its optimizers run here)
 KNOBS = spaces.all_knobs()
 GPU = Context(world_size=1, device="cuda", num_layers=4, global_batch=256, capability="9.0",
               installed=frozenset(p for k in KNOBS for p in k.packages))  # an H200 with every optional package
@@ -156,6 +157,9 @@ def test_random_samples_never_break_an_invariant():
         assert not (cfg["offload_params"] and cfg["zero_stage"] != 3)
         assert not (cfg["offload_optimizer"] and cfg["zero_stage"] == 0)
         assert (plan.engine == "pipeline") == (cfg["pipeline_stages"] > 1)
+        assert (plan.master_dtype == "bfloat16") == (cfg["precision"] == "bf16")
+        assert cfg["optimizer_impl"] in (("foreach", "fused") if cfg["optimizer_state"] == "fp32" and
+                                         cfg["precision"] != "bf16" else ("auto",))
         assert ctx.data_parallel_ranks(cfg) * plan.sequences_per_call * plan.grad_accum == ctx.global_batch
     assert ok > 100 and refused > 100
 
@@ -269,3 +273,24 @@ def test_resolve_gives_one_answer_under_every_order_of_the_knobs():
     for order in [*orders, scope_last]:  # zero_stage makes compile_scope=auto the whole model: flash refused
         with pytest.raises(ConfigError, match="sdpa_backend=flash takes no mask tensor"):
             resolve({"compile": True, "zero_stage": 1, "sdpa_backend": "flash"}, ctx, order)
+
+
+def test_every_knobs_optimizer_hook_keeps_the_spec_whole_and_the_order_is_declared():
+    """Knob.optimizer over every registered knob and every value that resolves: the spec keeps its keys, a class that
+    takes its keyword arguments, states named and bytes per parameter > 0; `order` is an int on every knob."""
+    import inspect
+
+    from trainscout.trial.engines.base import optimizer_spec
+    recipe = {"lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.0}
+    for knob in KNOBS:
+        assert isinstance(knob.order, int), knob.name
+        for value in knob.choices:
+            for ctx in (CTX, GPU):
+                try:
+                    _, plan = resolve({knob.name: value}, ctx)
+                except ConfigError:
+                    continue
+                spec = optimizer_spec(plan, recipe, ctx.device)
+                assert set(spec) == {"cls", "kwargs", "device", "states", "bytes"}, (knob.name, value)
+                assert set(spec["kwargs"]) <= set(inspect.signature(spec["cls"].__init__).parameters)
+                assert spec["states"] and spec["bytes"] > 0

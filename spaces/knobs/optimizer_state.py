@@ -107,8 +107,10 @@ def state_class(value: str):
     class AdamWBf16States(cls):
         """torchao's _AdamW with both states kept in bf16 (its step computes in fp32 and rounds them back)."""
 
-        def __init__(self, params, **kwargs):
-            super().__init__(params, **kwargs)
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                     bf16_stochastic_round=False):
+            super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
+                             bf16_stochastic_round=bf16_stochastic_round)
             self.block_size = 1  # _AdamW's infinite block keeps every state in the weights' dtype
 
         @staticmethod
