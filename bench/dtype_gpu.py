@@ -87,18 +87,18 @@ def main() -> None:
     if a.only in (None, "mistral"):
         model = os.path.join(HUB, "mistral-7b-v0.3.json")
         if mem > 120:  # fp32 masters + AdamW (108 GiB) + bf16 casts fit an H200
-            flags = ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=1", "--set", "compile=false"]
-        else:
-            flags = ["--set", "zero_stage=2", "--set", "offload_optimizer=true", "--set", "activation_checkpointing=full",
-                     "--set", "micro_batch_size=1", "--set", "compile=false"]
+            base = ["--set", "precision=bf16-mixed"]
+        else:  # nothing with fp32 masters fits an H100 and 128 GiB of host (ZeRO-2 offload: killed at 121 GiB of host
+            base = ["--set", "precision=bf16"]  # memory): pure bf16 weights and states, stochastic rounding (8 B/param)
+        flags = base + ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=1", "--set", "compile=false"]
         shape = ["--global-batch", "8", "--seq-len", "2048"]
         est = estimate(model, flags + shape + ["--gpu", name])
         r = trial(model, flags + shape + ["--measure-accum", "2"], steps=2, warmup=1, timeout=560)
         raw["mistral-7b"], raw["mistral-7b estimate"] = r, est
         rows.append(row("mistral-7b " + " ".join(flags[1::2]), r, est.get("predicted_gib")))
         print(rows[-1], flush=True)
-        if mem > 120:  # the 7B at speed on an H200: compiled layers and loss, the largest micro-batch that fits
-            fast = ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=max", "--set", "compile=true",
+        if True:  # the 7B at speed: compiled layers and loss, the largest micro-batch that fits
+            fast = base + ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=max", "--set", "compile=true",
                     "--set", "compile_scope=layers", "--set", "loss_kernel=compiled"]
             r = trial(model, fast + ["--measure-accum", "2"], steps=3, warmup=2, timeout=400)
             raw["mistral-7b fast"] = r
