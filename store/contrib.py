@@ -218,13 +218,13 @@ def beyond_peak(rec: dict) -> str | None:
 
 
 def record_key(rec: dict) -> str | None:
-    """The measurement key of a record, recomputed from its own fields (store.schema.measurement_key); None for a
-    record that cannot be read as one."""
+    """The measurement key of a record, recomputed from its own fields (store.schema.measurement_key) in the form a
+    share row carries (row_format.shareable_record); None for a record that cannot be read as one."""
     from trainscout.trial.records import Record
 
     from .schema import measurement_key
-    try:
-        r = Record.from_dict({k: v for k, v in rec.items() if k not in ("key", "source")})
+    try:  # as a share row carries it (paths and host names out), so a store's record and its share row agree
+        r = Record.from_dict(row_format.shareable_record({k: v for k, v in rec.items() if k not in ("key", "source")}))
         return measurement_key(r, r.hardware or {}, r.versions or {}, r.placement)
     except Exception:  # noqa: BLE001 - judged by the other checks
         return None
@@ -369,7 +369,9 @@ def read_rows(path: str, flag: str = "--import") -> list[tuple[int, dict]]:
 
 def checked(rows: list[tuple[int, dict]], known: dict[str, dict] | None = None) -> tuple[list, int, list]:
     """(accepted [(line, row)], merged, refused [(line, key, why)]) of a file's rows: each row's refusal, then
-    duplicates of a key in `known` (records by key, e.g. a store's) or earlier in the file."""
+    duplicates of a key in `known` (records by key, e.g. a store's) or earlier in the file, every key recomputed from
+    its record's fields (record_key) on both sides; a row keeps the key its line claims (what its own store and
+    searches know it by), the recomputed one is its identity here."""
     known = {record_key(rec) or k: rec for k, rec in (known or {}).items()}  # by the recomputed key, not the stored
     accepted, refused, merged, first = [], [], 0, {}
     for n, row in rows:
