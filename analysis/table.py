@@ -179,6 +179,73 @@ def as_text(df: pd.DataFrame, float_format=lambda v: f"{v:,.3f}") -> pd.DataFram
     return pd.DataFrame({c: [cell(v) for v in df[c].tolist()] for c in df.columns}, index=df.index)
 
 
+def terminal_width(stream=None) -> int | None:
+    """The terminal's columns where stream (default: stdout) is a terminal; None for a pipe or a file, which get
+    every table at full width."""
+    import shutil
+    import sys
+    stream = stream or sys.stdout
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):  # closed, or no isatty (a StringIO)
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def fit_fields(head: str, fields: list[str], width: int | None, sep: str = " ") -> str:
+    """head, then as many whole fields as fit in width, the rest counted ("+3 more"); width None: all of them."""
+    line = head + sep.join(fields)
+    if width is None or len(line) <= width:
+        return line
+    out = head
+    for i, f in enumerate(fields):
+        more = f" +{len(fields) - i - 1} more" if i < len(fields) - 1 else ""
+        if len(out) + len(f) + len(more) + (len(sep) if out != head else 0) > width:
+            return (out.rstrip() + f" +{len(fields) - i} more")
+        out += (sep if out != head else "") + f
+    return out
+
+
+def wrap_fields(fields: list[str], width: int | None, indent: str, sep: str = " ") -> list[str]:
+    """Whole fields on lines of at most width (each line starting with indent); width None: one line."""
+    if width is None:
+        return [indent + sep.join(fields)]
+    lines, cur = [], indent
+    for f in fields:
+        if cur != indent and len(cur) + len(sep) + len(f) > width:
+            lines.append(cur)
+            cur = indent
+        cur += (sep if cur != indent else "") + f
+    return lines + [cur]
+
+
+def fit_table(df: pd.DataFrame, width: int | None, free: tuple[str, ...] = ("error",)) -> str:
+    """A text table (as_text's cells) within width: the free-text columns (the reason) cut with "…" first, then
+    whole columns left out from the right, named in a last line; width None: every column whole."""
+    text = as_text(df)
+    render = lambda t: t.to_string(index=False)  # noqa: E731
+    out = render(text)
+    if width is None or max(map(len, out.splitlines())) <= width:
+        return out
+    for col in (c for c in free if c in text.columns):
+        over = max(map(len, out.splitlines())) - width
+        keep = max(10, int(text[col].str.len().max()) - over)
+        text[col] = [v if len(v) <= keep else v[:keep - 1] + "…" for v in text[col]]
+        out = render(text)
+    dropped = []
+    while max(map(len, out.splitlines())) > width and len(text.columns) > 1:
+        dropped.insert(0, text.columns[-1])
+        text = text[text.columns[:-1]]
+        out = render(text)
+    if dropped:
+        import textwrap
+        note = (f"({len(dropped)} more column{'s' if len(dropped) != 1 else ''} not shown at this width: "
+                f"{', '.join(dropped)}; all with --format csv or json, or to a pipe)")
+        out += "\n" + "\n".join(textwrap.wrap(note, width, break_on_hyphens=False))
+    return out
+
+
 def dumps(df: pd.DataFrame) -> str:
     """A table as a JSON list of rows, one object a row (missing values as null), as `results --format json` prints."""
     return json.dumps(json.loads(df.to_json(orient="records")), indent=1)

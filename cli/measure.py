@@ -25,12 +25,35 @@ def cmd_knobs(a) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     columns = ("name", "domain", "default", "requires") + (("module",) if a.verbose else ())
+    from trainscout.analysis.table import terminal_width
+    width = terminal_width()  # a terminal: every line within it, whole fields wrapped; a pipe: one line a knob
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
-    print("  ".join(c.upper().ljust(widths[c]) for c in widths) + "  DESCRIPTION")
+    below = []  # columns too wide beside the others: said under the knob's line, as "requires: ..."
+    while width is not None and sum(widths.values()) + 2 * len(widths) > width - 30 and len(widths) > 1:
+        below.insert(0, list(widths)[-1])
+        widths.pop(below[0])
+    left = sum(widths.values()) + 2 * len(widths)
+    indent = left if width is None or width - left >= 30 else 4  # too narrow beside the columns: below them
+    print(("  ".join(c.upper().ljust(widths[c]) for c in widths) + ("  DESCRIPTION" if indent == left else "")).rstrip())
     for r in rows:
-        print("  ".join(r[c].ljust(widths[c]) for c in widths) + "  " + r["description"])
+        row = "  ".join(r[c].ljust(widths[c]) for c in widths) + "  "
+        if width is None:
+            print(row + r["description"])
+            continue
+        import textwrap
+        text = " ".join([f"{c}: {r[c]}." for c in below if r[c] != "-"] + [r["description"]])
+        lines = textwrap.wrap(text, max(20, width - indent), break_on_hyphens=False) or [""]
+        if indent == left:
+            print(row + lines[0])
+            lines = lines[1:]
+        else:
+            print(row.rstrip())
+        for line in lines:
+            print(" " * indent + line)
     if not a.quiet:
-        print("\nSet a knob with --set NAME=VALUE. A knob with requirements may only leave its default when they hold.")
+        hint = "Set a knob with --set NAME=VALUE. A knob with requirements may only leave its default when they hold."
+        import textwrap
+        print("\n" + ("\n".join(textwrap.wrap(hint, width)) if width else hint))
     return 0
 
 

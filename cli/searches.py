@@ -167,7 +167,7 @@ INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a tr
 
 def cmd_results(a) -> int:
     """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
-    from trainscout.analysis.table import METRICS, as_text, best_choice, dumps, load_resolved, store_of
+    from trainscout.analysis.table import METRICS, best_choice, dumps, fit_table, load_resolved, store_of, terminal_width
     from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
         if a.import_file:
@@ -223,7 +223,8 @@ def cmd_results(a) -> int:
             shown[3:3] = ["placement"]
         width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
         df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
-        print(as_text(df[shown]).to_string(index=False) if len(df) else "no trials")  # missing: "-"
+        # missing: "-"; on a terminal, within its width (a pipe: every column whole)
+        print(fit_table(df[shown], terminal_width()) if len(df) else "no trials")
         choice = best_choice(store)
         if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
             print(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else

@@ -61,8 +61,8 @@ class Printer:
             self.best = v
         days = r.get("projected_days")
         days = days_or_hours(days) if days else "-"
-        searched = " ".join(f"{k}={fmt(trial.config[k])}" for k, vs in self.space.domains.items()
-                            if len(vs) > 1 and k in trial.config)
+        searched = [f"{k}={fmt(trial.config[k])}" for k, vs in self.space.domains.items()
+                    if len(vs) > 1 and k in trial.config]
         status = r.get("status", "?") + ("*" if r.get("cached") else "")
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
         why += f"  ({r['note']})" if r.get("note") else ""  # served from another search's measurement
@@ -73,6 +73,23 @@ class Printer:
         if r.get("status") == Status.STOPPED:
             why += "  (stopped by ASHA: tokens/s of its best timed step)"
         best = f"{self.best:>11,.0f}" if self.best is not None else f"{'-':>11}"
-        print(f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {figure} "
-              f"{days:>11} {best}  {searched}{why}", file=out, flush=True)
-        print(self.progress(), file=out, flush=True)
+        head = f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {figure} " \
+               f"{days:>11} {best}  "
+        from trainscout.analysis.table import fit_fields, terminal_width
+        width = terminal_width(out)  # a terminal: the row within its width, whole knob=value fields (a pipe: all)
+        room = 0 if width is None else width - len(head) - 10  # 10: the "+N more" of the fields left out
+        if width is not None and why and room >= 20:  # the reason first: cut to what is left beside the columns
+            why = why if len(why) <= room else why[:room - 1] + "…"
+            row = fit_fields(head, searched, width - len(why))
+        elif width is not None and why:  # no room beside them: the reason on the next line, cut to the width
+            row = fit_fields(head, searched, width)
+            why = "\n      " + (why.strip() if len(why.strip()) <= width - 6 else why.strip()[:width - 7] + "…")
+        else:
+            row = fit_fields(head, searched, width)
+        print(row + why, file=out, flush=True)
+        progress = self.progress()
+        if width is not None and len(progress) > width:  # whole words within the terminal's width
+            import textwrap
+            progress = "\n".join(textwrap.wrap(progress.strip(), width, initial_indent="    ",
+                                                subsequent_indent="      "))
+        print(progress, file=out, flush=True)

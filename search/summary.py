@@ -158,7 +158,9 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         b["trial_number"] = first.get(b["key"])
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
-        cfg = " ".join(f"{k}={fmt(v)}" for k, v in b["config"].items())
+        from trainscout.analysis.table import terminal_width, wrap_fields
+        cfg = "\n".join(wrap_fields([f"{k}={fmt(v)}" for k, v in b["config"].items()], terminal_width(stream),
+                                     " " * 9)).lstrip()  # a terminal: whole knob=value fields within its width
         mark = " (tie)" if b["key"] in tied else ""
         number = f" (trial #{b['trial_number']})" if b.get("trial_number") is not None else ""
         print(f"best, rank {i}{number}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "

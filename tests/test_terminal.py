@@ -16,3 +16,53 @@ def test_torchao_and_pytree_noise_is_dropped_and_nothing_else():
         print("torchao printed none of the noise here")
     assert not [line for line in got.stderr.splitlines() if any(n in line for n in noise)], got.stderr
     assert "another torchao warning" in got.stderr and "another pytree warning" in got.stderr
+
+
+def lines_over(text: str, width: int) -> list[str]:
+    return [line for line in text.splitlines() if len(line) > width]
+
+
+def test_knobs_and_results_fit_a_terminal_and_a_pipe_gets_everything(tmp_path, capsys, monkeypatch):
+    from trainscout.analysis import table
+    from trainscout.cli.main import main
+    from trainscout.store import Store, default_url
+    store = Store(default_url(str(tmp_path)))
+    store.add_search("s", {"model": "tiny"})
+    store.add_trial("s", "t1", None, "invalid", False, 0.0, {"micro_batch_size": 4, "zero_stage": 2},
+                    error="offload_params=true needs zero_stage=3 (got 2): set zero_stage=3 or offload_params=false")
+    store.checkpoint()
+    assert main(["knobs"]) == 0 and main(["results", str(tmp_path)]) == 0
+    piped = capsys.readouterr().out
+    assert "<NA>" not in piped and "NaN" not in piped
+    assert max(map(len, piped.splitlines())) > 100  # a pipe: every field whole, one line a knob
+    for width in (100, 60):
+        monkeypatch.setattr(table, "terminal_width", lambda stream=None, w=width: w)
+        assert main(["knobs"]) == 0 and main(["results", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert not lines_over(out, width), lines_over(out, width)
+        assert "zero_stage" in out and "activation_checkpointing" in out
+    assert "not shown at this width" in out  # the columns left out are named
+
+
+def test_the_live_table_fits_the_terminal(monkeypatch):
+    import io
+    from types import SimpleNamespace
+
+    from trainscout.search import service
+    from trainscout.search.space import Space
+    from trainscout.spaces import all_knobs
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setenv("COLUMNS", "80")
+    domains = {k.name: tuple(k.choices)[:2] for k in all_knobs() if len(tuple(k.choices or ())) >= 2}
+    space = Space({k.name: k.default for k in all_knobs() if k.name not in domains}, domains)
+    out = Terminal()
+    printer = service.Printer(space, out, total=4, ranks=1)
+    trial = SimpleNamespace(trial_id="0123456789ab", config={k: v[1] for k, v in domains.items()})
+    printer(trial, {"status": "invalid", service.METRIC: 0.0, "error": "x" * 300})
+    printer(trial, {"status": "ok", service.METRIC: 100.0, "projected_days": 2.0, "wall_s": 20.0})
+    text = out.getvalue()
+    assert not lines_over(text, 80), lines_over(text, 80)
+    assert "more" in text and "…" in text  # knob=value fields left out are counted, the reason cut
