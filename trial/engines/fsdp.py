@@ -56,6 +56,7 @@ class FsdpEngine(TorchEngine):
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, **extra)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, **extra)
+        self.plan = plan
         self.fsdp_model = model  # FSDP2's own mixed precision: no autocast, no scaler (fp16 is refused)
         return model
 
@@ -65,7 +66,9 @@ class FsdpEngine(TorchEngine):
         return loss
 
     def micro_step(self, batch, is_last: bool, scale: float):
-        self.fsdp_model.set_requires_gradient_sync(is_last)
+        # under offload every micro-batch's gradients go to the host's shards: without the sync FSDP2 would keep every
+        # layer's unsharded gradient on the GPU until the last micro-batch (2 bytes a parameter, all of them)
+        self.fsdp_model.set_requires_gradient_sync(is_last or _offloads(self.plan))
         return self.step(self.model, batch, scale)
 
     def full_state_dict(self, names, rank):
