@@ -208,3 +208,4 @@ def test_trial_runs_each_saver(ray_local, settings, workers):
     assert m["tokens_per_s"] > 0 and 0 < m["loss"] < 20
     if "fsdp" in settings:
         assert r.plan.engine == "fsdp" and r.plan.engine_config["cpu_offload"] == {"pin_memory": False}
+        assert r.plan.knobs["optimizer_impl"] == "fused"  # torch's fused AdamW steps the host's shards
