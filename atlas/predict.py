@@ -112,14 +112,11 @@ def plan_of(rec: dict) -> Plan:
 
 
 def arch_family(model_config: dict | None) -> str:
-    """dense, or MoE for a mixture of experts (spaces.model_config: the experts a token runs, or the routed experts
-    under any spelling transformers' families use)."""
-    from trainscout.spaces.model_config import EXPERTS, sizes
+    """dense, or MoE for a mixture of experts: routed experts under any spelling transformers' families use
+    (spaces.model_config.EXPERTS; read from the dict, so lookup imports no torch for it)."""
+    from trainscout.spaces.model_config import EXPERTS
     cfg = model_config or {}
-    try:
-        return MOE if sizes(cfg).experts_per_token or any(cfg.get(k) for k in EXPERTS) else DENSE
-    except Exception:  # noqa: BLE001 - a config sizes cannot read: its model_type's words decide
-        return MOE if "moe" in str((model_config or {}).get("model_type", "")).lower() else DENSE
+    return MOE if any(cfg.get(k) for k in EXPERTS) else DENSE
 
 
 def _dims(config: dict, plan: Plan, world_size: int, arch: str) -> dict:
