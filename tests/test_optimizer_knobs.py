@@ -220,3 +220,17 @@ def test_a_real_trial_trains_what_the_optimizer_knobs_say(case):
     assert seen["weights"] == seen["gradients"] == weights
     assert set(seen["optimizer"].split("+")) == states
     assert rec.metrics["optimizer_s"] > 0
+
+
+def test_precision_bf16_is_gated_against_bf16_mixed_in_a_real_trial():
+    from trainscout.trial import execute, prepare
+    spec = prepare("tiny", {"micro_batch_size": 2, "precision": "bf16"}, device="cpu", workers=1, steps=2, warmup=1,
+                   global_batch=4, measure_accum=2)
+    rec = execute(spec, timeout=300)
+    assert rec.ok, rec.error
+    q = rec.metrics["quality"]
+    assert q["reference"] == {"precision": "bf16-mixed"} and q["gate"] == "passed" and q["loss_rel_diff"] < 0.01
+    assert rec.metrics["dtypes"] == {"weights": "bfloat16", "gradients": "bfloat16", "optimizer": "bfloat16"}
+    # what that step cannot see, said with the trial
+    assert any("not the stochastically rounded updates" in n for n in rec.plan.notes)
+    assert any("which optimizer states do not change" in n for n in plan_of(optimizer_state="8bit").notes)

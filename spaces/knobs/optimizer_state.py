@@ -72,6 +72,10 @@ class OptimizerState(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != "fp32":
             plan.knobs[self.name] = value
+            # trial/quality.py's one step compares the forward and the gradients, which the states do not change
+            plan.notes.append(f"optimizer_state={value}: the quality gate's one step compares outputs and gradients, "
+                              "which optimizer states do not change: `trainscout verify --quality` trains it against "
+                              "fp32 states")
 
     def optimizer(self, spec, plan):
         value = plan.knobs.get(self.name)
