@@ -53,7 +53,7 @@ def plot_pareto(a: Analysis) -> str:
         ax.scatter(f["peak_memory_gib"], f["projected_days"], s=130, facecolors="none", edgecolors="#c62828",
                    linewidths=1.8, zorder=3, label=f"Pareto front ({model})")
         for i, r in f.iterrows():
-            ax.annotate(f"#{i + 1}", (r["peak_memory_gib"], r["projected_days"]), textcoords="offset points",
+            ax.annotate(f"rank {i + 1}", (r["peak_memory_gib"], r["projected_days"]), textcoords="offset points",
                         xytext=(7, 5), fontsize=9, color="#c62828")
     if b["projected_days"].max() / max(b["projected_days"].min(), 1e-12) > 30:
         ax.set_yscale("log")
@@ -72,7 +72,7 @@ def plot_cost(a: Analysis, top: int = 20) -> str:
     if b.empty:
         _note(ax, "no rental price for the hardware measured here: add one with --prices FILE.json")
         return _svg(fig)
-    labels = [f"#{i + 1} {where(r)} [{str(r['key'])[:8]}]" for i, r in b.iterrows()]
+    labels = [f"rank {i + 1} {where(r)} [{str(r['key'])[:8]}]" for i, r in b.iterrows()]
     y = range(len(b))
     ax.barh(list(y), b["rent_usd"], color="#00897b")
     for yi, (_, r) in zip(y, b.iterrows()):
