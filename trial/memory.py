@@ -232,7 +232,7 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
     and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
     Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
-    2 bytes per offloaded 16-bit parameter shard. FSDP2's CPUOffloadPolicy (engine fsdp_offload) is counted the same,
+    2 bytes per offloaded 16-bit parameter shard. FSDP2's CPUOffloadPolicy (fsdp=full_shard_offload) is counted the same,
     20 bytes per parameter, where it keeps 16 (fp32 shards, gradients, AdamW's two states) in pinned buffers that
     the host allocator rounds up. What the knobs' hooks move to the host (host_held: activation offload's saved
     tensors) adds to the offloaded states. On the CPU both add to the ranks' own terms."""
