@@ -62,7 +62,8 @@ def test_selective_recomputes_no_product_and_trains_the_same():
     gradients are the same."""
     ids = torch.randint(0, TINY["vocab_size"], (2, 32))
     runs = {v: _tiny({"activation_checkpointing": v}) for v in ("none", "selective", "full")}
-    assert runs["selective"][1].checkpoint_every == 1 and runs["selective"][1].knobs["activation_checkpointing"] == "selective"
+    plan = runs["selective"][1]
+    assert plan.checkpoint_every == 1 and plan.knobs["activation_checkpointing"] == "selective"
     ops = {v: _backward_ops(m, ids) for v, (m, _) in runs.items()}
     products = {v: sum(n.get(k, 0) for k in ("mm", "addmm", "bmm")) for v, n in ops.items()}
     assert products["selective"] == products["none"] < products["full"]

@@ -125,7 +125,8 @@ def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
     terms = {"activations": (layers - ckpt) * layer + ckpt * act.layer_input * b * s + act.outside * b * s,
              "logits": 12 * b * s * V,
              # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
-             "params": N, "layer_params": c["per_layer"], "layers": layers, "layer_activations": (layers - ckpt) * layer,
+             "params": N, "layer_params": c["per_layer"], "layers": layers,
+             "layer_activations": (layers - ckpt) * layer,
              "layer_policy_saved": b * s * (act.policy + act.policy_s * recipe["seq_len"]), "host": 0.0}
     view = spec.replace(recipe=dict(recipe, seq_len=recipe["seq_len"] // cp)) if cp > 1 else spec  # the rank's tokens
     for knob in all_knobs():
@@ -232,8 +233,8 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
     and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
     Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
-    2 bytes per offloaded 16-bit parameter shard. FSDP2's CPUOffloadPolicy (fsdp=full_shard_offload) is counted the same,
-    20 bytes per parameter, where it keeps 16 (fp32 shards, gradients, AdamW's two states) in pinned buffers that
+    2 bytes per offloaded 16-bit parameter shard. FSDP2's CPUOffloadPolicy (fsdp=full_shard_offload) is counted the
+    same, 20 bytes per parameter, where it keeps 16 (fp32 shards, gradients, AdamW's two states) in pinned buffers that
     the host allocator rounds up. What the knobs' hooks move to the host (host_held: activation offload's saved
     tensors) adds to the offloaded states. On the CPU both add to the ranks' own terms."""
     from . import engines
