@@ -146,7 +146,7 @@ def test_optimizer_state_measured_memory_is_the_estimate():
 def test_optimizer_state_refusals_name_the_fix():
     with pytest.raises(ConfigError, match="offload_optimizer steps DeepSpeed's own CPU Adam.*set offload_optimizer=false"):
         plan_of(optimizer_state="8bit", zero_stage=2, offload_optimizer=True)
-    with pytest.raises(ConfigError, match="not DeepSpeed's flat ZeRO partitions: set zero_stage=0"):
+    with pytest.raises(ConfigError, match="keeps fp32 states for its flat partitions: set zero_stage=0"):
         plan_of(optimizer_state="4bit", zero_stage=1)
     with pytest.raises(ConfigError, match="cannot step bf16 DTensor shards.*set precision=bf16-mixed, fsdp=off"):
         resolve({"optimizer_state": "8bit", "precision": "bf16", "fsdp": "full_shard", "micro_batch_size": 2},
@@ -234,3 +234,15 @@ def test_precision_bf16_is_gated_against_bf16_mixed_in_a_real_trial():
     # what that step cannot see, said with the trial
     assert any("not the stochastically rounded updates" in n for n in rec.plan.notes)
     assert any("which optimizer states do not change" in n for n in plan_of(optimizer_state="8bit").notes)
+
+
+def test_why_zero_is_refused_torchao_keeps_fp32_states_for_deepspeeds_partitions():
+    """The plan the refusal keeps out, forced past it: under ZeRO-2 the client AdamW8bit steps DeepSpeed's flat fp32
+    partitions with fp32 states, and trial.dtypes fails the trial instead of recording 8-bit states."""
+    from trainscout.trial import execute, prepare
+    spec = prepare("tiny", {"micro_batch_size": 2, "zero_stage": 2}, device="cpu", workers=2, steps=2, warmup=1,
+                   global_batch=8, measure_accum=2)
+    spec.plan.knobs["optimizer_state"] = "8bit"
+    rec = execute(spec, timeout=400)
+    assert not rec.ok and "DtypeMismatch" in rec.error and "8bit optimizer states" in rec.error
+    assert "optimizer in float32" in rec.error
