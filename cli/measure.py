@@ -25,7 +25,7 @@ def cmd_knobs(a) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     columns = ("name", "domain", "default", "requires") + (("module",) if a.verbose else ())
-    from trainscout.analysis.table import terminal_width
+    from trainscout.analysis.terminal import terminal_width
     width = terminal_width()  # a terminal: every line within it, whole fields wrapped; a pipe: one line a knob
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     below = []  # columns too wide beside the others: said under the knob's line, as "requires: ..."

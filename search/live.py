@@ -75,7 +75,7 @@ class Printer:
         best = f"{self.best:>11,.0f}" if self.best is not None else f"{'-':>11}"
         head = f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {figure} " \
                f"{days:>11} {best}  "
-        from trainscout.analysis.table import fit_fields, terminal_width
+        from trainscout.analysis.terminal import fit_fields, terminal_width
         width = terminal_width(out)  # a terminal: the row within its width, whole knob=value fields (a pipe: all)
         room = 0 if width is None else width - len(head) - 10  # 10: the "+N more" of the fields left out
         if width is not None and why and room >= 20:  # the reason first: cut to what is left beside the columns

@@ -158,7 +158,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         b["trial_number"] = first.get(b["key"])
     for i, b in enumerate(best[:top], 1):
         mfu = f", MFU {b['mfu']:.3f}" if b["mfu"] else ""
-        from trainscout.analysis.table import terminal_width, wrap_fields
+        from trainscout.analysis.terminal import terminal_width, wrap_fields
         cfg = "\n".join(wrap_fields([f"{k}={fmt(v)}" for k, v in b["config"].items()], terminal_width(stream),
                                      " " * 9)).lstrip()  # a terminal: whole knob=value fields within its width
         mark = " (tie)" if b["key"] in tied else ""

@@ -695,7 +695,7 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
         searcher.suggest(tid)
         params = json.dumps(searcher.drawn[tid].params, sort_keys=True)
         if value is not None:
-            searcher.on_trial_complete(tid, {service.METRIC: value})
+            searcher.on_trial_complete(tid, {service.METRIC: value, "status": "ok"})  # as a trial reports
             store.add_trial("s", tid, None, "ok", False, value, {})
         return params
 
