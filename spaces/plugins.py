@@ -3,11 +3,11 @@
 A plugin that fails to import, whose knob collides with a registered name, has no `apply`, changes nothing (no value
 away from its default changes the plan its `apply` writes, and it overrides none of Knob's runtime hooks:
 transform, wrap_step, memory, optimizer), or raises when its domain, default, description, requirements or `apply`
-at its default are read, is left out with one warning naming
-its package, its entry point and the error; every other knob works (`trainscout knobs` included: an unguarded
-`ep.load()` made every command end in the plugin's traceback). A plugin knob that raises later, for a value or a
-model it is given, is named the same way where that happens: `parse`, `concrete`, `check`, `apply` as bad input
-for that knob (`call`), `transform` as the trial's crash, `memory` left out of the memory model with a warning.
+at its default are read, is left out with one warning naming its package, its entry point and the error; every
+other knob works (`trainscout knobs` included: an unguarded `ep.load()` made every command end in the plugin's
+traceback). A plugin knob that raises later, for a value or a model it is given, is named the same way where that
+happens: `parse`, `concrete`, `check`, `apply` as bad input for that knob (`call`), `transform` and `optimizer` as
+the trial's crash, `memory` left out of the memory model with a warning.
 """
 from __future__ import annotations
 
@@ -149,6 +149,18 @@ def transform(knob: Knob, model, plan, dims=None) -> Any:
         return knob.transform(model, plan, **kw)
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"the knob plugin {ORIGIN[knob.name]} failed in the transform of {knob.name} "
+                           f"({_error(e)}): fix it, uninstall it, or set {knob.name}={fmt(knob.default)}") from None
+
+
+def optimizer(knob: Knob, spec: dict, plan: Plan) -> dict:
+    """A knob's optimizer hook; a plugin's that raises fails the trial (or the estimate) naming the plugin, as a
+    transform's does: leaving it out would build another optimizer than the record claims."""
+    if knob.name not in ORIGIN:
+        return knob.optimizer(spec, plan)
+    try:
+        return knob.optimizer(spec, plan)
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"the knob plugin {ORIGIN[knob.name]} failed in the optimizer hook of {knob.name} "
                            f"({_error(e)}): fix it, uninstall it, or set {knob.name}={fmt(knob.default)}") from None
 
 

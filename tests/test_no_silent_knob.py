@@ -232,3 +232,30 @@ def test_the_example_plugins_knobs_change_what_a_trial_builds(tmp_path):
     lines = dict(ln.split(" ", 1) for ln in res.stdout.strip().splitlines())
     assert lines["mlp_checkpointing"] == "([], [])"  # its transform wraps each MLP, on this CPU
     assert lines["cuda_alloc_conf"] == "([], [])"  # its environment, in the plan
+
+
+def test_a_plugin_optimizer_hook_that_raises_is_named():
+    """A plugin knob's optimizer hook runs in every engine's optimizer construction; one that raises names it."""
+    from trainscout.trial.engines.base import optimizer_spec
+
+    class Broken(Knob):
+        """An optimizer hook that fails."""
+        name = "broken_optimizer_hook"
+        default = "off"
+        choices = ("off", "on")
+
+        def apply(self, plan, value, cfg, ctx):
+            plan.knobs[self.name] = value
+
+        def optimizer(self, spec, plan):
+            raise KeyError("no such optimizer")
+
+    register(Broken)
+    plugins.ORIGIN["broken_optimizer_hook"] = "ts-broken (entry point b = b)"
+    try:
+        with pytest.raises(RuntimeError, match=r"the knob plugin ts-broken \(entry point b = b\) failed in the "
+                                               r"optimizer hook of broken_optimizer_hook \(KeyError: 'no such "
+                                               r"optimizer'\): fix it, uninstall it, or set broken_optimizer_hook=off"):
+            optimizer_spec(resolve({}, contexts(TINY.config)[0][1])[1])
+    finally:
+        del REGISTRY["broken_optimizer_hook"], plugins.ORIGIN["broken_optimizer_hook"]

@@ -60,7 +60,7 @@ def test_fsdp_cpu_offload_runs_fused_and_says_so():
     ctx = Context(world_size=2, device="cpu", num_layers=2, global_batch=4, installed=frozenset({"torchao"}))
     cfg, _ = resolve({"fsdp": "full_shard_offload", "micro_batch_size": 2}, ctx)
     assert cfg["optimizer_impl"] == "fused"  # what trial/engines/fsdp.py steps the host's shards with
-    with pytest.raises(ConfigError, match="fsdp=full_shard_offload steps the shards on the host.*set optimizer_impl=auto"):
+    with pytest.raises(ConfigError, match="full_shard_offload steps the shards on the host.*set optimizer_impl=auto"):
         resolve({"fsdp": "full_shard_offload", "optimizer_impl": "foreach", "micro_batch_size": 2}, ctx)
 
 
@@ -144,7 +144,7 @@ def test_optimizer_state_measured_memory_is_the_estimate():
 
 
 def test_optimizer_state_refusals_name_the_fix():
-    with pytest.raises(ConfigError, match="offload_optimizer steps DeepSpeed's own CPU Adam.*set offload_optimizer=false"):
+    with pytest.raises(ConfigError, match="offload_optimizer steps DeepSpeed's own CPU Adam.*offload_optimizer=false"):
         plan_of(optimizer_state="8bit", zero_stage=2, offload_optimizer=True)
     with pytest.raises(ConfigError, match="keeps fp32 states for its flat partitions: set zero_stage=0"):
         plan_of(optimizer_state="4bit", zero_stage=1)

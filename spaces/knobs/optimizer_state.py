@@ -43,8 +43,8 @@ class OptimizerState(Knob):
             # (ZeRO 1, 2 and 3, tiny, torch 2.13, torchao 0.18, DeepSpeed 0.19.8): AdamW8bit kept every state in
             # fp32, and trial.dtypes failed the trial (tests/test_optimizer_knobs.py pins it)
             raise ConfigError(self.name, f"optimizer_state={value} is built for the PyTorch engines (plain, DDP, "
-                                         "FSDP2, pipeline): under DeepSpeed ZeRO torchao keeps fp32 states for its flat "
-                                         "partitions: set zero_stage=0 or optimizer_state=fp32")
+                                         "FSDP2, pipeline): under DeepSpeed ZeRO torchao keeps fp32 states for its "
+                                         "flat partitions: set zero_stage=0 or optimizer_state=fp32")
         if cfg["fsdp"] == "full_shard_offload":
             raise ConfigError(self.name, f"optimizer_state={value}: fsdp=full_shard_offload steps the host's shards "
                                          "with torch's fused AdamW; torchao's optimizer on offloaded DTensor shards is "

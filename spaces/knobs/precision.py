@@ -47,9 +47,9 @@ class Precision(Knob):
         # trial.dtypes checks what ran; autocast_dtype has no bf16 entry: its engines run no autocast)
         plan.master_dtype = "bfloat16" if value == "bf16" else "float32"
         if value == "bf16":  # the gate's one step sees the bf16 weights' forward and gradients, not the rounded update
-            plan.notes.append("precision=bf16: the quality gate's one step compares outputs and gradients over the bf16 "
-                              "weights, not the stochastically rounded updates: `trainscout verify --quality` trains "
-                              "it against bf16-mixed")
+            plan.notes.append("precision=bf16: the quality gate's one step compares outputs and gradients over the "
+                              "bf16 weights, not the stochastically rounded updates: `trainscout verify --quality` "
+                              "trains it against bf16-mixed")
         asked = asked_dtype(ctx.model_config or {})
         if asked and (asked, value) not in _said:
             _said.add((asked, value))

@@ -48,7 +48,7 @@ def optimizer_spec(plan, recipe: dict | None = None, device_type: str | None = N
     recipe or a device (the memory model, trial.dtypes) its kwargs hold only what the knobs set."""
     import torch
 
-    from trainscout.spaces import Knob, all_knobs
+    from trainscout.spaces import Knob, all_knobs, plugins
     from trainscout.spaces.knob import in_order
     kwargs = {} if recipe is None else {"lr": recipe["lr"], "betas": tuple(recipe["betas"]),
                                         "weight_decay": recipe["weight_decay"]}
@@ -58,7 +58,7 @@ def optimizer_spec(plan, recipe: dict | None = None, device_type: str | None = N
     spec = {"cls": torch.optim.AdamW, "kwargs": kwargs, "device": device_type, "states": plan.master_dtype,
             "bytes": 2.0 * master_bytes(plan)}  # AdamW's two states in the master weights' dtype
     for knob in in_order(k for k in all_knobs() if type(k).optimizer is not Knob.optimizer):
-        spec = knob.optimizer(spec, plan)
+        spec = plugins.optimizer(knob, spec, plan)  # a plugin's failure names the plugin
     return spec
 
 
