@@ -22,6 +22,7 @@ class OptimizerState(Knob):
     default = "fp32"
     choices = ("fp32", "bf16", "8bit", "4bit", "fp8")
     packages = ("torchao",)
+    demo = "fp32"  # the CPU demo: torchao's optimizers compile their step with inductor (a C++ compiler)
     order = 1  # after optimizer_impl and precision (order 0): it replaces their AdamW, keeping bf16 stochastic rounding
     # Why: AdamW's fp32 states are 8 of the 16 bytes per parameter plain training holds; torchao reports 8-bit AdamW
     # matching fp32's loss on Llama-2 fine-tuning and 4-bit within noise (torchao/optim README). Measured, not

@@ -17,6 +17,7 @@ class Precision(Knob):
     choices = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
     column = 6
     packages = ("torchao",)  # precision=bf16's optimizer
+    demo = "bf16-mixed"  # the CPU demo: bf16's torchao optimizer compiles its step with inductor (a C++ compiler)
     # Why bf16 with stochastic rounding: pure bf16 weights under torch's AdamW lose updates smaller than a bf16 ulp
     # (an 82M Qwen2 shape, 600 steps at lr 1e-4: +5.0 % held-out loss against fp32 master weights; STACK.md
     # 2026-12-06); rounding the fp32 result stochastically keeps them in expectation, at half the weights' bytes.
