@@ -201,6 +201,9 @@ def test_hooks_run_in_the_declared_order_not_by_name():
 # real trials: 2 gloo ranks in the trial's worker processes, the record's dtypes as the optimizer stepped them
 TRIALS = {
     "ddp-8bit": ({"optimizer_state": "8bit", "precision": "bf16-mixed"}, {"8bit", "float32"}, "float32"),
+    "ddp-bf16": ({"precision": "bf16"}, {"bfloat16"}, "bfloat16"),  # bf16 gradients all-reduced
+    "pipeline-bf16-4bit": ({"pipeline_stages": 2, "precision": "bf16", "optimizer_state": "4bit"}, {"4bit", "bfloat16"},
+                           "bfloat16"),
     "fsdp2-4bit": ({"fsdp": "full_shard", "precision": "bf16-mixed", "optimizer_state": "4bit"}, {"4bit", "float32"},
                    "float32"),  # torchao's states over FSDP2's DTensor shards
     "fsdp2-bf16": ({"fsdp": "full_shard", "precision": "bf16"}, {"bfloat16"}, "bfloat16"),
