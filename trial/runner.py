@@ -393,7 +393,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "peak_tflops": peak,
         # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (trial/flops.py)
         **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
-                        spec.plan.checkpoint_every),
+                        spec.plan.checkpoint_every, selective=flops.selective(spec.plan)),
         "projected_days": recipe["total_steps"] * step_s / 86400,
         "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
         "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],

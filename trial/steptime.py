@@ -67,7 +67,8 @@ def step_s(spec: TrialSpec) -> float:
     tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)
     tokens = plan.micro_batch_size * recipe["seq_len"]
     # the hardware FLOPs: checkpointed layers run their forward twice
-    fpt = flops.count(spec.model_config).hardware_per_token(recipe["seq_len"], plan.checkpoint_every)
+    fpt = flops.count(spec.model_config).hardware_per_token(recipe["seq_len"], plan.checkpoint_every,
+                                                            selective=flops.selective(plan))
     compute = tokens * fpt / (tflops * 1e12)
     held = memory.components(spec)
     passes = PASSES_COMPILED if plan.compile else PASSES_EAGER
