@@ -40,7 +40,9 @@ class OptimizerImpl(Knob):
                                          "optimizer_impl=auto or fused")
 
     def apply(self, plan, value, cfg, ctx):
-        if value != "auto":
+        # only where it is not the engines' own choice (engines.base.optimizer_spec: fused on CUDA, foreach
+        # elsewhere): the plan of a default trial is the plan trials had before this knob
+        if value != "auto" and value != ("fused" if ctx.device == "cuda" else "foreach"):
             plan.knobs[self.name] = value
 
     def optimizer(self, spec, plan):
