@@ -185,5 +185,10 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         if fit is not None:
             summary["nothing_fits"] = fit
             print("\n".join(fit_lines(fit)), file=stream)
+    from trainscout.analysis.terminal import terminal_width
+    from trainscout.analysis.verdict import of_search  # keep searching? the rule and its evidence
+    verdict = of_search(store, name)
+    summary["verdict"] = verdict.as_dict()
+    print(verdict.line(terminal_width(stream)), file=stream)
     print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
     return summary

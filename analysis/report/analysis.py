@@ -31,6 +31,7 @@ class Analysis:
     varied: list[str]                # knobs with more than one value in the store
     searched: bool = True            # False: a store of measurements only (one row per measurement, no search)
     tie: object = None               # analysis.ties.Choice: the best, and what is within its measured noise
+    verdicts: list = field(default_factory=list)  # per search: (name, analysis.verdict.Verdict): keep searching?
     generated: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -64,10 +65,12 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     failures.sort(key=lambda f: -f["count"])
     importance = [imp for search, g in df.groupby("search", sort=False) if (imp := knob_importance(g, search))]
     shown = str(source if isinstance(source, str) else getattr(source, "url", source))
+    from ..verdict import of_frame
+    verdicts = of_frame(df, store, none=NO_SEARCH)
     return Analysis(source=secrets.masked(shown) if "://" in shown else shown, df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
-                    varied=varied, searched=searched, tie=ties.choose(list(records.values())))
+                    varied=varied, searched=searched, tie=ties.choose(list(records.values())), verdicts=verdicts)
 
 
 def _tied_keys(a: Analysis) -> set:

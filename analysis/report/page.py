@@ -9,7 +9,7 @@ from trainscout.trial.status import Status
 
 from .analysis import Analysis, _tied_keys, analyse, measured, progress
 from .breakdown import VIEW_TOP, knob_pairs, memory_empty_reason, memory_rows, pair_groups, step_breakdown
-from .formatting import (STATUS_COLOR, STATUS_TEXT, _e, _first_line, _na, config_text, contributed, days, gpu_s_text,
+from .formatting import (NO_SEARCH, STATUS_COLOR, STATUS_TEXT, _e, _first_line, _na, config_text, contributed, days, gpu_s_text,
                          label, num, search_name, usd, where)
 from .plots import (plot_cost, plot_importance, plot_knob_pairs, plot_knob_values, plot_memory, plot_pareto,
                     plot_progress, plot_step_breakdown, plot_timeline)
@@ -22,6 +22,8 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans
 main{max-width:1180px;margin:0 auto;padding:24px 28px 48px;background:#fff}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .meta{color:#555;margin:0 0 16px}.note{color:#555;font-size:13px;margin:6px 0}
+.verdict{border-left:4px solid #1f77b4;background:#f3f7fb;padding:6px 12px;margin:8px 0}.verdict p{margin:4px 0}
+.verdict ul{margin:4px 0 4px 18px;padding:0;font-size:13px;color:#333}
 .cards{display:flex;gap:12px;flex-wrap:wrap;margin:16px 0}
 .card{flex:1 1 180px;border:1px solid #e0e0e0;border-radius:6px;padding:10px 14px;background:#f7f9fc}
 .card b{display:block;font-size:20px}.card.small b{font-size:15px}.card span{color:#555;font-size:12px}
@@ -75,6 +77,10 @@ def render_html(a: Analysis) -> str:
                "early ran too and leaves no record, so its time is estimated; a trial served from the store or "
                "refused before running counts 0. A long flat line: more trials of this space are unlikely to "
                "help.</p>")
+    for search, v in a.verdicts:  # the rule and its evidence: analysis/verdict.py
+        name = f"{search_name(search or NO_SEARCH)}: " if len(a.verdicts) > 1 else ""
+        out.append(f"<div class=\"verdict\"><p><b>{_e(name)}Verdict: {_e(v.word)}</b>: {_e(v.why)}.</p><ul>"
+                   + "".join(f"<li>{_e(e)}</li>" for e in v.evidence()) + "</ul></div>")
     out.append(f"<div class=\"plot\">{plot_progress(a)}</div>")
     notes = [progress_text(p, _unit(a)) for p in progress(a)]
     if spent := spent_text(a):

@@ -64,6 +64,8 @@ def summary(a: Analysis, top: int = 5) -> str:
     spent = spent_text(a)
     if spent:
         lines.append(spent)
+    for search, v in a.verdicts:  # keep searching? (analysis/verdict.py: the rule and its evidence)
+        lines.append((f"{search_name(search or NO_SEARCH)}: " if len(a.verdicts) > 1 else "") + v.line())
     if len(a.best):
         lines.append("best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
                      "the GPUs and machines):")
