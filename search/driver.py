@@ -21,7 +21,7 @@ from trainscout.trial.status import Status, classify, host_oom_line
 
 from . import cluster
 from .args import SEED_RANGE, SearchArgs
-from .halt import clear_store_failure, store_failed, store_failure
+from .halt import clear_store_failure, lease_failure, lease_lost, store_failed, store_failure
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .nearest import nothing_line
 from .space import Space
@@ -40,10 +40,15 @@ def _cancel(tune_trial_id: str, stop: bool = False) -> None:
         pool.pool().cancel.remote(owner=tune_trial_id)
 
 
-def _write(fn) -> bool:
+def _write(fn, search: str | None = None) -> bool:
     """Run a store write of the driver inside Tune's loop; a storage failure is recorded, not raised into Tune
-    (which would print its traceback). False when it failed."""
+    (which would print its traceback). False when it failed, or when another driver took over the lease of
+    `search` (checked first: nothing is written then)."""
+    from trainscout.store import claims
     try:
+        if (lease := claims.driving(search)) is not None and (line := lease.check()) is not None:
+            lease_lost(line)
+            return False
         fn()
         return True
     except Exception as e:  # noqa: BLE001 - only a storage failure is caught
@@ -74,7 +79,7 @@ def _progress_callback(url: str, search: str, printer):
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
                 _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
                 if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
-                                                                r.get(METRIC), trial.config)):
+                                                                r.get(METRIC), trial.config), search):
                     return
                 r = dict(r, status=str(Status.STOPPED))
             printer(trial, r)
@@ -91,7 +96,7 @@ def _progress_callback(url: str, search: str, printer):
                 status, why = Status.HOST_OOM, host_oom_line("\n".join(lines))
                 _host_oom(why)
             if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
-                                                        trial.config, error=why)):
+                                                        trial.config, error=why), search):
                 printer(trial, {"status": str(status), METRIC: 0.0, "error": why})
 
     return Progress()
@@ -258,7 +263,7 @@ def budget_over(deadline: float | None) -> bool:
     return True
 
 
-def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | None = None):
+def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | None = None, search: str | None = None):
     from ray.tune import Stopper
 
     class StopOnInterrupt(Stopper):
@@ -274,6 +279,9 @@ def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | No
                 return True
             if (why := guard.lost(path, ident)) is not None:
                 store_failed(why)
+            from trainscout.store import claims  # the heartbeat found the search's lease taken over
+            if (lease := claims.driving(search)) is not None and lease.lost:
+                lease_lost(lease.lost_line())
             # module functions: a pickled copy of the stopper reads the same flags
             return interrupted() or store_failure() is not None or bool(_HOST_OOM)
     return StopOnInterrupt()
@@ -309,6 +317,9 @@ def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, strea
         store_failed(why or keeper.lost())
         summary = None
     try:
+        if lease_failure():  # another driver took this search over: what the store holds is theirs now
+            from trainscout.store.claims import LeaseLost
+            raise LeaseLost(lease_failure())
         if keeper.lost() or store_failure():
             raise StoreError(_store_stop_line(args, store, name, keeper))
     finally:
@@ -367,6 +378,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     secrets.publish(url)  # the storage's password, for the trials' processes wherever they run (in memory only)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ostorage = shared.optuna_storage(url, engine_kwargs=Store._engine_kwargs(url))  # its schema made once
+    from trainscout.store import claims  # each write of the study checks the driver's lease first
+    ostorage = claims.guarded_storage(ostorage, name, lease_lost)
     guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
     drawn = recover_interrupted(ostorage, name, store)
     # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
@@ -425,7 +438,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer),
                                                         *trackers(track, name, args.out, stream)],
-                                  stop=_interrupt_stopper(keeper.path, keeper.ident, deadline),
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident, deadline, name),
                                   failure_config=tune.FailureConfig(max_failures=0)))
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
