@@ -117,7 +117,22 @@ def cluster_hardware(address: str, device: str, ranks: int, one_node: bool, flag
     trial_nodes = gpu_nodes if device == "cuda" else [n for n in nodes if n["Resources"].get("CPU", 0) >= RANK_CPU]
     if not trial_nodes:
         raise ConfigError(flag, f"{flag} {address}: no node of the cluster has a CPU for a trial's ranks: add one")
-    return hardware_of(probe(trial_nodes, device == "cuda"), device, ranks, one_node, address)
+    facts = probe(trial_nodes, device == "cuda")
+    if device == "cuda":
+        check_cuda(facts)
+    return hardware_of(facts, device, ranks, one_node, address)
+
+
+def check_cuda(facts: list[dict]) -> None:
+    """ConfigError naming the first node that declares a GPU (its Ray GPU resource) but whose probe found no CUDA
+    there (torch.cuda.is_available() False: its facts are a CPU's). Such a node was accepted: its trials crashed in
+    NCCL and their crash was stored as the configuration's outcome (issue 50, item 4)."""
+    from trainscout.trial.pool import no_cuda_line
+    for f in facts:
+        if f.get("device") != "cuda" or not f.get("gpu"):
+            raise ConfigError("--device", no_cuda_line(f["address"], f["node_id"], f["resources"].get("GPU", 0),
+                                                       "torch.cuda.is_available() is False on it (read by a task "
+                                                       "placed there)"))
 
 
 def per_trial(cuda: bool, ranks: int) -> dict:

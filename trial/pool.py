@@ -62,6 +62,23 @@ class Rank:
         return (ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()],
                 ray.get_runtime_context().get_node_id())
 
+    def cuda_missing(self, visible: list) -> str | None:
+        """Why this rank, given GPUs by Ray, cannot use them (CUDA not available in its process, no device), or None:
+        read with the group's CUDA_VISIBLE_DEVICES set first (as setup sets it), before any CUDA use. A node whose
+        Ray declares a GPU it does not have (ray start --num-gpus 1 on a CPU box) crashed the trial in NCCL ("NCCL
+        not built in") and stored the crash as the configuration's outcome, with no GPU name (issue 50, item 4)."""
+        if visible:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        try:
+            import torch
+            if not torch.cuda.is_available():
+                return (f"torch.cuda.is_available() is False in its process (torch {torch.__version__}, "
+                        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})")
+            name = torch.cuda.get_device_name(0)
+            return None if name else "torch.cuda.get_device_name(0) names no device"
+        except Exception as e:  # noqa: BLE001 - a broken driver, no device: said, never run
+            return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+
     def free_port(self) -> int:
         import socket
         with socket.socket() as s:
@@ -126,6 +143,19 @@ class Progress:
 def _bundle(cuda: bool) -> dict:
     """What one rank of a group holds: a GPU and a CPU, or half a CPU on a CPU-only run."""
     return {"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}
+
+
+def declared_gpus(node_id: str) -> float:
+    """The GPUs a Ray node declares (its GPU resource)."""
+    import ray
+    return next((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("NodeID") == node_id), 0.0)
+
+
+def no_cuda_line(address: str, node_id: str, gpus: float, why: str) -> str:
+    """The refusal of a trial on a node that declares GPUs without CUDA (its status: unscheduled, with this)."""
+    return (f"node {address} (id {node_id[:8]}) declares {gpus:g} GPU{'' if gpus == 1 else 's'} but CUDA is not "
+            f"available there: {why}: nothing ran; start that node's Ray without --num-gpus, or install a CUDA build "
+            "of torch there")
 
 
 class Unscheduled(Exception):
@@ -247,6 +277,12 @@ class Pool:
                 import tempfile
                 import uuid
                 store = os.path.join(tempfile.gettempdir(), f"trainscout-rendezvous-{uuid.uuid4().hex}")
+            if cuda:  # each rank's GPU checked in its own process before anything is placed on it
+                missing = await asyncio.gather(*[a.cuda_missing.remote(sorted(nodes[node], key=int))
+                                                 for a, (_, _, node) in zip(actors, where)])
+                for why, (ip, _, node) in zip(missing, where):
+                    if why is not None:
+                        raise Unscheduled(no_cuda_line(ip, node, declared_gpus(node), why))
             setups = []
             for i, (_, gpus, node) in enumerate(where):
                 visible = sorted(nodes[node], key=int) if cuda else []
