@@ -22,6 +22,8 @@ def cmd_knobs(a) -> int:
         rows.append({"name": k.name, "domain": k.domain_text(), "default": spaces.fmt(k.default),
                      "requires": req, "description": k.description, "module": type(k).__module__})
     if a.json:
+        for r, k in zip(rows, spaces.all_knobs()):
+            r.update(numerics_entry(k))
         print(json.dumps(rows, indent=2))
         return 0
     columns = ("name", "domain", "default", "requires") + (("module",) if a.verbose else ())
@@ -55,6 +57,38 @@ def cmd_knobs(a) -> int:
         import textwrap
         print("\n" + ("\n".join(textwrap.wrap(hint, width)) if width else hint))
     return 0
+
+
+NUMERICS_CONTEXT = "one H100/H200 (cuda, capability 9.0), every other knob at its default"
+
+
+def numerics_entry(knob) -> dict:
+    """What `knobs --json` says of a knob's numerics: its reference value (what the quality gate's reference runs)
+    and, for each of its choices whose `numerics(value, cfg, ctx)` says it trains other numbers, why; evaluated in a
+    default context (NUMERICS_CONTEXT); a value that trains the same numbers there but not where one other knob
+    leaves its default (tf32=true under precision=fp32) is in `numerics_when`, naming that setting."""
+    from trainscout import spaces
+    ctx = spaces.Context(world_size=1, device="cuda", capability="9.0", num_layers=2, global_batch=8)
+    cfg = {k.name: k.default for k in spaces.all_knobs()}
+
+    def why(value, c):
+        try:
+            return knob.numerics(value, dict(c, **{knob.name: value}), ctx)
+        except Exception as e:  # noqa: BLE001 - a plugin's numerics that fails is said, not hidden
+            return f"numerics() failed: {type(e).__name__}: {e}"
+    changes, when = {}, {}
+    for value in knob.choices:
+        if w := why(value, cfg):
+            changes[spaces.fmt(value)] = w
+            continue
+        for other in spaces.all_knobs():  # the same value where one other knob leaves its default (tf32 under fp32)
+            hit = next(((o, w) for o in other.choices if other.name != knob.name and o != other.default
+                        and (w := why(value, dict(cfg, **{other.name: o})))), None)
+            if hit:
+                when[spaces.fmt(value)] = {"when": f"{other.name}={spaces.fmt(hit[0])}", "why": hit[1]}
+                break
+    return {"reference": spaces.fmt(knob.reference_value()), "numerics": changes, "numerics_when": when,
+            "numerics_context": NUMERICS_CONTEXT}
 
 
 def cmd_trial(a) -> int:

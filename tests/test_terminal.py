@@ -67,3 +67,25 @@ def test_the_live_table_fits_the_terminal(monkeypatch):
     text = out.getvalue()
     assert not lines_over(text, 80), lines_over(text, 80)
     assert "more" in text and "…" in text  # knob=value fields left out are counted, the reason cut
+
+
+def test_knobs_json_declares_each_knobs_numerics_and_reference():
+    """`knobs --json`: each knob's reference value and the values whose numerics() says they train other numbers
+    (in the default context), with why; a value that does so only beside another knob's setting names it."""
+    import json
+
+    from trainscout import spaces
+    got = subprocess.run([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    rows = {r["name"]: r for r in json.loads(got.stdout)}
+    assert set(rows) == {k.name for k in spaces.all_knobs()}
+    for r in rows.values():
+        assert {"reference", "numerics", "numerics_when", "numerics_context"} <= set(r)
+        assert r["reference"] not in r["numerics"]  # the reference trains the reference's numbers
+    assert rows["precision"]["reference"] == "bf16-mixed" and set(rows["precision"]["numerics"]) == {
+        "fp32", "fp16-mixed", "bf16"}
+    assert set(rows["fp8"]["numerics"]) >= {"tensorwise"} and "off" not in rows["fp8"]["numerics"]
+    assert list(rows["loss_kernel"]["numerics"]) == ["fused_linear"]
+    assert rows["tf32"]["numerics_when"]["true"]["when"] == "precision=fp32"
+    assert rows["micro_batch_size"]["numerics"] == {} and rows["micro_batch_size"]["numerics_when"] == {}
