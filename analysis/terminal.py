@@ -42,3 +42,62 @@ def wrap_fields(fields: list[str], width: int | None, indent: str, sep: str = " 
             cur = indent
         cur += (sep if cur != indent else "") + f
     return lines + [cur]
+
+
+def fit_text(text: str, width: int | None) -> str:
+    """Every line of text within width (None: as it is). A longer line of columns (separated by two or more spaces)
+    keeps its columns up to the last one that starts at least 20 columns before the edge and wraps what follows by
+    words beneath that column where two lines hold it, else on the lines below, indented four more than the line; a
+    line of one field wraps by words, indented two more than it."""
+    import re
+    import textwrap
+    if width is None:
+        return text
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = len(line) - len(line.lstrip(" "))
+        starts = [m.end() for m in re.finditer(r" {2,}", line) if lead < m.end() <= width - 20]
+        col = starts[-1] if starts else lead
+        rest = textwrap.wrap(line[col:], width - col, break_on_hyphens=False) or [""]
+        if col > lead and len(rest) <= 2:  # beneath its column
+            out.append(line[:col] + rest[0])
+            out.extend(" " * col + r for r in rest[1:])
+        elif col > lead:  # a long last column: on the lines below, the whole width, indented
+            col = max(m.end() for m in re.finditer(r" {2,}", line) if lead < m.end() <= width)  # the columns that fit
+            out.append(line[:col].rstrip())
+            out.extend(textwrap.wrap(line[col:], width, initial_indent=" " * (lead + 4),
+                                     subsequent_indent=" " * (lead + 4), break_on_hyphens=False))
+        else:
+            out.extend(textwrap.wrap(line, width, subsequent_indent=" " * (lead + 2), break_on_hyphens=False))
+    return "\n".join(out)
+
+
+class FitStream:
+    """A terminal stream whose every complete line is written through fit_text at the terminal's width (the search
+    command's stdout: the start lines, the live table and the summary within the width). What is written without a
+    newline waits for it, or for flush(), which writes it as it is."""
+
+    def __init__(self, stream, width: int):
+        self.stream, self.width, self._part = stream, width, ""
+
+    def write(self, text: str) -> int:
+        lines = (self._part + text).split("\n")
+        self._part = lines.pop()
+        for line in lines:
+            self.stream.write(fit_text(line, self.width) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._part:
+            self.stream.write(self._part)
+            self._part = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return True
+
+    def __getattr__(self, name):  # fileno, encoding, ...: the terminal's
+        return getattr(self.stream, name)

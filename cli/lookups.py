@@ -56,18 +56,20 @@ def cmd_lookup(a) -> int:
         print(f"trainscout: refused: {name} line {n} (key {key[:12]}): {why}", file=sys.stderr)
     answers = [lookup(atlas, m, gpu=a.gpu, gpus=a.gpus, global_batch=a.global_batch, budget=a.budget,
                       gpu_memory_gib=capacity, top=a.top, host_memory_gib=host) for m in models]
+    from trainscout.analysis.terminal import fit_text, terminal_width
+    width = terminal_width()  # a terminal: every line within its width; a pipe: whole lines
     if a.json:
         print(json.dumps(answers[0] if len(answers) == 1 else answers))
     elif len(answers) == 1 or a.verbose:
-        print("\n\n".join(render(x, provenance=not a.quiet) for x in answers))
+        print(fit_text("\n\n".join(render(x, provenance=not a.quiet) for x in answers), width))
     else:
-        print(render_summary(answers))
+        print(fit_text(render_summary(answers), width))
         for x in answers:
             if x.get("predicted"):
-                print(f"measure {x['model']}: {x['predicted']['search_command']}")
+                print(fit_text(f"measure {x['model']}: {x['predicted']['search_command']}", width))
         if not a.quiet:
-            print("(one --model for its configurations, provenance and the predictions' leave-one-out error; -v: "
-                  "all of them)")
+            print(fit_text("(one --model for its configurations, provenance and the predictions' leave-one-out "
+                           "error; -v: all of them)", width))
     return 1 if refused else 0
 
 

@@ -60,7 +60,22 @@ def tracking(kinds: list[str] | None) -> list[str]:
 
 
 def cmd_search(a) -> int:
-    """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone)."""
+    """`trainscout search`: run or resume a search; the live table, then the summary (-q: the summary alone). Where
+    stdout is a terminal, every line it gets is fitted to its width (analysis.terminal.FitStream); a pipe gets
+    whole lines."""
+    from trainscout.analysis.terminal import FitStream, terminal_width
+    real, width = sys.stdout, terminal_width(sys.stdout)
+    if width is not None:
+        sys.stdout = FitStream(real, width)
+    try:
+        return _search(a)
+    finally:
+        if sys.stdout is not real:
+            sys.stdout.flush()
+            sys.stdout = real
+
+
+def _search(a) -> int:
     track = tracking(a.track)
     from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
     from trainscout.store import default_url, open_store
@@ -227,9 +242,11 @@ def cmd_results(a) -> int:
         print(fit_table(df[shown], terminal_width()) if len(df) else "no trials")
         choice = best_choice(store)
         if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
-            print(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
+            from trainscout.analysis.terminal import fit_text
+            print(fit_text(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
                   f" (the fastest and the simplest of {len(choice.tied)} within the measured noise "
-                  f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"))
+                  f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"),
+                  terminal_width()))
     return 0
 
 
