@@ -732,7 +732,8 @@ def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path)
 
 
 # --- one real tiny search: Ctrl-C, then --resume with more trials and --json -------------------------------------
-FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
+FIXED = ["--set", "optimizer_state=fp32", "--set", "activation_offload=off", "--set", "optimizer_impl=auto",
+         "--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
          "--set", "attention=sdpa", "--set", "sdpa_backend=math", "--set", "precision=fp32", "--set", "fsdp=off"]
 
 
