@@ -89,3 +89,55 @@ def test_knobs_json_declares_each_knobs_numerics_and_reference():
     assert list(rows["loss_kernel"]["numerics"]) == ["fused_linear"]
     assert rows["tf32"]["numerics_when"]["true"]["when"] == "precision=fp32"
     assert rows["micro_batch_size"]["numerics"] == {} and rows["micro_batch_size"]["numerics_when"] == {}
+
+
+def on_a_terminal(argv: list[str], columns: int = 80, timeout: float = 600) -> str:
+    """argv's stdout through a pseudo-terminal (COLUMNS set), as a person at an 80-column terminal sees it."""
+    import os
+    import pty
+    import select
+    import time
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns), RAY_AUTH_MODE="disabled")
+    p = subprocess.Popen(argv, stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    out, end = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the other end closed
+                    break
+                if not data:
+                    break
+                out += data
+            elif p.poll() is not None:
+                break
+        assert p.wait(timeout=30) == 0, out.decode(errors="replace")[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    return out.decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_columns_80_on_a_terminal_and_whole_lines_to_a_pipe(tmp_path):
+    """COLUMNS=80 with stdout a terminal: no line of a 2-trial CPU search, `results` of its store, `lookup` (one
+    model and every Pythia) or `knobs` is longer than 80; the same commands into a pipe keep whole lines."""
+    cli = [sys.executable, "-m", "trainscout.cli"]
+    out = tmp_path / "s80"
+    search = on_a_terminal(cli + ["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--steps", "3",
+                                  "--warmup", "1", "--out", str(out), "--set", "compile=false", "--set",
+                                  "loss_kernel=eager", "--set", "zero_stage=0"])
+    assert "verdict:" in search and "best, rank 1" in search
+    runs = {"search": search}
+    for name, args in (("results", ["results", str(out)]), ("lookup", ["lookup", "--model", "pythia-160m"]),
+                       ("lookup all", ["lookup", "--model", "pythia-*"]), ("knobs", ["knobs"])):
+        runs[name] = on_a_terminal(cli + args)
+    for name, text in runs.items():
+        assert text.strip(), name
+        assert not lines_over(text, 80), (name, lines_over(text, 80))
+    piped = subprocess.run(cli + ["lookup", "--model", "pythia-160m"], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and lines_over(piped.stdout, 80)  # a pipe: whole lines (provenance on one)
+    assert "provenance:" in runs["lookup"] and "provenance:" in piped.stdout
