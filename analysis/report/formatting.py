@@ -3,7 +3,6 @@ reading, HTML-escaped text. Shared by the terminal summary, the plots and the pa
 from __future__ import annotations
 
 import html
-import math
 
 import pandas as pd
 
@@ -43,7 +42,7 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 def _native(knob, v):
     """A table cell as the knob's own value (pandas turns an int column with gaps into floats)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if _na(v):  # None, NaN and pandas' NA (an Int64 column's gap: a knob a record predates)
         return None
     if hasattr(v, "item"):
         v = v.item()
