@@ -1,12 +1,9 @@
 """One run of a search's Tune loop on the driver: the Tuner (trainable, searcher, ASHA, start points), the callback
-that records stopped trials and prints the live table's rows, the stopper, Ctrl-C, and the one line a search
-stopped by its store ends with."""
+that records stopped trials and prints the live table's rows, the stopper, Ctrl-C (search/interrupt.py), the trackers
+(search/tracking.py), and the one line a search stopped by its store ends with."""
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -22,11 +19,13 @@ from trainscout.trial.status import Status, classify, host_oom_line
 from . import cluster
 from .args import SEED_RANGE, SearchArgs
 from .halt import clear_store_failure, lease_failure, lease_lost, store_failed, store_failure
+from .interrupt import _catch_interrupt, _one_line_logs, _quiet_host_oom, interrupted
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .nearest import nothing_line
 from .space import Space
 from .start import first_points, start_points, store_points
 from .summary import clock, summarize
+from .tracking import trackers
 from .trainable import METRIC, TRIAL_ACTOR, _trainable, counted, fault_schedule, space_knobs
 
 
@@ -129,114 +128,6 @@ def _warm_first(point: dict, base: dict, one_node: bool) -> None:
 def _numbered(trial) -> str:
     """Tune trial name "trial_N_ID", N counting the trials this driver created from 0 (the fault schedule's)."""
     return f"trial_{int(trial.experiment_tag.split('_', 1)[0]) - 1}_{trial.trial_id}"
-
-
-# --- Ctrl-C -------------------------------------------------------------------------------------------------
-_INTERRUPTED = threading.Event()
-
-
-@contextlib.contextmanager
-def _catch_interrupt():
-    """Ctrl-C (SIGINT) while Tune runs: no trial is started, the running ones are stopped (a Tune stopper), what the
-    store holds is kept, and run_search says so. Tune's own handler stops the same way but tells nobody (the search
-    exited 0 with a normal summary), so it is switched off. A second Ctrl-C quits at once."""
-    _INTERRUPTED.clear()
-
-    def on_sigint(sig, frame):
-        _INTERRUPTED.set()
-        print("trainscout: interrupted: stopping the running trials (Ctrl-C again to quit at once)",
-              file=sys.stderr, flush=True)
-        signal.signal(signal.SIGINT, previous)
-    try:
-        previous = signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:  # not the main thread: no handler of ours (nor Tune's)
-        previous = None
-    env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        if env is None:
-            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
-        else:
-            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env
-
-
-@contextlib.contextmanager
-def _one_line_logs(*names: str):
-    """Records of these loggers as one line each, their traceback's last line kept: Tune's saving of its own
-    experiment state (OUT/tune) to a full disk logged a traceback beside the line that says what the store kept."""
-    class OneLine(logging.Filter):
-        def filter(self, record):
-            if record.exc_info:
-                last = next((ln for ln in reversed(logging.Formatter().formatException(record.exc_info).splitlines())
-                             if ln.strip()), "")
-                record.msg, record.args = f"{record.getMessage().strip()} {last.strip()}", ()
-                record.exc_info, record.exc_text = None, None
-            return True
-    loggers, f = [logging.getLogger(n) for n in names], OneLine()
-    for lg in loggers:
-        lg.addFilter(f)
-    try:
-        yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(f)
-
-
-@contextlib.contextmanager
-def _quiet_host_oom():
-    """Tune's traceback of a trial actor the host's memory monitor killed (Ray's 60-line OutOfMemoryError) left out:
-    the trial's row and the search's last line say it in one line each."""
-    class Drop(logging.Filter):
-        def filter(self, record):
-            e = record.exc_info[1] if record.exc_info else None
-            return not (e is not None and classify(str(e)) == Status.HOST_OOM)
-    lg, f = logging.getLogger("ray.tune.execution.tune_controller"), Drop()
-    lg.addFilter(f)
-    try:
-        yield
-    finally:
-        lg.removeFilter(f)
-
-
-def interrupted() -> bool:
-    """Whether Ctrl-C ended the search running (or last run) in this process."""
-    return _INTERRUPTED.is_set()
-
-
-# --- tracking: Ray Tune's own logger callbacks -----------------------------------------------------------------------
-def trackers(kinds, name: str, out: str, stream) -> list:
-    """Ray Tune's logger callbacks for search --track (cli.searches.tracking checked their packages): each Tune trial
-    a run, its config (the knobs) as params, each report's numbers as metrics (per timed step: the best step so far,
-    tokens_per_s, and the step's own, step_tokens_per_s; at the end the record's tokens/s, MFU, peak memory, days),
-    the search's name as the experiment (MLflow) or project (W&B). Where each writes is said on stream."""
-    out_abs = os.path.abspath(out)
-    made = []
-    for kind in kinds:
-        if kind == "mlflow":
-            from ray.air.integrations.mlflow import MLflowLoggerCallback
-            # default: a SQLite file in the output folder (MLflow 3.x refuses its ./mlruns file store unless told)
-            uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.join(out_abs, 'mlflow.db')}"
-            made.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=name, tags={"trainscout_search": name}))
-            where = f"mlflow: experiment {name} at {secrets_masked(uri)}"
-        elif kind == "wandb":
-            from ray.air.integrations.wandb import WandbLoggerCallback
-            made.append(WandbLoggerCallback(project=name))
-            where = f"wandb: project {name}" + (" (offline)" if os.environ.get("WANDB_MODE") == "offline" else "")
-        else:
-            from ray.tune.logger import TBXLoggerCallback
-            made.append(TBXLoggerCallback())
-            where = f"tensorboard: tensorboard --logdir {os.path.join(out_abs, 'tune')}"
-        print(f"  tracking: {where}", file=stream, flush=True)
-    return made
-
-
-def secrets_masked(uri: str) -> str:
-    from trainscout.store import secrets
-    return secrets.masked(uri)
 
 
 # --- the time budget -----------------------------------------------------------------------------------------------
