@@ -99,8 +99,9 @@ def verdict(trials: list[dict], space: dict[str, list[str]] | None = None, windo
     text). space: knob -> its values as text (space_of), None where not known."""
     ok = [t for t in trials if t.get("status") == "ok" and _num(t.get("tokens_per_s"))]
     others: dict[str, int] = {}
+    measured = {id(t) for t in ok}
     for t in trials:
-        if t not in ok:
+        if id(t) not in measured:
             s = str(t.get("status"))
             others[s] = others.get(s, 0) + 1
     spreads = [s for t in ok if (s := _num(t.get("step_spread"))) is not None]
