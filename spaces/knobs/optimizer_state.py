@@ -103,14 +103,26 @@ class OptimizerState(Knob):
 
 @functools.cache
 def state_class(value: str):
-    """torchao.optim's AdamW class for a value (imported here: torchao's import takes seconds)."""
-    import torchao.optim
-    cls = getattr(torchao.optim, CLASSES[value])
-    if value != "bf16":
-        return cls
+    """torchao.optim's AdamW class for a value (imported here: torchao's import takes seconds), its step compiled
+    without AOTAutograd's persistent cache. Why: torchao's state subclasses have no _stable_hash_for_caching (torch
+    warns), and with the suite's shared TORCHINDUCTOR_CACHE_DIR a 4-bit trial loaded a graph another configuration's
+    states had cached and crashed ("wrong number of dimensions1 for op: input"; 2 gloo ranks, tiny, torch 2.13,
+    torchao 0.18); with a fresh cache directory the same search ran. Inductor's own cache still serves the kernels."""
     import torch
+    import torchao.optim
+    base = getattr(torchao.optim, CLASSES[value])
 
-    class AdamWBf16States(cls):
+    class Uncached(base):
+        def step(self, closure=None):
+            with torch._functorch.config.patch(enable_autograd_cache=False):
+                return super().step(closure)
+
+    Uncached.__name__ = Uncached.__qualname__ = base.__name__ if value != "bf16" else "AdamWBf16States"
+    Uncached.__doc__ = base.__doc__ or f"torchao.optim.{base.__name__}"
+    if value != "bf16":
+        return Uncached
+
+    class AdamWBf16States(Uncached):
         """torchao's _AdamW with both states kept in bf16 (its step computes in fp32 and rounds them back)."""
 
         def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
