@@ -136,7 +136,7 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
     the nearest models' rows; one that does not fit as it is gets the memory saver predicted fastest of those that
     fit (search.start.fits' rule)."""
     from trainscout.spaces import fmt, memory_savers
-    from trainscout.trial import engines, memory, steptime
+    from trainscout.trial import dtypes, engines, memory, steptime
     from trainscout.spaces import all_knobs
     micro = {k.name for k in all_knobs() if k.micro_batch}
     at = [s for s in pool if s.world == gpus] or pool
@@ -168,14 +168,15 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                 continue
             if extra and memory.shards_nothing(spec):
                 continue  # sharding over one rank: offload is one GPU's saver
-            fitting.append((steptime.step_s(spec), rank, extra, spec, mem))
+            fitting.append((dtypes.lowers_state(spec.plan), steptime.step_s(spec), rank, extra, spec, mem))
             if not extra:
                 break  # the configuration as measured fits: no saver
         if not fitting:
             if why:
                 notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
             continue
-        step, _, extra, spec, mem = min(fitting, key=lambda f: f[:2])  # fastest predicted; ties in the savers' order
+        # fp32 states kept (a saver that lowers them only where none else fits), fastest predicted, the savers' order
+        _, step, _, extra, spec, mem = min(fitting, key=lambda f: f[:3])
         fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
         host_need = memory.host_need(memory.host_peak(spec))
         offload = f" [needs {host_need / GiB:.0f} GiB of host memory]" if any(

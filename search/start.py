@@ -88,7 +88,7 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     the GPUs hold the states, checkpointing every 4th layer before every layer; None where none fits (notes: why)."""
     import psutil
 
-    from trainscout.trial import memory, steptime
+    from trainscout.trial import dtypes, memory, steptime
     mb = micro_batch().name
     searched = mb in space.domains
     sizes = [m for m in space.domains.get(mb, ()) if m != "max"] or [1]
@@ -131,19 +131,19 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
         label = " ".join(f"{k}={fmt(v)}" for k, v in saver.items())
         tried.append(f"{label}: {got[0] / memory.GiB:.1f} GiB"
                      + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
-        if got[0] <= cap and got[1] is None:
-            fitting.append((speed(dict(point, **saver)), len(fitting), label, saver))
+        if got[0] <= cap and got[1] is None:  # savers that keep fp32 states first (dtypes.lowers_state)
+            fitting.append((dtypes.lowers_state(spec.plan), speed(dict(point, **saver)), len(fitting), label, saver))
     if fitting:
-        fitting.sort(key=lambda f: f[:2])  # fastest predicted; equal ones in the savers' rank order
+        fitting.sort(key=lambda f: f[:3])  # fp32 states kept, fastest predicted, the savers' rank order
         best = fitting[0]
         if notes is not None:
             over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
                     f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
             why = ("; predicted step of each saver that fits: " + ", ".join(
-                f"{label} {t:.3g} s" for t, _, label, _ in fitting) + ", the fastest taken") if len(fitting) > 1 else ""
+                f"{label} {t:.3g} s" for _, t, _, label, _ in fitting) + ", the fastest taken") if len(fitting) > 1 else ""
             notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}){why}: the start point adds "
-                         f"{best[2]}")
-        return dict(point, **best[3])
+                         f"{best[3]}")
+        return dict(point, **best[4])
     if notes is not None:
         need_text = f"{first[0] / memory.GiB:.1f} GiB" if gpu else f"more than the host has ({first[1]})"
         notes.append(f"no start point: the defaults need {need_text} at micro-batch {min(sizes)} "

@@ -36,7 +36,9 @@ def plan_of(config, precision="bf16-mixed"):
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
-def test_a_hub_config_json_trains_fp32_master_weights_and_says_so(hub_config, precision, capsys):
+def test_a_hub_config_json_trains_fp32_master_weights_and_says_so(hub_config, precision, capsys, monkeypatch):
+    from trainscout.spaces.knobs import precision as knob
+    monkeypatch.setattr(knob, "_said", set())  # said once per process: this test's process may have said it
     spec = resolve_model(hub_config)
     plan = plan_of(spec.config, precision)
     assert plan.master_dtype == "float32" and plan.precision == precision

@@ -252,8 +252,13 @@ def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
     # an 80 GiB GPU: checkpointing is not enough, the optimizer goes to the host (which has room for it)
     off = fits(args, space, dict(h200, gpu_memory_gib=80.0), None, defaults, [], host=256e9)
     assert off["zero_stage"] == 2 and off["offload_optimizer"] is True
-    notes = []  # 24 GB of host memory: no saver fits both, nothing to start from, and why
-    assert fits(args, space, dict(h200, gpu_memory_gib=80.0), None, defaults, notes, host=24e9) is None
+    notes = []  # 24 GB of host memory: no saver keeping fp32 master weights fits both; pure bf16 does (last resort)
+    lean = fits(args, space, dict(h200, gpu_memory_gib=80.0), None, defaults, notes, host=24e9)
+    assert lean["precision"] == "bf16" and "the start point adds precision=bf16" in notes[0]
+    args = SearchArgs(model="pythia-6.9b", out=str(tmp_path), device="cpu", trials=4, sets={"precision": "bf16-mixed"})
+    space, _, _ = validate(args)  # precision fixed: nothing to start from, and why
+    notes = []
+    assert fits(args, space, dict(h200, gpu_memory_gib=80.0), None, space_defaults(space), notes, host=24e9) is None
     assert notes[0].startswith("no start point") and "offload_optimizer=true" in notes[0] and "host" in notes[0]
 
 
@@ -361,7 +366,7 @@ def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_pa
     [t] = store_of(out).trials("start")
     defaults = {k.name: k.default for k in all_knobs()}
     given = {"precision": "fp32", "micro_batch_size": 4, "compile": False, "loss_kernel": "eager", "zero_stage": 0,
-             "tf32": True, "attention": "sdpa"}
+             "tf32": True, "attention": "sdpa", "optimizer_impl": "foreach"}  # auto: foreach on the CPU, stored so
     assert t["status"] in ("ok", "stopped") and t["config"] == dict(defaults, **given), t["config"]
 
 
@@ -455,7 +460,9 @@ def test_where_nothing_fits_the_memory_model_says_what_would(tmp_path):
     from trainscout.trial import memory, prepare
     model = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "models", "hub",
                          "mistral-7b-v0.3.json")
-    args = SearchArgs(model=model, out=str(tmp_path), device="cpu", time_budget_s=300)
+    # fp32 master weights asked for (precision fixed): pure bf16 (precision=bf16) would fit one H100, and is the start
+    # point where precision is searched (tests/test_agree.py)
+    args = SearchArgs(model=model, out=str(tmp_path), device="cpu", time_budget_s=300, sets={"precision": "bf16-mixed"})
     space, _, hw = validate(args)
     h100 = dict(hw, device="cuda", gpu_memory_gib=79.1, gpu="NVIDIA H100 80GB HBM3 (mock)", gpu_count=1,
                 capability="9.0")

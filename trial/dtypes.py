@@ -83,3 +83,12 @@ def check(seen: dict, plan) -> None:
             "optimizer states, "
             f"but the optimizer stepped {', '.join(f'{part} in {d}' for part, d in wrong.items())}: the trial "
             "measured another configuration than its label and is not a measurement of it")
+
+
+def lowers_state(plan) -> bool:
+    """Whether the plan keeps the master weights or the optimizer's states below fp32 (precision=bf16, 8-bit or 4-bit
+    AdamW states): a memory saver that does is taken only where none that keeps them fits (search.start.fits, the
+    atlas), as it trains other numbers than the recipe's fp32 masters (DeepSpeed's or FSDP2's 16-bit compute keeps them)."""
+    from .engines.base import optimizer_spec
+    return plan.master_dtype != "float32" or optimizer_spec(plan)["states"] != "float32"
+

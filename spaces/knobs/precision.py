@@ -17,6 +17,10 @@ class Precision(Knob):
     choices = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
     column = 6
     packages = ("torchao",)  # precision=bf16's optimizer
+    # a memory saver of last resort: pure bf16 weights, gradients and states (8 bytes a parameter instead of 16)
+    # lower what the optimizer keeps, so a start point or lookup takes it only where no saver keeping fp32 fits (a 7B on one
+    # 80 GB GPU and 128 GiB of host: H100, 55.4 GiB measured, docs/BENCHMARKS.md); the quality gate then compares it
+    savers = ((90, {"precision": "bf16"}), (91, {"precision": "bf16", "activation_checkpointing": "full"}))
     demo = "bf16-mixed"  # the CPU demo: bf16's torchao optimizer compiles its step with inductor (a C++ compiler)
     # Why bf16 with stochastic rounding: pure bf16 weights under torch's AdamW lose updates smaller than a bf16 ulp
     # (an 82M Qwen2 shape, 600 steps at lr 1e-4: +5.0 % held-out loss against fp32 master weights; STACK.md
@@ -52,7 +56,7 @@ class Precision(Knob):
                               "bf16 weights, not the stochastically rounded updates: `trainscout verify --quality` "
                               "trains it against bf16-mixed")
         asked = asked_dtype(ctx.model_config or {})
-        if asked and (asked, value) not in _said:
+        if asked and asked != plan.master_dtype and (asked, value) not in _said:
             _said.add((asked, value))
             print(f"trainscout: note: the model's config.json asks for {asked} weights; precision={value} keeps "
                   f"{plan.master_dtype} master weights (the config's torch_dtype does not change what trains)",
