@@ -251,9 +251,6 @@ def test_why_zero_is_refused_torchao_keeps_fp32_states_for_deepspeeds_partitions
     assert "optimizer in float32" in rec.error
 
 
-@pytest.mark.xfail(strict=True, reason="trial/engines/fsdp.py's model_states counts 2 * master_bytes(plan) for the "
-                                       "optimizer, not engines.base.optimizer_bytes(plan): a one-line change in the "
-                                       "FSDP2 engine's file (owned by the FSDP work), reported")
 def test_fsdp2_memory_model_counts_optimizer_state_bytes():
     from trainscout.trial import prepare
     hw = {"device": "cpu", "cpu": "x", "cpu_count": 2}

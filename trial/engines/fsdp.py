@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainscout.runtime import decoder_layers
 
-from .base import autocast_dtype, causal_lm_loss, master_bytes, register_engine
+from .base import autocast_dtype, causal_lm_loss, master_bytes, optimizer_bytes, register_engine
 from .plain import TorchEngine
 
 
@@ -84,7 +84,7 @@ class FsdpEngine(TorchEngine):
         # of two layers
         m = master_bytes(plan)
         return {"weights": m * N / D + (2 if mixed else 4) * 2 * c["per_layer"], "gradients": m * N / D,
-                "optimizer": 2 * m * N / D, "buffers": 0.0}
+                "optimizer": optimizer_bytes(plan) * N / D, "buffers": 0.0}
 
     @classmethod
     def offloaded(cls, plan):
