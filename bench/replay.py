@@ -41,6 +41,9 @@ from trainscout.trial.status import Status
 META = "# trainscout-grid "
 
 
+LATE: set[str] = set()  # the knobs the last grid loaded predates (config_id leaves them out)
+
+
 def load_grid(path: str) -> tuple[dict, list[dict], dict]:
     """(meta, rows, knobs registered since: held at their defaults) of a CSV written by bench/grid.py."""
     try:
@@ -74,6 +77,8 @@ def load_grid(path: str) -> tuple[dict, list[dict], dict]:
         raise ConfigError("--csv", f"{path}: a row has a bad value ({e}): give a CSV written by bench/grid.py")
     if not any(r["status"] == Status.OK and r["grid"] for r in rows):
         raise ConfigError("--csv", f"{path} has no measured (ok) grid row: nothing to find")
+    LATE.clear()
+    LATE.update(k.name for k in late)
     return meta, rows, {k.name: k.default for k in late}
 
 
@@ -89,8 +94,10 @@ def shuffled_grid(grid: list[dict], target: float, seed: int) -> float:
     return spent
 
 
-def config_id(cfg: dict) -> tuple:
-    return tuple(fmt(cfg[k.name]) for k in all_knobs())
+def config_id(cfg: dict, skip=()) -> tuple:
+    """A configuration's identity among a grid's rows; skip: knobs registered after the recording (held at their
+    defaults there, and a default such as optimizer_impl=auto is concretised by prepare into what it runs)."""
+    return tuple(fmt(cfg[k.name]) for k in all_knobs() if k.name not in skip)
 
 
 def as_recorded(meta: dict) -> None:
@@ -115,7 +122,7 @@ def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
     as_recorded(meta)
 
     def execute(spec, on_step=None, **_):
-        row = rows.get(config_id(spec.config))
+        row = rows.get(config_id(spec.config, LATE))
         if row is None:
             raise LookupError("not in the grid: " + " ".join(f"{k}={fmt(v)}" for k, v in spec.config.items()))
         return played(row, spec, on_step)
@@ -189,7 +196,7 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
         if kind in (Status.INVALID, Status.PRUNED, "stored"):
             return 0.0, None
         settings = {k: v for k, v in config.items() if k in base["knob_names"]}
-        row = rows[config_id(prepare(meta["model"], settings, **kw).config)]
+        row = rows[config_id(prepare(meta["model"], settings, **kw).config, LATE)]
         if kind != Status.STOPPED or not row["wall_s"]:  # ran in full (ok, oom, crash, timeout)
             return row["gpu_s"], row
         ran = min(1.0, r.get("training_iteration", 0) / max(1, len(row["steps"])))
@@ -257,7 +264,7 @@ def run(a) -> int:
     if not any(r["status"] == Status.OK and r["grid"] for r in table):
         raise ConfigError("--set", f"{a.csv}: no measured (ok) grid row has {' and '.join(a.set)}: nothing to find")
     space = Space(fixed, searched)
-    rows = {config_id(r): r for r in table if r["status"] != Status.INVALID}
+    rows = {config_id(r, LATE): r for r in table if r["status"] != Status.INVALID}
     grid = [r for r in table if r["grid"]]
     total = sum(r["gpu_s"] for r in grid)
     best = max(r["tokens_per_s"] for r in grid if r["status"] == Status.OK)

@@ -54,7 +54,7 @@ def _grid():
              "activation_checkpointing": "none"}
     searched = {k: tuple(get(k).parse(v) for v in vs) for k, vs in meta["space"]["searched"].items()
                 if k != "activation_checkpointing"}
-    return meta, Space(fixed, searched), {replay.config_id(r): r for r in table if r["status"] != "invalid"}
+    return meta, Space(fixed, searched), {replay.config_id(r, late): r for r in table if r["status"] != "invalid"}
 
 
 def _search(meta, space, rows, seed, ranked, target, limit=40):
@@ -71,7 +71,7 @@ def _search(meta, space, rows, seed, ranked, target, limit=40):
         try:
             spec = prepare(meta["model"], {k: v for k, v in config.items() if k in knobs}, workers=meta["workers"],
                            hw=hw, **meta["recipe"])
-            row = rows[replay.config_id(spec.config)]
+            row = rows[replay.config_id(spec.config, replay.LATE)]
             value = row["tokens_per_s"] if row["status"] == "ok" else 0.0
         except ConfigError:
             value = 0.0

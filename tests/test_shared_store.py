@@ -168,7 +168,8 @@ def test_processes_opening_a_new_postgresql_store_at_once_create_its_schema_once
 
 # --- two real searches at once on one cluster and a new PostgreSQL database, a resume from another process -------
 FAST = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
-        "--set", "attention=sdpa", "--set", "micro_batch_size=2"]
+        "--set", "attention=sdpa", "--set", "micro_batch_size=2", "--set", "optimizer_state=fp32",
+        "--set", "activation_offload=off", "--set", "optimizer_impl=auto"]  # this session's knobs: no invalid draws
 
 
 def search(out, address, *extra) -> list[str]:
