@@ -99,6 +99,8 @@ class Knob:
     hook_rank: ClassVar[int] = 0
     column: ClassVar[int] = 0
     demo: ClassVar[Any] = None
+    # the knob also takes "auto", never searched: `concrete` decides what it runs (compile_scope, experts, optimizer_impl)
+    auto: ClassVar[bool] = False
     mesh_dim: ClassVar[str | None] = None  # the device-mesh dimension this knob's value is the degree of
     formats: ClassVar[tuple[str, ...] | None] = None  # export formats that carry it when set (None: the engine's)
     not_carried: ClassVar[str] = ""  # why the other formats cannot, with the fix
@@ -112,6 +114,8 @@ class Knob:
     # --- values -------------------------------------------------------------------------------------------
     def parse(self, raw: Any) -> Any:
         """A value from a CLI string or a YAML scalar; ConfigError when it is not in the domain."""
+        if self.auto and isinstance(raw, str) and raw.strip().lower() == "auto":
+            return "auto"
         if isinstance(raw, str):
             low = raw.strip().lower()
             for c in self.choices:
@@ -141,8 +145,8 @@ class Knob:
         return ConfigError(self.name, f"{self.name}={fmt(raw)!s} is not allowed: choose one of {self.domain_text()}")
 
     def domain_text(self) -> str:
-        """The choices as one string: none|full|2."""
-        return "|".join(fmt(c) for c in self.choices)
+        """The choices as one string: none|full|2 (auto|... where the knob also takes auto)."""
+        return "|".join(["auto"] * self.auto + [fmt(c) for c in self.choices])
 
     # --- rules --------------------------------------------------------------------------------------------
     def is_set(self, value: Any) -> bool:

@@ -48,6 +48,20 @@ def worker_pids():
     return ray_worker_pids
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    """A new store: a SQLite file, or a new database on the session's PostgreSQL (its password in the URL)."""
+    import uuid
+
+    from trainscout.store import default_url
+    if request.param == "sqlite":
+        return default_url(str(tmp_path))
+    pg = request.getfixturevalue("postgres")
+    name = "t" + uuid.uuid4().hex[:12]
+    pg.create_database(name)
+    return pg.url(name, password=True)
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL server on 127.0.0.1 for the session (tests/pg.py), stopped by its own pg_ctl. Missing

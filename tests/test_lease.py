@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -17,16 +16,6 @@ from trainscout.store import Store, claims, default_url
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(400)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        return default_url(str(tmp_path))
-    pg = request.getfixturevalue("postgres")
-    name = "t" + uuid.uuid4().hex[:12]
-    pg.create_database(name)
-    return pg.url(name, password=True)
 
 
 def _pause(lease: claims.Lease) -> None:

@@ -21,17 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    """A new store: a SQLite file, or a new database on the session's PostgreSQL (its password in the URL)."""
-    if request.param == "sqlite":
-        return default_url(str(tmp_path))
-    pg = request.getfixturevalue("postgres")
-    name = "t" + uuid.uuid4().hex[:12]
-    pg.create_database(name)
-    return pg.url(name, password=True)
-
-
 def rec(trial: str, tokens: float | None, status: str = "ok") -> dict:
     return {"model": "tiny", "status": status, "config": {"i": 1}, "trial_id": trial,
             "metrics": {"tokens_per_s": tokens, "step_s": 1.0} if tokens else None}

@@ -10,6 +10,7 @@ class CompileScope(Knob):
 
     name = "compile_scope"
     default = "auto"  # layers on the PyTorch engines, model under DeepSpeed
+    auto = True
     choices = ("layers", "model")
     requires = {"compile": (True,)}
     stage = "compile_layers"  # after checkpointing wraps the layers, before sharding
@@ -19,14 +20,6 @@ class CompileScope(Knob):
     # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all.
     # On the H200, same settings: +6.1 % (Pythia-160M) and +22 % (410M) tokens/s over the whole model compiled;
     # 1B reached MFU 0.600 (docs/BENCHMARKS.md, "Compile scope").
-
-    def parse(self, raw):
-        if isinstance(raw, str) and raw.strip().lower() == "auto":
-            return "auto"
-        return super().parse(raw)
-
-    def domain_text(self):
-        return "auto|" + super().domain_text()
 
     def concrete(self, value, cfg, ctx):
         if value == "auto" and cfg["compile"]:

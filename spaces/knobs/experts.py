@@ -10,6 +10,7 @@ class Experts(Knob):
 
     name = "experts"
     default = "auto"  # transformers 5.x: grouped_mm where its kernel can run, else eager
+    auto = True
     choices = ("grouped_mm", "eager")
     stage = "modules"  # before fp8 swaps modules and before checkpointing and compile wrap the layers
     # Why: on the H200 (torch 2.11, transformers 5.17; bench/data/gpu-2026-12-02-s11/moe_probe_ABC.log) a 4-layer,
@@ -18,16 +19,11 @@ class Experts(Knob):
     # Whatever the kernel, the transform runs the experts in autocast's dtype (_compute_under_autocast).
 
     def parse(self, raw):
-        if isinstance(raw, str) and raw.strip().lower() == "auto":
-            return "auto"
         if isinstance(raw, str) and raw.strip().lower() == "batched_mm":
             raise ConfigError(self.name, "experts=batched_mm copies every token's expert weights (measured on the "
                                          "H200: 64 GiB asked for by a 4-layer, 32-expert model at 4,096 tokens): it "
                                          "is for decoding, not training: set experts=grouped_mm or eager")
         return super().parse(raw)
-
-    def domain_text(self):
-        return "auto|" + super().domain_text()
 
     def check(self, value, cfg, ctx):
         if value == "auto" or not ctx.model_config:

@@ -9,6 +9,7 @@ class OptimizerImpl(Knob):
 
     name = "optimizer_impl"
     default = "auto"  # what every trial ran before this knob: fused on CUDA, foreach elsewhere
+    auto = True
     choices = ("foreach", "fused")
     # torchao's optimizers (optimizer_state, precision=bf16) have one implementation each: a compiled kernel per
     # parameter. Sampled only where the optimizer is torch's AdamW; set elsewhere, refused with the fix
@@ -16,14 +17,6 @@ class OptimizerImpl(Knob):
     column = 0  # csv/json only: one value of most searches
     # Why: the optimizer step is its own phase of a measurement (metrics optimizer_s); on a GPU the fused kernel
     # reads each state once per step. Measured, not assumed (bench/optimizer_gpu.py).
-
-    def parse(self, raw):
-        if isinstance(raw, str) and raw.strip().lower() == "auto":
-            return "auto"
-        return super().parse(raw)
-
-    def domain_text(self):
-        return "auto|" + super().domain_text()
 
     def concrete(self, value, cfg, ctx):
         # auto is decided here, so auto and the value it stands for are one configuration (one measurement key)
