@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import faults, flops, hardware, metrics, pool, probe, quality
+from . import contention, faults, flops, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .ray_cluster import check_resources, cluster_address, ensure_ray  # importable from here too
 from .records import RankResult, Record, TrialSpec
@@ -357,6 +357,8 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "micro_batch_size": spec.plan.micro_batch_size,
         # the dtypes rank 0's optimizer really stepped (trial.dtypes: a trial whose dtypes differ from its label crashes)
         "dtypes": ranks[0].dtypes,
+        # other trials on its node during the timed steps, and those sharing its CPU or GPU (trial.contention)
+        "shared_with": contention.merge([r.shared for r in ranks]),
     }
     if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
         out["quality"] = ranks[0].quality or spec.quality.get("known") or {

@@ -118,6 +118,9 @@ def reset_process() -> None:
     torch.compile's in-memory caches (the on-disk ones stay), and start the device's peak counters again (the next
     trial resets the peak RSS as it starts)."""
     import torch
+
+    from . import contention
+    contention.leave()  # this trial no longer shares the node (trial.contention)
     torch.compiler.reset()
     collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -194,7 +197,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
 
     _redirect_stderr(spec.log_dir, rank)
     _reset_peak_rss()
-    from . import dtypes, engines, faults, probe as mbs_probe
+    from . import contention, dtypes, engines, faults, probe as mbs_probe
     from .models import build_model
     from trainscout.spaces import ParallelDims
 
@@ -208,6 +211,10 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, spec.threads_per_worker or 1))
     torch.manual_seed(spec.seed or 0)
+    # on the node's registry from now to reset_process: what shares the node during the timed steps (trial.contention)
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    contention.enter(spec.log_dir or f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+                     ["cpu"] if device.type != "cuda" else [visible[local] if local < len(visible) else str(local)])
 
     on_device = device.type == "cuda" and engines.get(plan.engine).builds_on_device
 
@@ -290,6 +297,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     steps = []
     retries = mbs_probe.alloc_retries(device)
     progress = spec.progress
+    contention.timed_start()
     for s in range(spec.timed_steps):
         if s == 0:
             faults.fire(spec.fault, rank, device)
@@ -302,6 +310,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         if progress is not None and _stop_requested(progress, rank, world, device):
             break  # early stopping ended the trial: leave as after the last step, so the process can be reused
     t_timed = time.perf_counter()
+    shared = contention.timed_end()
     peaks = _peaks(device)
     if retries is not None:  # the allocator's retries during the timed steps: memory pressure
         retries = mbs_probe.alloc_retries(device) - retries
@@ -326,7 +335,7 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
                       autotune_s=autotune_s,
                       warmup_s=t_warm - t_built,
                       timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
-                      gc_s=gc_seconds() - gc0, dtypes=ran[0] or None,
+                      gc_s=gc_seconds() - gc0, dtypes=ran[0] or None, shared=shared,
                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
     dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
     return {"n_params": n_params, "rank": mine.to_dict()}
