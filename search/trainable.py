@@ -89,7 +89,8 @@ def _measure(config: dict, base: dict) -> None:
     # and a new measurement of it is that key's sample
     key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions()))
     record = store.get(key)
-    cached = record is not None and served(record.status, record.error)  # never a host_oom (trial.status)
+    # never a host_oom, nor a measurement other trials shared the device of (trial.status)
+    cached = record is not None and served(record.status, record.error, record.metrics)
     if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
         # ASHA ended this configuration earlier in the search: TPE proposed it again; it gets the same answer
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)

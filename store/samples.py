@@ -4,7 +4,8 @@ Two searches on one database once measured the same configurations at the same t
 replaced the first's (204 and 461 tokens/s overwritten by 425 and 1,341; `results` then showed the second's for
 the first search, 2026-12-02). Now a write never replaces a measurement that counts: the row in
 trainscout_measurements is the key's first ok, oom or invalid record (before one exists, its latest crash or
-timeout, which the next measurement of the key replaces), and every other record of the key is a row here, never
+timeout, which the next measurement of the key replaces; an ok taken with other trials sharing its CPU or GPU,
+trial.contention, gives way to the first clean one likewise), and every other record of the key is a row here, never
 changed or deleted. A second ok measurement of a key is thus a second sample, and the spread between them is real
 (`results`: samples, tokens_per_s_spread). The same record written twice (its trial id) is stored once.
 """
@@ -14,6 +15,7 @@ import json
 
 import sqlalchemy as sa
 
+from trainscout.trial.contention import contended
 from trainscout.trial.status import served
 
 META = sa.MetaData()
@@ -79,9 +81,11 @@ def _add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
                 or c.execute(sa.select(SAMPLES.c.id).where(SAMPLES.c.key == row["key"],
                                                            SAMPLES.c.trial_id == trial_id)).first()):
             return "duplicate"
-        # a crash or timeout, or an oom that was the host's memory monitor (trial.status.served), gives way
-        if current["status"] in REPLACEABLE or (current["status"] == "oom"
-                                                and not served("oom", json.loads(current["record"]).get("error"))):
+        # a crash or timeout, an oom that was the host's memory monitor (trial.status.served), or a measurement other
+        # trials shared the device of, which a clean one replaces (trial.contention), gives way
+        held, new = json.loads(current["record"]), json.loads(row["record"])
+        if current["status"] in REPLACEABLE or (current["status"] == "oom" and not served("oom", held.get("error"))) \
+                or (contended(held) and served(row["status"], new.get("error"), new.get("metrics"))):
             c.execute(SAMPLES.insert().values(**_sample(dict(current))))
             c.execute(measurements.update().where(measurements.c.key == row["key"]).values(**row))
             return "replaced"

@@ -203,7 +203,7 @@ class Store:
         """Claim measurement key for this process (store.claims.measuring): waits while another live holder
         measures it; Claim.served is the record it measured (ok, oom or invalid), else this process measures and
         then calls Claim.release()."""
-        return claims.measuring(self.engine, key, self.get, holder, lambda r: served(r.status, r.error))
+        return claims.measuring(self.engine, key, self.get, holder, lambda r: served(r.status, r.error, r.metrics))
 
     def hold_search(self, name: str, flag: str = "--out") -> claims.Lease:
         """The driver's lease of search `name` (heartbeat until released); ConfigError naming the live holder."""

@@ -54,8 +54,11 @@ def host_oom_line(error: str) -> str:
             "RAY_memory_usage_threshold, then measure it again")
 
 
-def served(status: str, error: str | None) -> bool:
+def served(status: str, error: str | None, metrics: dict | None = None) -> bool:
     """Whether a stored outcome is the configuration's own, served from the store instead of measured again: ok, oom
     or invalid (DETERMINISTIC), less an oom that was the host's memory monitor (stored as `oom` before host_oom
-    existed: "1 worker(s) were killed due to the node running low on memory", a 7B ZeRO-2 offload on an H100)."""
-    return status in DETERMINISTIC and not (status == Status.OOM and _HOST_OOM.search(error or ""))
+    existed: "1 worker(s) were killed due to the node running low on memory", a 7B ZeRO-2 offload on an H100), and
+    less a measurement other trials shared the CPU or GPU of (metrics: trial.contention.shared_in)."""
+    from .contention import shared_in
+    return (status in DETERMINISTIC and not (status == Status.OOM and _HOST_OOM.search(error or ""))
+            and not shared_in(metrics))
