@@ -11,7 +11,7 @@ import shlex
 import yaml
 
 from trainscout.spaces import ConfigError, Plan, all_knobs, fmt, get
-from trainscout.trial import engines
+from trainscout.trial import contention, engines
 from trainscout.trial.records import Record
 
 FORMATS = ("hf", "deepspeed", "accelerate", "command")
@@ -200,6 +200,14 @@ def launch_script(rec: Record, how: dict) -> str:
         f'exec trainscout train --config .{model} --steps "${{STEPS:-1000}}" "$@"', ""])
 
 
+def shared_note(rec: Record) -> list[str]:
+    """A note on a measurement other trials shared the CPU or GPU of (trial.contention), [] for a clean one."""
+    if not (shared := contention.label(rec.metrics)):
+        return []
+    return [f"measured while {shared} shared its device on the node: its tokens/s is lower than alone and is not "
+            "served to later searches; measure it alone (search --max-concurrent 1)"]
+
+
 def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record] | None = None,
            verified: dict | None = None) -> list[str]:
     """Write the chosen formats into out_dir; returns the files written. A format that cannot carry the measured
@@ -259,7 +267,7 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "started_at": rec.started_at, "hook": hook, "launch": how,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: why[f] for f in refused},
-                  "notes": [*plan.notes, *notes],
+                  "notes": [*plan.notes, *notes, *shared_note(rec)],
                   "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device))),
                   **written_for}  # transformers_version: the one training_args.json was written for
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (

@@ -8,6 +8,7 @@ import pandas as pd
 
 from trainscout.spaces import ConfigError, all_knobs
 from trainscout.store import Store, default_url, samples
+from trainscout.trial import contention
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 
@@ -60,7 +61,8 @@ def load(source: str) -> pd.DataFrame:
 def columns(knobs: list[str]) -> list[str]:
     """load()'s columns, in order."""
     return ["search", "trial", "number", "status", "cached", "error", "model", "device", "world_size", "gpu",
-            "placement", *knobs, *METRICS, "quality", "samples", "tokens_per_s_spread", "key", "created_at", "origin"]
+            "placement", *knobs, *METRICS, "quality", "shared", "samples", "tokens_per_s_spread", "key", "created_at",
+            "origin"]
 
 
 def typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -129,7 +131,24 @@ def _row(rec, knobs: list[str], *, search, trial, status, cached, error, key, cr
     row.update({k: config.get(k) for k in knobs})
     row.update({k: (m.get(k) if status == Status.OK else None) for k in METRICS})
     row["quality"] = quality_status(m, verified, rec.config, rec.device)[0] if status == Status.OK and rec else None
+    # other trials shared its CPU or GPU while it was measured: kept apart (trial.contention), e.g. "4 trials (cpu)"
+    row["shared"] = contention.label(m) if status == Status.OK else None
     return row
+
+
+def measured_by(store: Store, trials: list[dict]) -> list[Record]:
+    """The records a search's trials measured (ok, not served from the store): each trial's own among its key's
+    samples (store.samples), the one whose tokens/s is the trial row's."""
+    out = []
+    for t in trials:
+        if t["status"] == Status.OK and t["key"] and not t["cached"] and t["tokens_per_s"]:
+            out += [r for r in store.samples(t["key"]) if r.ok and r.m.get("tokens_per_s") == t["tokens_per_s"]][:1]
+    return out
+
+
+def shared_line(store: Store, trials: list[dict]) -> str | None:
+    """The line saying how many of a search's measurements ran beside other trials on the node (None: none did)."""
+    return contention.note(measured_by(store, trials))
 
 
 def measurement(source: str, key: str | None = None, best: bool = False) -> Record:

@@ -11,11 +11,14 @@ without FSDP, well within the measured spread; its export then failed in a plain
   ranks), the engine's portability (plain < FSDP2 < DeepSpeed < pipeline: Engine.portability), the number of
   settings only trainscout's runtime hook applies (export.hook_only), the number of knobs set away from their
   defaults; then the faster. Nothing here names a knob: simplicity comes from the plan's engine and the export.
+- A measurement taken with other trials sharing its CPU or GPU (trial.contention.contended) is ranked only where
+  no clean measurement is ok.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainscout.trial.contention import contended
 from trainscout.trial.records import Record
 
 TIE_CAP = 0.03  # a tie is never called across more than 3 % (a noisy measurement does not make everything equal)
@@ -88,6 +91,8 @@ def choose(records: list[Record]) -> Choice | None:
     ok = [r for r in records if r.ok and (r.m.get("tokens_per_s") or 0) > 0]
     if not ok:
         return None
+    # measurements other trials shared the CPU or GPU of (trial.contention) rank only where no clean one is ok
+    ok = [r for r in ok if not contended(r)] or ok
     fastest = max(ok, key=lambda r: r.m["tokens_per_s"])
     if not fastest.plan:  # a record without its plan (an older import) has nothing to judge simplicity by
         return Choice(best=fastest, fastest=fastest, tied=[fastest])

@@ -15,6 +15,7 @@ import os
 import re
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.contention import contended
 from trainscout.trial.quality import status as quality_status
 
 from . import predict
@@ -147,6 +148,9 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                                                                      predict.plan_of(reps[0]["record"])),
                             "provenance": reps[0]["provenance"]})
                 continue
+            # measurements other trials shared the CPU or GPU of (trial.contention): only where no clean one is
+            clean = [r for r in oks if not contended(r["record"])]
+            shared, oks = not clean, clean or oks
             tps = median([r["record"]["metrics"]["tokens_per_s"] for r in oks])
             best = min(oks, key=lambda r: abs(r["record"]["metrics"]["tokens_per_s"] - tps))
             rec, m = best["record"], best["record"]["metrics"]
@@ -167,7 +171,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                    "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
                    "verified": best.get("verified"), "provenance": best["provenance"],
                    "quality": quality_status(m, None, rec["config"], rec.get("device")),
-                   "origins": sorted({r["provenance"].get("origin") for r in oks})}
+                   "origins": sorted({r["provenance"].get("origin") for r in oks}), "shared": shared}
             row.update(_money(days, n, row["gpu"], prices))
             row["_record"] = dict(rec, key=best["key"], metrics=dict(m, tokens_per_s=tps))
             ok.append(row)

@@ -38,6 +38,7 @@ def render(answer: dict, provenance: bool = True) -> str:
             reps = f" [median of {len(r['repeats'])}]" if len(r["repeats"]) > 1 else ""
             lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
             contributed = " [contributed]" if "contributed" in r["origins"] else ""
+            contributed += " [shared: measured beside other trials]" if r.get("shared") else ""
             contributed += " [best: what export --best writes]" if r.get("best") and len(g["rows"]) > 1 else ""
             lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r['mfu'], '{:.3f}'):>5}  "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r['projected_days'], '{:.1f}'):>6}  "

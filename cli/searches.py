@@ -236,6 +236,8 @@ def cmd_results(a) -> int:
             shown[3:3] = ["samples", "tokens_per_s_spread"]
         if df["placement"].fillna("").str.contains("nodes").any():  # a trial split over nodes: say so
             shown[3:3] = ["placement"]
+        if df["shared"].notna().any():  # measured while other trials shared its CPU/GPU: kept apart, never served
+            shown[3:3] = ["shared"]
         width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
         df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
         # missing: "-"; on a terminal, within its width (a pipe: every column whole)

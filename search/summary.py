@@ -142,6 +142,9 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
               "cluster gave their ranks no room within the time limit (other searches or jobs held it; nothing ran "
               f"and the sampler learnt nothing): `trainscout search --resume {out}` runs them again; a smaller "
               "--max-concurrent leaves room", file=stream)
+    from trainscout.analysis.table import shared_line
+    if shared := shared_line(store, trials):  # measurements taken beside other trials on the node (trial.contention)
+        print(shared, file=stream)
     if overhead:
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "

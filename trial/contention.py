@@ -1,24 +1,22 @@
-"""What shared the node while a trial's timed steps ran: a node-local registry of running trials (issue 50).
+"""What shared the node while a trial's timed steps ran (issue 50: 5 trials at once on 2 CPU cores stored 321
+tokens/s for a configuration measured at 1,293-8,996 alone; later searches were served 321).
 
-5 trials at once on 2 CPU cores stored 321 tokens/s for a configuration measured at 1,293-8,996 alone, and later
-searches were served 321. Now each rank process of a trial writes <dir>/<pid>.json (dir: TRAINSCOUT_RUNNING_DIR,
-default <tmp>/trainscout-running) when its trial starts (build, compile, warm-up, timed steps, gate: all of it uses
-the device) and writes its end when the trial ends (worker.reset_process). A rank counts the other trials (other
-`trial` tokens: a trial's own ranks share its token) present during its timed steps: live at their start, or
-present at any time between their start and end (one file per process holds its latest trial: a window of it that
-began inside ours is its latest). A dead process's open entry (killed) counts only where it began inside our window
-or was live at its start. Files rather than a Ray actor: every search, Ray job and `trainscout trial` on the host
-sees them, with nothing to start or to lose.
+A node-local registry: each rank process writes <dir>/<pid>.json (TRAINSCOUT_RUNNING_DIR, default
+<tmp>/trainscout-running) as its trial starts (build, warm-up, timed steps, gate: all of it uses the device) and its
+end as the trial ends (worker.reset_process). A rank counts the other trials (other `trial` tokens) present during
+its timed steps: live as they began, or with a start and end overlapping them (a file holds its process's latest
+trial, so one that began inside the window is seen), or killed (open entry, dead pid) after beginning inside it.
+Files, not a Ray actor: every search, Ray job and `trainscout trial` on the host sees them, nothing to start or lose.
 
-Which peers contend: on the CPU every other trial on the node (the cores are shared, and a GPU trial's host side
-uses them); on a GPU the trials on one of its GPUs, and CPU trials (their threads take the cores that launch its
-kernels); a trial on another GPU of the node is counted in `trials`, not in `sharing`. A record's
-metrics["shared_with"]: {"trials", "sharing", "devices"}; contended(record): sharing > 0. Such a measurement is
-kept apart: never served as the configuration's stored answer (trial.status.served), a clean one of its key takes
-its place (store.samples), and rankings prefer clean ones (analysis.ties).
+`sharing` (contending): on the CPU every other trial on the node; on a GPU those on one of its GPUs, and CPU trials
+(their threads take the cores that launch its kernels); a trial on another GPU counts in `trials` only.
+metrics["shared_with"] = {"trials", "sharing", "devices"}; contended(record): sharing > 0. Such a measurement is
+kept apart: never served (trial.status.served), the first clean one of its key takes its place (store.samples),
+rankings prefer clean ones (analysis.ties), tables mark it (results' `shared`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -34,20 +32,14 @@ def registry() -> str:
 
 
 def _started(pid: int) -> str | None:
-    """The process's start time in clock ticks (/proc/<pid>/stat field 22), "" where /proc is not; None: no process."""
+    """The process's start time in clock ticks (/proc/<pid>/stat field 22); None: no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19]
     except FileNotFoundError:
         return None
     except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return ""
-        except ProcessLookupError:
-            return None
-        except OSError:
-            return ""
+        return ""  # not readable: taken as live
 
 
 def _alive(e: dict) -> bool:
@@ -74,10 +66,8 @@ def _entries() -> list[dict]:
             continue  # being replaced, or removed meanwhile
         e["alive"] = _alive(e)
         if not e["alive"] and (e.get("end") or e.get("start") or 0.0) < now - PRUNE_S:
-            try:  # a dead process's, older than any window it could have overlapped
+            with contextlib.suppress(OSError):  # a dead process's, older than any window it could have overlapped
                 os.remove(os.path.join(registry(), name))
-            except OSError:
-                pass
             continue
         out.append(e)
     return out
@@ -90,10 +80,8 @@ def enter(trial: str, devices: list[str]) -> None:
              "start": time.time(), "end": None}
     try:
         os.makedirs(registry(), exist_ok=True)
-        try:
+        with contextlib.suppress(OSError):
             os.chmod(registry(), 0o1777)  # every user's trials on the host write here (sticky, as /tmp)
-        except OSError:
-            pass
         _write(entry)
         _mine.update(entry=entry)
     except OSError as e:
@@ -102,8 +90,11 @@ def enter(trial: str, devices: list[str]) -> None:
 
 def timed_start() -> None:
     """The timed steps begin: the trials live now are present in them."""
-    if "entry" in _mine:
-        _mine.update(t0=time.time(), live={e["trial"]: e for e in _entries() if e["alive"] and e.get("end") is None})
+    try:
+        if "entry" in _mine:
+            _mine.update(t0=time.time(), live={e["trial"]: e for e in _entries() if e["alive"] and e.get("end") is None})
+    except OSError as e:
+        _mine.update(why=f"the registry {registry()} could not be read ({e.strerror or e})")
 
 
 def timed_end() -> dict:
@@ -113,11 +104,14 @@ def timed_end() -> dict:
         return {"unknown": _mine.get("why") or "the trial was not registered (trial.contention.enter)"}
     t0, t1, me = _mine["t0"], time.time(), _mine["entry"]
     present = dict(_mine["live"])
-    for e in _entries():
-        start, end = e.get("start", 0.0), e.get("end")
-        if end is not None and start <= t1 and end >= t0 or end is None and (
-                e["alive"] and start <= t1 or t0 <= start <= t1):
-            present.setdefault(e["trial"], e)
+    try:
+        for e in _entries():
+            start, end = e.get("start", 0.0), e.get("end")
+            if end is not None and start <= t1 and end >= t0 or end is None and (
+                    e["alive"] and start <= t1 or t0 <= start <= t1):
+                present.setdefault(e["trial"], e)
+    except OSError as e:
+        return {"unknown": f"the registry {registry()} could not be read ({e.strerror or e})"}
     present.pop(me["trial"], None)
     mine = set(me["devices"])
     sharing = [e for e in present.values() if "cpu" in mine or "cpu" in e.get("devices", []) or mine & set(e["devices"])]
@@ -127,11 +121,9 @@ def timed_end() -> dict:
 def leave() -> None:
     """This process's trial ended (worker.reset_process): its entry says when, for the windows it overlapped."""
     if "entry" in _mine:
-        try:
+        with contextlib.suppress(OSError):
             _write(dict(_mine["entry"], end=time.time()))
-        except OSError:
-            pass
-        _mine.clear()
+    _mine.clear()
 
 
 def merge(ranks: list[dict | None]) -> dict | None:
@@ -163,9 +155,6 @@ def label(metrics: dict | None) -> str | None:
 
 def note(records: list) -> str | None:
     """The summary's line on a search's measurements taken beside other trials, or None where none was."""
-    shared = sum(1 for r in records if contended(r))
-    if not shared:
-        return None
-    return (f"{shared} of {len(records)} measurement{'s' if len(records) != 1 else ''} ran beside other trials on "
-            "the node (kept apart: not served to later searches; marked in results): --max-concurrent 1 to measure "
-            "alone")
+    n = sum(1 for r in records if contended(r))
+    return (f"{n} of {len(records)} measurements ran beside other trials on the node (kept apart; not served; marked "
+            "`shared` in results): --max-concurrent 1 to measure alone") if n else None

@@ -90,7 +90,8 @@ def render_html(a: Analysis) -> str:
     out.append("<h2>Best configurations</h2>")
     if len(b):
         tied = _tied_keys(a)
-        rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else ""), num(r["tokens_per_s"]), num(r["mfu"], ".3f"),
+        shared = lambda r: " (shared)" if isinstance(r["shared"], str) else ""  # noqa: E731 (trial.contention)
+        rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else "") + shared(r), num(r["tokens_per_s"]), num(r["mfu"], ".3f"),
                  _e(r["quality"]), num(r["peak_memory_gib"], ".2f"),
                  days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),
                  _e(f"{r['model']} on {where(r)}{contributed(r)}"),
@@ -100,6 +101,10 @@ def render_html(a: Analysis) -> str:
                            "configuration (set or varied knobs)", "key"], rows, numeric={0, 1, 2, 4, 5, 6, 7}))
         if tied:
             out.append(f"<p class=\"note\"><b>{_e(tie_text(a))}</b></p>")
+        if b["shared"].notna().any():
+            out.append("<p class=\"note\">(shared): measured while other trials shared its CPU or GPU on the node "
+                       "(its tokens/s is lower than alone): ranked after the clean ones and never served to a later "
+                       "search, which measures it again; <code>search --max-concurrent 1</code> measures alone.</p>")
         out.append("<p class=\"note\">days: the recipe's full run projected from the measured optimizer step. rent: "
                    "days × 24 × $/GPU-hour × GPUs. box: buying the GPUs and the machines that hold them. MFU: "
                    "matrix-product FLOPs counted from the model's modules (embedding lookups not counted, a mixture "
