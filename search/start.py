@@ -175,7 +175,7 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
             v = r.config.get(k)
             if k != mb and v in dom:
                 point[k] = v
-        point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
+        point = complete(space, {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)})
         sizes = space.domains.get(mb, ())
         if "max" not in sizes and r.config.get(mb) in sizes:
             point[mb] = r.config[mb]  # no probe in this space: the measured one
@@ -189,12 +189,25 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     return out
 
 
+def complete(space: Space, point: dict) -> dict:
+    """The point with every searched knob that applies to it: one it lacks (a record that predates the knob, or a
+    requirement another value of the point releases) takes the knob's default, which is what such a record ran, or
+    the domain's first value where the space leaves the default out. Sampling a point without a knob it applies to
+    would stop the search (Optuna's FixedTrial has no value to give)."""
+    out = dict(point)
+    for k in all_knobs():
+        dom = space.domains.get(k.name)
+        if dom and k.name not in out and k.applies(out):
+            out[k.name] = k.default if k.default in dom else dom[0]
+    return out
+
+
 def spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -> TrialSpec | None:
     """The trial a start point means, as the sampler would build it, with `override` set over it (None: this model
     refuses it)."""
     import optuna
     try:
-        settings = dict(space.sample(optuna.trial.FixedTrial(point)), **override)
+        settings = dict(space.sample(optuna.trial.FixedTrial(complete(space, point))), **override)
         return prepare(args.model, settings, workers=args.gpus_per_trial, hw=hw, **args.recipe)
     except ConfigError:
         return None

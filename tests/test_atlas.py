@@ -377,3 +377,27 @@ def test_the_page_stays_light_at_ten_thousand_rows(tmp_path):
     data = json.loads(re.search(r'type="application/json">(.*?)</script>', open(path).read(), re.S)[1]
                       .replace("<\\/", "</"))
     assert data["n"] >= 10_000
+
+
+def test_store_points_from_records_that_predate_a_knob_are_completed_not_a_crash():
+    """A cold search of a 7B config.json on an H100 stopped in its start points (2026-12-06, on the GPU): the shipped
+    records predate activation_offload, and a record's activation_checkpointing=none releases its requirement, so
+    Optuna's FixedTrial had no value for it. A record that lacks a knob ran at its default."""
+    from trainscout.search.service import SearchArgs, start_points, store_points
+    from trainscout.search.space import Space
+    from trainscout.spaces import get
+    from trainscout.trial.runner import context, prepare
+    hw = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2, "gpu_count": 1,
+          "capability": "9.0", "cpu": "x86_64", "cpu_count": 16, "host_memory_gib": 125.0}
+    args = SearchArgs(model=os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json"), out="/tmp/none",
+                      gpus_per_trial=1)
+    base = prepare(args.model, {}, workers=1, hw=hw, **args.recipe)
+    space = Space.build({}, {}, context(base.model_config, base.recipe["global_batch"], 1, hw))
+    have = start_points(args, space, hw, None)
+    assert have and have[0]["activation_checkpointing"] != "none"  # the 7B's own start point saves memory
+    records = db.with_shipped([])
+    assert any("activation_offload" not in r.config for r in records)  # the case: records older than the knob
+    points = store_points(args, space, hw, records, have)
+    assert points
+    for point, _ in points:
+        assert all(k in point for k in space.domains if get(k).applies(point))
