@@ -19,7 +19,7 @@ from trainscout.trial import execute, memory, prepare
 GiB = 2**30
 IMPLS = ("foreach", "fused")
 STATES = ({"optimizer_state": "fp32"}, {"optimizer_state": "bf16"}, {"optimizer_state": "8bit"},
-          {"optimizer_state": "4bit"}, {"precision": "bf16"})
+          {"optimizer_state": "4bit"}, {"optimizer_state": "fp8"}, {"precision": "bf16"})
 
 
 def measure(args, settings: dict):
