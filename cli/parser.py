@@ -149,7 +149,7 @@ def build_parser() -> Parser:
                    help="Ray cluster address; auto: attach to a running cluster (default: start Ray on 127.0.0.1)")
     s.add_argument("--max-concurrent", type=positive_int("--max-concurrent"), default=None,
                    help="trials at once (default: what this machine holds; attached to a cluster others may use: "
-                        "what it has free when the search starts)")
+                        "what it has free when the search starts, within a fair share among the searches attached)")
     s.add_argument("--one-node", action=argparse.BooleanOptionalAction, default=None,
                    help="each trial's ranks on one node (Ray STRICT_PACK); --no-one-node: wherever the cluster has "
                         "room, maybe split over nodes, marked so in results (default: one node)")

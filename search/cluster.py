@@ -9,9 +9,11 @@ per node from the node's Ray resources (what trials can be given). Nodes of diff
 names them: a search measures one kind of node (one measurement key, one memory model); run one search per kind.
 
 Concurrency: a search that started its own Ray owns it and sizes itself to all of it, as before. Attached to a
-cluster others may use, it takes what the cluster has free when it starts (at least one trial), or
---max-concurrent. Each Tune trial holds TRIAL_CPU, not a whole CPU: on a 4-CPU cluster two searches' Tune actors
-held every CPU and all their trials timed out waiting for their ranks (2026-12-02).
+cluster others may use, it takes a fair share when it starts: what the cluster has free, and no more than its
+total divided among the searches attached (their worker pools, this one's included: trial.share.attached), at
+least one trial; or --max-concurrent. Each took all that was free (two started together: 5 at once each on a
+4-CPU cluster, both waiting on the other's idle groups). Each Tune trial holds TRIAL_CPU, not a whole CPU: on a
+4-CPU cluster two searches' Tune actors held every CPU and all their trials timed out waiting for their ranks.
 """
 from __future__ import annotations
 
@@ -154,8 +156,12 @@ def concurrency(hw: dict, ranks: int, requested: int | None, attached: bool) -> 
     if not attached:  # its own Ray: all of it (the Tune actor counted as a CPU, the ranks' threads need the rest)
         n = int(total.get("GPU", 0)) // ranks if cuda else int(total.get("CPU", 1)) // (1 + ranks)
         return max(1, n), "what this machine holds"
+    from trainscout.trial.share import attached as searches
     need = per_trial(cuda, ranks)
     free = _fit(ray.available_resources(), need)
-    n = max(1, min(_fit(total, need), free))
-    why = "what the cluster has free now" if free >= 1 else "the cluster has no room free now: trials wait for it"
-    return n, f"{why}; others may use it: --max-concurrent N to choose"
+    k = max(1, searches())  # this search's pool counts (the driver asked for it before)
+    share = _fit({r: v / k for r, v in total.items()}, need)
+    n = max(1, min(share, free))
+    why = "the cluster has no room free now: trials wait for it" if free < 1 else "what the cluster has free now"
+    fair = f", within a fair share of its room among the {k} searches attached" if k > 1 else ""
+    return n, f"{why}{fair}; others may use it: --max-concurrent N to choose"

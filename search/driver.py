@@ -14,7 +14,7 @@ from trainscout.spaces import fmt
 from trainscout.store import Store, StoreError, guard, open_store
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.runner import cluster_address
-from trainscout.trial.status import Status, classify, host_oom_line
+from trainscout.trial.status import Status, classify, host_oom_line, node_lost_line
 
 from . import cluster
 from .args import SEED_RANGE, SearchArgs
@@ -75,6 +75,8 @@ def _progress_callback(url: str, search: str, printer):
                 return
             if r.get("status") == Status.HOST_OOM:  # the host's memory monitor killed its ranks: the search ends
                 _host_oom(r.get("error") or "killed by the host's memory monitor")
+            if r.get("status") == Status.NODE_LOST:  # its ranks' node left the cluster: the search goes on
+                _not_counted(trial.trial_id)
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
                 _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
                 if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
@@ -94,11 +96,25 @@ def _progress_callback(url: str, search: str, printer):
             if classify("\n".join(lines)) == Status.HOST_OOM:  # the memory monitor killed the search's own actor
                 status, why = Status.HOST_OOM, host_oom_line("\n".join(lines))
                 _host_oom(why)
+            elif classify("\n".join(lines)) == Status.NODE_LOST:  # the trial's actor's node left the cluster
+                status, why = Status.NODE_LOST, node_lost_line("\n".join(lines))
+                _not_counted(trial.trial_id)
             if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
                                                         trial.config, error=why), search):
                 printer(trial, {"status": str(status), METRIC: 0.0, "error": why})
 
     return Progress()
+
+
+_SEARCHER, _UNCOUNTED = [], set()  # the running search's searcher (search/study.py); trials taken back from it
+
+
+def _not_counted(trial_id: str) -> None:
+    """A trial lost with its node (node_lost) does not count toward --trials: the searcher counted it as it ended
+    (Tune tells the searcher before the callbacks), so it is taken back and the searcher draws another in its place."""
+    if _SEARCHER and trial_id not in _UNCOUNTED:
+        _UNCOUNTED.add(trial_id)
+        _SEARCHER[0].counted = max(0, _SEARCHER[0].counted - 1)
 
 
 def _local_error(trial) -> str:
@@ -264,7 +280,10 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     from trainscout.trial import pool
     from trainscout.trial.runner import ensure_ray
     ensure_ray(args.address)
-    pool.pool()  # the worker groups' pool, owned by this driver, so that it outlives the trials that use it
+    attached = cluster_address(args.address) is not None
+    # the worker groups' pool, owned by this driver on its node, so that it outlives the trials that use it (and no
+    # worker node's end takes it along); attached to a cluster others use, its idle groups go back while others wait
+    pool.pool(shared=attached)
     from trainscout.store import secrets, shared
     secrets.publish(url)  # the storage's password, for the trials' processes wherever they run (in memory only)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -287,8 +306,9 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     start += [p for p, _ in known]
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker, target=remaining)
+    _SEARCHER[:] = [searcher]
+    _UNCOUNTED.clear()
     scheduler = make_scheduler(args.steps)
-    attached = cluster_address(args.address) is not None
     concurrent, why_concurrent = cluster.concurrency(hw, args.gpus_per_trial, args.max_concurrent, attached)
     base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
             "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,

@@ -67,12 +67,12 @@ def _one_line_logs(*names: str):
 
 @contextlib.contextmanager
 def _quiet_host_oom():
-    """Tune's traceback of a trial actor the host's memory monitor killed (Ray's 60-line OutOfMemoryError) left out:
-    the trial's row and the search's last line say it in one line each."""
+    """Tune's traceback of a trial actor the host's memory monitor killed (Ray's 60-line OutOfMemoryError), or whose
+    node left the cluster, left out: the trial's row (and the summary or the search's last line) say it in one line."""
     class Drop(logging.Filter):
         def filter(self, record):
             e = record.exc_info[1] if record.exc_info else None
-            return not (e is not None and classify(str(e)) == Status.HOST_OOM)
+            return not (e is not None and classify(str(e)) in (Status.HOST_OOM, Status.NODE_LOST))
     lg, f = logging.getLogger("ray.tune.execution.tune_controller"), Drop()
     lg.addFilter(f)
     try:

@@ -10,7 +10,7 @@ from trainscout.search.summary import clock, days_or_hours
 from trainscout.search.trainable import FREE, METRIC
 from trainscout.spaces import fmt
 from trainscout.store import one_line
-from trainscout.trial.status import Status
+from trainscout.trial.status import NOT_COUNTED, Status
 
 if TYPE_CHECKING:
     from trainscout.search.space import Space
@@ -22,7 +22,7 @@ class Printer:
     def __init__(self, space: Space, stream=None, *, total: int | None = None, budget_s: float | None = None,
                  ranks: int = 1, unit: str = "GPU"):
         self.space, self.stream, self.best, self.n = space, stream, None, 0
-        self.counted = 0  # rows that count toward --trials (not refused or pruned before running)
+        self.counted = 0  # rows that count toward --trials (not refused or pruned before running, nor lost: NOT_COUNTED)
         self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
         self.header = False
         # the progress line: trials to go (None: until the budget), the budget, the ranks each trial holds
@@ -39,7 +39,7 @@ class Printer:
             eta.append(max(0.0, self.budget_s - elapsed))
         left = f"ETA {clock(min(eta))}" if eta else "ETA -"
         done = f"{self.counted}/{self.total}" if self.total else f"{self.counted}"
-        done += " trials" + (f" (+{self.n - self.counted} refused or pruned before running, not counted)"
+        done += " trials" + (f" (+{self.n - self.counted} refused, pruned or lost, not counted)"
                              if self.n > self.counted else "")
         best = f"{self.best:,.0f} tok/s" if self.best else "-"
         return (f"    {done}, {clock(elapsed)} elapsed, {left}, best {best}, "
@@ -55,7 +55,7 @@ class Printer:
                   file=out)
             self.header = True
         self.n += 1
-        self.counted += r.get("status") not in FREE
+        self.counted += r.get("status") not in FREE and r.get("status") not in NOT_COUNTED
         v = r.get(METRIC) or 0.0
         if r.get("status") == Status.OK and (self.best is None or v > self.best):
             self.best = v

@@ -41,7 +41,7 @@ INFEASIBLE = (Status.INVALID, Status.OOM, Status.CRASH, Status.TIMEOUT)
 def optuna_state(status: str):
     """The Optuna state of an outcome: ok COMPLETE (its tokens/s), stopped (ASHA) and pruned (predicted not to fit,
     never launched) PRUNED, invalid / oom / crash / timeout FAIL (INFEASIBLE), and any other (unscheduled, host_oom,
-    not run: nothing of the configuration was learned) FAIL."""
+    node_lost, not run: nothing of the configuration was learned) FAIL."""
     import optuna
     states = optuna.trial.TrialState
     if status == Status.OK:

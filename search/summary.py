@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from trainscout.spaces import fmt
 from trainscout.trial.metrics import median
-from trainscout.trial.status import Status
+from trainscout.trial.status import NOT_COUNTED, Status
 
 from .nearest import fit_lines
 from .trainable import counted
@@ -133,9 +133,21 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
                "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
                "passed_over": passed_over}
     free = len(trials) - counted(trials)
+    lost = sum(1 for t in trials if t["status"] in NOT_COUNTED)  # host_oom, node_lost: the host's or the cluster's
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
-          + (f" ({counted(trials)} toward --trials; {free} refused or pruned before running)" if free else ""),
-          file=stream)
+          + (f" ({counted(trials)} toward --trials; " + ", ".join(
+              [f"{free - lost} refused or pruned before running"] * (free > lost)
+              + [f"{lost} lost with their host or node"] * bool(lost)) + ")" if free else ""), file=stream)
+    summary["node_lost"] = by_status.get(Status.NODE_LOST, 0)
+    if summary["node_lost"]:  # the nodes, as each trial's reason names them (trial.status.node_lost_line)
+        import re
+        nodes = sorted({m.group(1) for t in trials if t["status"] == Status.NODE_LOST
+                        and (m := re.search(r"lost with its node (.+?): the node left", t["error"] or ""))})
+        n = summary["node_lost"]
+        print(f"{n} trial{'s were' if n != 1 else ' was'} lost with {'their node' if len(nodes) < 2 else 'their nodes'}"
+              f" {', '.join(nodes) or '(not named)'}: the node left the cluster while {'they' if n != 1 else 'it'} "
+              "ran; nothing measured, not counted toward --trials; the search went on with the remaining nodes",
+              file=stream)
     summary["unscheduled"] = by_status.get(Status.UNSCHEDULED, 0)
     if summary["unscheduled"]:
         print(f"{summary['unscheduled']} trial{'s were' if summary['unscheduled'] != 1 else ' was'} unscheduled: the "

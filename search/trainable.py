@@ -14,7 +14,7 @@ from trainscout.spaces import ConfigError
 from trainscout.store import StoreLost, claims, guard, measurement_key, open_store
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.runner import Cancelled
-from trainscout.trial.status import NOT_MEASURED, Status, served
+from trainscout.trial.status import NOT_COUNTED, NOT_MEASURED, Status, served
 
 from . import cluster
 
@@ -117,7 +117,7 @@ def _measure(config: dict, base: dict) -> None:
             record = _run_trial(spec, base, trial_id)
             if record is None:  # ASHA stopped it: the driver recorded it as stopped
                 return
-            if record.status in NOT_MEASURED:  # nothing ran, or the host's memory monitor killed it: no measurement
+            if record.status in NOT_MEASURED:  # nothing ran, or the host or the cluster lost it: no measurement
                 # (never served from the store), and the sampler is told nothing
                 store.add_trial(base["search"], trial_id, None, record.status, False, 0.0, spec.config,
                                 error=record.error)
@@ -167,8 +167,8 @@ def _run_trial(spec, base: dict, trial_id: str):
 
 def counted(rows: list[dict]) -> int:
     """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE) and
-    those the host's memory monitor killed (host_oom: the host's state, not the configuration's)."""
-    return sum(1 for t in rows if t["status"] not in FREE and t["status"] != Status.HOST_OOM)
+    those the host or the cluster lost (NOT_COUNTED: host_oom, node_lost; their state, not the configuration's)."""
+    return sum(1 for t in rows if t["status"] not in FREE and t["status"] not in NOT_COUNTED)
 
 
 def _stopped_before(store, search: str, settings: dict) -> float | None:

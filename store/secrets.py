@@ -133,7 +133,9 @@ def publish(url: str | None = None) -> None:
         return
     import ray
 
-    from trainscout.trial.pool import named_actor  # a second search in this process finds the first one's actor
+    # on the driver's node (named_actor: a worker node's end never takes it along); a second search in this process
+    # finds the first one's actor
+    from trainscout.trial.pool import named_actor
     ray.get(named_actor(_Secrets, ACTOR, num_cpus=0).put.remote(dict(PASSWORDS)))
 
 

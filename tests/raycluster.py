@@ -5,6 +5,12 @@ address and the nodes), then serves commands on stdin, one per line:
 
     block NODE_ID CPUS    an actor of this process holding CPUS of that node (another job using the cluster)
     unblock               end every such actor
+    add CPUS              a new CPU node (answer: its node id)
+    kill NODE_ID          remove a node this process added (cluster.remove_node: its raylet and processes end, as
+                          a node that fails or is preempted; answer: killed)
+    ranks NODE_ID SECONDS wait until a trial's rank (trial.pool.Rank actor) is alive on that node (answer: busy, or
+                          none after SECONDS)
+    where NAME            the nodes of the alive named actors NAME of every job (answer: JSON list of node ids)
 
 and answers each with one line. End of stdin (or SIGTERM) shuts the cluster down with its own shutdown(), which
 ends the processes it started (never Ray's `ray stop`, which kills every Ray process of the machine by name).
@@ -50,6 +56,12 @@ def main() -> None:
         def ready(self):
             return True
 
+    from ray._private.state import state
+    added = {}
+
+    def alive_actors():
+        return [a for a in state.actor_table(None).values() if a["State"] == "ALIVE"]
+
     blockers = []
     for line in sys.stdin:
         words = line.split()
@@ -69,6 +81,26 @@ def main() -> None:
             while held and ray.available_resources().get("CPU", 0) <= before and time.time() < deadline:
                 time.sleep(0.2)
             print("unblocked", flush=True)
+        elif words[:1] == ["add"]:
+            node = cluster.add_node(num_cpus=float(words[1]), **common)
+            cluster.wait_for_nodes()
+            added[node.node_id] = node
+            print(node.node_id, flush=True)
+        elif words[:1] == ["kill"]:
+            cluster.remove_node(added.pop(words[1]))
+            print("killed", flush=True)
+        elif words[:1] == ["ranks"]:
+            deadline = time.time() + float(words[2])
+            while not any(a["ActorClassName"] == "Rank" and a["Address"]["NodeID"] == words[1] for a in alive_actors()):
+                if time.time() > deadline:
+                    break
+                time.sleep(0.2)
+            else:
+                print("busy", flush=True)
+                continue
+            print("none", flush=True)
+        elif words[:1] == ["where"]:
+            print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), flush=True)
     ray.shutdown()
     stop()
 

@@ -11,13 +11,18 @@ reset, and the host's peak RSS is reset (/proc/self/clear_refs). A group is neve
 timeout or a cancel (its processes are killed), and knobs that set environment variables (plan.env) get a group
 of their own. TRAINSCOUT_FRESH_WORKERS=1 (or execute(reuse=False)) runs a trial in a group of its own.
 
-The pool is one named actor per Ray job, created by the driver (a search's trials find it by name); its groups are
-its children, so they end with the driver.
+The pool is one named actor per Ray job, created by the driver (a search's trials find it by name) on the driver's
+node (named_actor), so that a worker node leaving the cluster takes only the trials that ran there (it landed on any
+node, whose end crashed every remaining trial); its groups are its children, so they end with the driver. A trial
+whose group's node left the cluster is `node_lost`, naming the node (trial.status); idle groups there are dropped.
 
 Placement: a group's ranks are packed on one node (placement group STRICT_PACK; one_node=False: PACK, which may
-split them over nodes, as inter-node links then slow the trial). Each trial's record says where its ranks ran
-(nodes, ranks per node). A group whose placement group the cluster could not give within the trial's time limit
-(other searches or jobs hold its resources) is `unscheduled`, not a timeout: nothing of the trial ran.
+split them over nodes, as inter-node links then slow the trial). Each trial's record says where its ranks ran. A
+group the cluster could not place within the placement wait's own limit (--timeout; the trial's time limit starts
+when its ranks are placed) is `unscheduled`, not a timeout: nothing of the trial ran.
+
+Shared (a cluster others use: --address), an idle group is given back while anything else there waits for resources
+(trial.share.others_wait): idle groups kept their CPUs while another search's trials waited out their limits.
 """
 from __future__ import annotations
 
@@ -25,9 +30,10 @@ import asyncio
 import os
 
 from .rank import Progress, Rank  # noqa: F401  (the group's processes; importable from here)
+from .share import NAME, attached, dead_nodes, others_wait  # noqa: F401  (a cluster others use)
 
-NAME = "trainscout-worker-pool"
 STOP_GRACE_S = 60.0  # a trial asked to stop (Pool.stop) and still running this long after has its group killed
+RELEASE_POLL_S = 1.0  # shared: how often an idle group looks whether anything else in the cluster waits
 
 
 def fresh_requested() -> bool:
@@ -38,22 +44,26 @@ def fresh_requested() -> bool:
 _held = {}  # name -> the handle of a named actor this process created: Ray ends the actor with its owner's handle
 
 
-def named_actor(cls, name: str, **options):
-    """The Ray job's actor of this name: found, or created and held by this process. Found first, so that a handle
-    this process holds is never replaced by a later one (the first owned the actor; dropping it ended the actor, and
-    a second search in one process found its secrets actor dead)."""
+def named_actor(cls, name: str, *args, **options):
+    """The Ray job's actor of this name: found, or created (with args) and held by this process, on its node (not
+    soft: no other node's end takes it along). Found first, so that a handle this process holds is never replaced
+    (the first owned the actor; dropping it ended the actor: a second search in one process found it dead)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     try:
         return ray.get_actor(name)
     except ValueError:
-        handle = ray.remote(cls).options(name=name, get_if_exists=True, **options).remote()
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        handle = ray.remote(cls).options(name=name, get_if_exists=True, scheduling_strategy=here,
+                                         **options).remote(*args)
         _held[name] = handle
         return handle
 
 
-def pool():
-    """The job's pool actor (the driver's, if it asks first; the trials of a search find the driver's)."""
-    return named_actor(Pool, NAME, num_cpus=0, max_concurrency=1000)
+def pool(shared: bool = False):
+    """The job's pool actor (the driver's, if it asks first; the trials of a search find the driver's). shared: the
+    cluster is one others use (its creator's say): idle groups are given back while anything else waits."""
+    return named_actor(Pool, NAME, shared, num_cpus=0, max_concurrency=1000)
 
 
 def _bundle(cuda: bool) -> dict:
@@ -88,6 +98,7 @@ class _Group:
     def __init__(self, key, pg, actors):
         self.key, self.pg, self.actors, self.trials, self.owner = key, pg, actors, 0, None
         self.placement: dict | None = None
+        self.nodes, self.placed_at = [], None  # each rank's Ray node; when it was placed (the event loop's clock)
 
     def kill(self) -> None:
         import ray
@@ -103,7 +114,9 @@ class _Group:
 class Pool:
     """Groups by key (rank count, device, environment); idle ones wait for the next trial of their key."""
 
-    def __init__(self):
+    def __init__(self, shared: bool = False):
+        self.shared, self.released = shared, 0  # a cluster others use; idle groups given back for others
+        self._poll: asyncio.Task | None = None
         self.idle: list[_Group] = []
         self.busy: dict[str, _Group] = {}
         self.reports: dict[str, list] = {}
@@ -132,7 +145,7 @@ class Pool:
             self.warming.pop(key, None)
             return
         if self.warming.pop(key, None) is task:  # not taken by a trial meanwhile: idle until one asks
-            self.idle.append(group)
+            self._idle_back(group)
 
     async def _warmed(self, key, deadline: float):
         """The group Pool.warm is starting for key, taken by the calling trial (None: none, or it failed); a
@@ -156,7 +169,9 @@ class Pool:
             self.warming.pop(k).cancel()
 
     async def _start(self, key, world: int, cuda: bool, env: dict, one_node: bool, wait_s: float,
-                     model_config: dict | None = None) -> _Group:
+                     model_config: dict | None = None, limit: float | None = None) -> _Group:
+        """A new group: placed within wait_s (else Unscheduled), then set up (_setup) within limit (the trial's time
+        limit, which starts at its placement; None: wait_s), else asyncio.TimeoutError."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -181,68 +196,79 @@ class Pool:
                               scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
                               ).remote() for i in range(world)]
         group = _Group(key, pg, actors)
+        group.placed_at = asyncio.get_running_loop().time()
         try:
-            where = await asyncio.gather(*[a.where.remote() for a in actors])
-            port = await actors[0].free_port.remote()
-            nodes = {}  # by Ray node: several nodes may share a host (and its address)
-            for _, gpus, node in where:
-                nodes.setdefault(node, []).extend(gpus)
-            group.placement = placement_of([node for _, _, node in where])
-            store = None
-            if len({ip for ip, _, _ in where}) == 1:  # one host: through a file (TCPStore binds every interface)
-                import tempfile
-                import uuid
-                store = os.path.join(tempfile.gettempdir(), f"trainscout-rendezvous-{uuid.uuid4().hex}")
-            if cuda:  # each rank's GPU checked in its own process before anything is placed on it
-                missing = await asyncio.gather(*[a.cuda_missing.remote(sorted(nodes[node], key=int))
-                                                 for a, (_, _, node) in zip(actors, where)])
-                for why, (ip, _, node) in zip(missing, where):
-                    if why is not None:
-                        raise Unscheduled(no_cuda_line(ip, node, declared_gpus(node), why))
-            setups = []
-            for i, (_, gpus, node) in enumerate(where):
-                visible = sorted(nodes[node], key=int) if cuda else []
-                same = [j for j, w in enumerate(where) if w[2] == node]  # this node's ranks, in rank order
-                local = visible.index(gpus[0]) if cuda and gpus else same.index(i)
-                setups.append(actors[i].setup.remote(i, world, where[0][0], port, visible, local, len(same),
-                                                     "nccl" if cuda else "gloo", store))
-            await asyncio.gather(*setups)
-            if model_config is not None:
-                await asyncio.gather(*[a.preload.remote(model_config) for a in actors])
+            await asyncio.wait_for(self._setup(group, world, cuda, model_config), max(0.1, limit or wait_s))
         except BaseException:
             group.kill()
             raise
         return group
 
+    @staticmethod
+    async def _setup(group: _Group, world: int, cuda: bool, model_config: dict | None) -> None:
+        """A placed group's ranks: where they run, torch.distributed set up, the model's imports (Rank.preload)."""
+        actors = group.actors
+        where = await asyncio.gather(*[a.where.remote() for a in actors])
+        port = await actors[0].free_port.remote()
+        nodes = {}  # by Ray node: several nodes may share a host (and its address)
+        for _, gpus, node in where:
+            nodes.setdefault(node, []).extend(gpus)
+        group.placement = placement_of([node for _, _, node in where])
+        group.nodes = [node for _, _, node in where]
+        store = None
+        if len({ip for ip, _, _ in where}) == 1:  # one host: through a file (TCPStore binds every interface)
+            import tempfile
+            import uuid
+            store = os.path.join(tempfile.gettempdir(), f"trainscout-rendezvous-{uuid.uuid4().hex}")
+        if cuda:  # each rank's GPU checked in its own process before anything is placed on it
+            missing = await asyncio.gather(*[a.cuda_missing.remote(sorted(nodes[node], key=int))
+                                             for a, (_, _, node) in zip(actors, where)])
+            for why, (ip, _, node) in zip(missing, where):
+                if why is not None:
+                    raise Unscheduled(no_cuda_line(ip, node, declared_gpus(node), why))
+        setups = []
+        for i, (_, gpus, node) in enumerate(where):
+            visible = sorted(nodes[node], key=int) if cuda else []
+            same = [j for j, w in enumerate(where) if w[2] == node]  # this node's ranks, in rank order
+            local = visible.index(gpus[0]) if cuda and gpus else same.index(i)
+            setups.append(actors[i].setup.remote(i, world, where[0][0], port, visible, local, len(same),
+                                                 "nccl" if cuda else "gloo", store))
+        await asyncio.gather(*setups)
+        if model_config is not None:
+            await asyncio.gather(*[a.preload.remote(model_config) for a in actors])
+
     async def run(self, trial_id: str, spec, env: dict, timeout: float, reuse: bool, owner: str | None = None,
                   one_node: bool = True) -> dict:
         """{"ok": {"n_params", "ranks"}, "reused": n, "placement": {...}} | {"error": str} | {"timeout": True} |
-        {"unscheduled": why}; the hard limit counts from here (a group's start-up included, as a fresh process's
-        was)."""
+        {"unscheduled": why} | {"node_lost": why}. Two limits of `timeout` s: the placement wait's (unscheduled past
+        it) and the trial's, from its ranks' placement (a new group's start-up included; a warm group's: from here)."""
+        from .status import Status, classify, node_lost_line
         key = self._key(spec.world_size, spec.device, env, one_node)
         self._drop_warming(key if reuse else None)  # a group of its own: none being warmed is for it either
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        await self._leaving(key, spec.world_size, spec.device == "cuda", min(deadline, loop.time() + STOP_GRACE_S))
+        placed_by = loop.time() + timeout  # the placement wait's own limit
+        await self._leaving(key, spec.world_size, spec.device == "cuda", min(placed_by, loop.time() + STOP_GRACE_S))
         for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
             self.idle.remove(g)
             g.kill()
-        group = next((g for g in self.idle if g.key == key), None) if reuse else None
+        group = self._take_idle(key) if reuse else None
         try:
-            if group is not None:
-                self.idle.remove(group)
-            elif reuse:
-                group = await self._warmed(key, deadline)
+            if group is None and reuse:
+                group = await self._warmed(key, placed_by)
             if group is None:
                 self._make_room(spec.world_size, spec.device == "cuda")
-                group = await asyncio.wait_for(self._start(key, spec.world_size, spec.device == "cuda", env,
-                                                           one_node, deadline - loop.time() - 0.5),
-                                               max(0.1, deadline - loop.time()))
+                group = await self._start(key, spec.world_size, spec.device == "cuda", env, one_node,
+                                          placed_by - loop.time() - 0.5, limit=timeout)
+                deadline = group.placed_at + timeout
+            else:
+                deadline = loop.time() + timeout
         except Unscheduled as e:
             return {"unscheduled": str(e)}
         except asyncio.TimeoutError:
             return {"timeout": True}
-        except Exception as e:  # the group could not start (a GPU, a port): the trial's error
+        except Exception as e:  # the group could not start (a GPU, a port, its node gone): the trial's error
+            if classify(str(e)) == Status.NODE_LOST:
+                return {"node_lost": node_lost_line(str(e))}
             return {"error": f"{type(e).__name__}: {e}"}
         self.busy[trial_id], group.owner = group, owner
         futures = [asyncio.ensure_future(_value(a.run.remote(spec))) for a in group.actors]
@@ -253,6 +279,11 @@ class Pool:
             failed = [f for f in done if f.exception() is not None]
             if trial_id not in self.busy:  # cancel() killed the group: the error is the kill, not the trial's
                 return {"cancelled": True}
+            if failed or pending:  # a node of the group left the cluster: its trial was lost with it
+                lost = dead_nodes(group.nodes)
+                if lost or (failed and classify(str(failed[0].exception())) == Status.NODE_LOST):
+                    return {"node_lost": node_lost_line(str(failed[0].exception()) if failed else "",
+                                                        ", ".join(lost) or None)}
             if failed:  # one rank's error (its peers may wait in a collective for it)
                 e = failed[0].exception()
                 return {"error": f"{type(e).__name__}: {e}"}
@@ -271,9 +302,45 @@ class Pool:
             if self.busy.pop(trial_id, None) is not None:
                 group.trials += 1
                 if healthy and reuse:
-                    self.idle.append(group)
+                    self._idle_back(group)
                 else:
                     group.kill()
+
+    def _take_idle(self, key):  # an idle group of key for a trial; those on a node that left are dropped
+        for g in [g for g in self.idle if g.key == key]:
+            self.idle.remove(g)
+            if not dead_nodes(g.nodes):
+                return g
+            g.kill()
+
+    def _own_pgs(self) -> set[str]:  # a group's placement group on a lost node waits to be rescheduled
+        return {g.pg.id.hex() for g in [*self.idle, *self.busy.values()]}
+
+    def _idle_back(self, group: _Group) -> None:
+        """A group whose trial ended well: idle for the next trial of its key; shared: given back at once while
+        anything else waits (trial.share.others_wait), and looked at every RELEASE_POLL_S while idle."""
+        self.idle.append(group)
+        if self.shared:
+            self._release()
+            if self.idle and (self._poll is None or self._poll.done()):
+                self._poll = asyncio.ensure_future(self._poll_idle())
+
+    def _release(self) -> None:
+        """Give every idle group back while anything else waits; drop those on a node that left the cluster."""
+        try:
+            waited = others_wait(self._own_pgs())
+            gone = [g for g in self.idle if dead_nodes(g.nodes)]
+        except Exception:  # noqa: BLE001 - the GCS unreachable for a moment: look again later
+            return
+        for g in list(self.idle) if waited else gone:
+            self.idle.remove(g)
+            self.released += waited
+            g.kill()
+
+    async def _poll_idle(self) -> None:
+        while self.idle:
+            await asyncio.sleep(RELEASE_POLL_S)
+            self._release()
 
     async def _leaving(self, key, world: int, cuda: bool, until: float) -> None:
         """Wait while a trial asked to stop (Pool.stop) is still running its last step, where its group is of this

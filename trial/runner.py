@@ -17,7 +17,7 @@ from . import contention, faults, flops, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .ray_cluster import check_resources, cluster_address, ensure_ray  # importable from here too
 from .records import RankResult, Record, TrialSpec
-from .status import MEASURED, Status, classify, host_oom_line
+from .status import MEASURED, Status, classify, host_oom_line, node_lost_line
 
 STATUSES = tuple(s.value for s in MEASURED)
 DEFAULT_TIMEOUT = {"cpu": 300.0, "cuda": 900.0}
@@ -225,7 +225,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     (or TRAINSCOUT_FRESH_WORKERS=1) runs it in fresh processes, killed after it. owner names the caller for
     pool.cancel (a search's Tune trial). one_node: its ranks on one node (False: wherever the cluster has room;
     the record's placement says where they ran). A trial the cluster gave no room within the time limit is
-    `unscheduled` (nothing ran)."""
+    `unscheduled` (nothing ran); one whose node left the cluster while it ran is `node_lost`. The time limit counts
+    from the ranks' placement; the wait for it has a limit of its own (the same number of seconds)."""
     import ray
     ensure_ray(address)
     check_resources(spec.world_size, spec.device, "--workers")  # a group Ray cannot place waited for the timeout
@@ -235,7 +236,7 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     own_storage = storage is None
     storage = os.path.abspath(storage or tempfile.mkdtemp(prefix="trainscout-"))
     log_dir = os.path.join(storage, trial_id, "logs")
-    workers = pool.pool()
+    workers = pool.pool(shared=cluster_address(address) is not None)  # a cluster others use: idle groups go back
     spec = spec.replace(log_dir=log_dir, progress=pool.Progress(workers, trial_id) if on_step else None)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -278,19 +279,23 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         record = record.replace(status=Status.OK, error=None, metrics=m)
     elif "unscheduled" in raw:
         record = record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
+    elif "node_lost" in raw:  # its node left the cluster: the cluster's state, not the configuration's outcome
+        record = record.replace(status=Status.NODE_LOST, metrics=None, error=raw["node_lost"])
     elif "timeout" in raw:
         stale = stale_build_locks(_worker_env(spec).get("TORCH_EXTENSIONS_DIR"))
         why = ("; a rank likely waited on a stale build lock of a compiled extension (a rank killed while building "
                "it left it): " + ", ".join(f"{p} ({age / 60:.0f} min old, no process holds it)" for p, age in stale)
                + ": remove it and measure again") if stale else ""
         record = record.replace(status=Status.TIMEOUT, metrics=None,
-                                error=f"no result within the {timeout:g} s limit; workers killed{why}")
+                                error=f"no result within the {timeout:g} s limit (counted from its ranks' placement); "
+                                      f"workers killed{why}")
     else:
         tail = _log_tail(log_dir)
         status = classify(raw["error"] + "\n" + tail)
         # the host's memory monitor killed a rank: its own one line (Ray's message names the node's memory), never the
         # configuration's oom (ray.exceptions.OutOfMemoryError read as one, and was served from the store after)
-        error = host_oom_line(raw["error"] + "\n" + tail) if status == Status.HOST_OOM else _error_summary(raw["error"])
+        error = host_oom_line(raw["error"] + "\n" + tail) if status == Status.HOST_OOM else \
+            node_lost_line(raw["error"]) if status == Status.NODE_LOST else _error_summary(raw["error"])
         record = record.replace(status=status, error=error, stderr_tail=tail, metrics=None)
     if own_storage:
         shutil.rmtree(storage, ignore_errors=True)

@@ -20,12 +20,18 @@ class Status(StrEnum):
     # killed by the host's memory monitor (Ray's, the node running low on memory; the kernel's OOM killer): the
     # host's state, not the configuration's oom. Never served from the store, not counted toward --trials
     HOST_OOM = "host_oom"
+    # its node left the cluster while it ran (stopped, preempted, failed): the cluster's state, not the configuration's.
+    # Never served from the store, not counted toward --trials; the search goes on with the remaining nodes
+    NODE_LOST = "node_lost"
 
 
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASH, Status.INVALID)  # a measurement record's outcomes
 # outcomes that say nothing of the configuration (nothing ran, or the host killed it): no measurement is stored,
 # the sampler is told nothing, and they do not count toward --trials
-NOT_MEASURED = (Status.UNSCHEDULED, Status.HOST_OOM)
+NOT_MEASURED = (Status.UNSCHEDULED, Status.HOST_OOM, Status.NODE_LOST)
+# of those, the ones that do not count toward --trials either (an unscheduled trial waited its placement limit: it
+# counts): the host or the cluster lost the trial, and the search draws another in its place
+NOT_COUNTED = (Status.HOST_OOM, Status.NODE_LOST)
 DETERMINISTIC = (Status.OK, Status.OOM, Status.INVALID)  # served from the store; crash and timeout are measured again
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory|DefaultCPUAllocator|"
@@ -37,10 +43,17 @@ _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory|De
 _HOST_OOM = re.compile(r"running low on memory|killed by the memory monitor|Out of memory: Killed process", re.I)
 
 
+# Ray's error for an actor whose node left the cluster ("The actor died because its node has died. Node Id: ...")
+_NODE_LOST = re.compile(r"its node has died|node (?:has )?died|NodeDiedError", re.I)
+_NODE_ID = re.compile(r"Node Id: ([0-9a-f]{8,})", re.I)
+
+
 def classify(error: str) -> Status:
-    """host_oom, oom or crash, from an error's text (the exception line and the ranks' log tails)."""
+    """host_oom, node_lost, oom or crash, from an error's text (the exception line and the ranks' log tails)."""
     if _HOST_OOM.search(error):
         return Status.HOST_OOM
+    if _NODE_LOST.search(error):
+        return Status.NODE_LOST
     return Status.OOM if _OOM.search(error) else Status.CRASH
 
 
@@ -52,6 +65,17 @@ def host_oom_line(error: str) -> str:
     return (f"killed by the host's memory monitor{where}: the node ran low on memory (other processes, or this "
             "trial's host memory); not the configuration's oom, nothing stored: free host memory, or raise "
             "RAY_memory_usage_threshold, then measure it again")
+
+
+def node_lost_line(error: str = "", node: str | None = None) -> str:
+    """One line naming the node a node_lost trial ran on: node (its address and id, as the pool names it), else the
+    node id in Ray's message."""
+    if node is None:
+        found, ip = _NODE_ID.search(error or ""), re.search(r"\bip: (\S+)", error or "")
+        node = (f"{ip.group(1) if ip else '?'} (id {found.group(1)[:8]})") if found else "(not named by Ray)"
+    return (f"lost with its node {node}: the node left the cluster (stopped, preempted or failed) while the trial ran; "
+            "not the configuration's outcome: nothing stored, not counted toward --trials (a search goes on with the "
+            "remaining nodes)")
 
 
 def served(status: str, error: str | None, metrics: dict | None = None) -> bool:
