@@ -585,18 +585,43 @@ def test_r6_two_processes_write_500_records_each_none_lost_none_duplicated(tmp_p
           f"{reads} concurrent reads, 0 lost, 0 duplicated")
 
 
+OPENER = textwrap.dedent("""
+    import os, sys, time
+    from trainscout.store import Store
+    root, who, attempts = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    for a in range(attempts):
+        go = os.path.join(root, f"go{a}")
+        open(os.path.join(root, f"ready{a}{who}"), "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.001)
+        store = Store("sqlite:///" + os.path.join(root, f"new{a}", "results.db"))  # the tables do not exist yet
+        for i in range(5):
+            assert store.put(f"{who}-{i:04d}", {"model": "tiny", "status": "ok", "config": {"who": who, "i": i},
+                                                "metrics": {"tokens_per_s": float(i)}, "trial_id": f"{who}-{i}"})
+        store.engine.dispose()
+""")
+
+
 def test_r6_two_processes_open_a_new_store_at_once(tmp_path):
-    """Both create the tables of a store that does not exist yet."""
-    for attempt in range(10):
-        url = default_url(str(tmp_path / f"new{attempt}"))
-        os.makedirs(tmp_path / f"new{attempt}")
-        go = tmp_path / f"go{attempt}"
-        writers = [py(WRITER, url, who, 5, 0, tmp_path / f"n{attempt}{who}.log", go) for who in ("a", "b")]
-        go.touch()
-        for p in writers:
-            _, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-2000:]
-        assert len(Store(url).measurements()) == 10
+    """Both create the tables of a store that does not exist yet, 10 times: two processes (not two per attempt: 20
+    interpreters took 20 s of 2 cores), both waiting on the same go-file for each new store, so that they open it
+    within a millisecond or two of each other (two fresh interpreters raced only as close as their imports)."""
+    attempts = 10
+    for a in range(attempts):
+        os.makedirs(tmp_path / f"new{a}")
+    openers = [py(OPENER, tmp_path, who, attempts) for who in ("a", "b")]
+    for a in range(attempts):
+        deadline = time.time() + 120
+        while not all((tmp_path / f"ready{a}{who}").exists() for who in ("a", "b")):
+            assert time.time() < deadline and all(p.poll() is None for p in openers), \
+                [p.communicate()[1][-2000:] for p in openers if p.poll() is not None]
+            time.sleep(0.005)
+        (tmp_path / f"go{a}").touch()
+    for p in openers:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    for a in range(attempts):
+        assert len(Store(default_url(str(tmp_path / f"new{a}"))).measurements()) == 10
 
 
 @pytest.fixture
