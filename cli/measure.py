@@ -141,6 +141,10 @@ def print_trial(r, verbose: bool = False) -> None:
                      + (f", quality gate {m['gate_s']:.1f} s" if m.get("gate_s") else "")
                      + f", trial wall {r.wall_s:.1f} s"),
     ]
+    from trainscout.trial.contention import label
+    if shared := label(m):  # other trials on the node shared its CPU or GPU (trial.contention)
+        rows.append(("shared", f"{shared} shared its device during the timed steps: slower than alone, never served "
+                               "from a store; measure it alone"))
     if r.probe:  # micro_batch_size=max: what the probe tried, and the micro-batch below (or why not)
         tried = ", ".join(f"{mbs} {status}" for mbs, status in r.probe)
         if r.probe_compared and len(r.probe_compared) > 1:
