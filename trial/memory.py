@@ -65,7 +65,7 @@ def _counts(config: dict) -> dict:
     from .models import sizes
     z, p = sizes(config), parameters(config)
     return {"h": z.hidden, "L": p.layers, "V": z.vocab, "per_layer": p.per_layer, "embed": p.embed, "N": p.N,
-            "cast": p.cast, "tied": p.tied}
+            "cast": p.cast, "tied": p.tied, "head_cast": p.embed if p.tied else p.head}
 
 
 def _with_config(spec: TrialSpec | Record) -> TrialSpec | Record:
@@ -105,7 +105,9 @@ def host_held(spec: TrialSpec | Record) -> float:
 def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
     """components() and host_held(). The terms the knobs' hooks see besides the documented ones: layer_policy_saved,
     the bytes of one decoder layer's matrix-product and attention outputs for a micro-batch (what selective
-    checkpointing keeps, model_tree.Saved.policy), and host, where a hook adds what it keeps in host memory."""
+    checkpointing keeps, model_tree.Saved.policy); cast, the parameters whose 16-bit copies autocast keeps on the GPU
+    for backward, and layer_cast, those of them inside the decoder layers (the head's outside: activation offload
+    moves the layers' copies to the host); and host, where a hook adds what it keeps in host memory."""
     from trainscout.spaces import ParallelDims, all_knobs, plugins
 
     from . import engines
@@ -127,13 +129,14 @@ def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
              # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
              "params": N, "layer_params": c["per_layer"], "layers": layers,
              "layer_activations": (layers - ckpt) * layer,
-             "layer_policy_saved": b * s * (act.policy + act.policy_s * recipe["seq_len"]), "host": 0.0}
+             "layer_policy_saved": b * s * (act.policy + act.policy_s * recipe["seq_len"]), "host": 0.0,
+             "cast": c["cast"], "layer_cast": max(0.0, c["cast"] - c["head_cast"])}
     view = spec.replace(recipe=dict(recipe, seq_len=recipe["seq_len"] // cp)) if cp > 1 else spec  # the rank's tokens
     for knob in all_knobs():
         plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
     held = {k: terms.pop(k) for k in ("params", "layer_params", "layers", "layer_activations", "layer_policy_saved",
-                                      "host")}
-    out = engine.model_states(dict(c, per_layer=held["layer_params"]), plan, held["params"],
+                                      "host", "cast", "layer_cast")}
+    out = engine.model_states(dict(c, per_layer=held["layer_params"], cast=held["cast"]), plan, held["params"],
                               engine.data_ranks(plan, spec.world_size), mixed)
     out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
     if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
@@ -233,10 +236,11 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
     and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
     Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
-    2 bytes per offloaded 16-bit parameter shard. FSDP2's CPUOffloadPolicy (fsdp=full_shard_offload) is counted the
-    same, 20 bytes per parameter, where it keeps 16 (fp32 shards, gradients, AdamW's two states) in pinned buffers that
-    the host allocator rounds up. What the knobs' hooks move to the host (host_held: activation offload's saved
-    tensors) adds to the offloaded states. On the CPU both add to the ranks' own terms."""
+    2 bytes per offloaded 16-bit parameter shard. An engine that counts its host states itself (Engine.host_states:
+    FSDP2's CPUOffloadPolicy, from the parameters' shapes) replaces that rule. What the knobs' hooks move to the host
+    (host_held: activation offload's saved tensors) adds to the offloaded states. On the CPU both add to the ranks'
+    own terms. Cached pinned host memory is released between trials (worker.reset_process): one trial's is not the
+    next one's."""
     from . import engines
     world = spec.world_size
     spec = _with_config(spec)
@@ -244,8 +248,12 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     engine = engines.get(plan.engine)
     N, D = c["N"], engine.data_ranks(plan, world)
     optimizer, params = engine.offloaded(plan)
+    own = engine.host_states(plan, D, spec.device == "cuda", lambda: param_rows(spec.model_config)) \
+        if optimizer or params else None
+    if own is None:
+        own = (OFFLOAD_BYTES * N / D if optimizer else 0) + (2 * N / D if params else 0)
     # what the knobs' hooks keep on the host (activation offload) is there at the same time as the offloaded states
-    offload = world * ((OFFLOAD_BYTES * N / D if optimizer else 0) + (2 * N / D if params else 0) + host_held(spec))
+    offload = world * (own + host_held(spec))
     if spec.device == "cpu":  # the host is the device: the ranks' terms and what an engine "offloads" add up
         return {"processes": world * HOST_PROCESS, "ranks": world * analytic(spec) + offload}
     out = {"processes": world * HOST_PROCESS}
@@ -254,6 +262,17 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     if offload:
         out["offload"] = offload
     return out
+
+
+def param_rows(config: dict) -> tuple[tuple[int, int], ...]:
+    """(rows, elements) of each parameter of the model a config builds (rows: its first dimension, which FSDP2
+    shards), from the meta device once per process (model_tree's facts, handed on with them)."""
+    from . import model_tree
+    at = ("param_rows", model_tree._key(config))
+    if at not in model_tree._FACTS:
+        model = model_tree._build(at[1], "eager", seq_len=1)
+        model_tree._FACTS[at] = tuple((int(p.shape[0]) if p.dim() else 1, int(p.numel())) for p in model.parameters())
+    return model_tree._FACTS[at]
 
 
 def host_need(comp: dict[str, float]) -> float:

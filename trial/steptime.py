@@ -11,8 +11,10 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   a checkpointed layer's activations as if it kept them, once more for its recomputed forward;
 - launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer;
 - offload (offload_s, per optimizer step, not overlapped with the GPU's work): what an engine keeps in host memory
-  (Engine.offloaded) moves over the GPU's PCIe link at PCIE_BPS, and the CPU's optimizer step reads and writes its
-  states at HOST_MEMORY_BPS, a bandwidth all the box's ranks share.
+  (Engine.offloaded) moves over the GPU's PCIe link at pcie_bps, and the CPU's optimizer step reads and writes its
+  states at HOST_MEMORY_BPS, a bandwidth all the box's ranks share; what the knobs' hooks keep on the host
+  (memory.host_held: activation offload's saved tensors) goes down in every micro-batch's forward and comes back in
+  its backward.
 Its constants are round first-principles figures, not fitted: only the order it puts configurations in is used,
 and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
 between ranks (ZeRO, FSDP and DDP on several GPUs), pipeline bubbles, fp8 linears.
@@ -41,6 +43,11 @@ FP32_RATE = {True: 0.5, False: 1 / 16}  # of the bf16 peak, by tf32
 # Host <-> device over PCIe, bytes/s per GPU and direction: an x16 link of Gen4 is 32 GB/s on paper, Gen5 64; about
 # 25 GB/s is what pinned copies of Gen4 reach (and what a Gen5 GPU behind a Gen4 host gets): a round effective figure.
 PCIE_BPS = 25e9
+# Gen5 GPUs in Gen5 hosts, matched like GPU_HBM_TBPS: activation offload on an H100 SXM moved 2 x 22.0 GB a
+# micro-batch in 0.83 s more than without it (53 GB/s, bench/data/gpu-2026-12-06-s23/probe_act.log); the H200, GH200
+# and the Blackwells are counted as it, unmeasured.
+GPU_PCIE_BPS: list[tuple[str, float]] = [("H100", 50e9), ("H200", 50e9), ("H800", 50e9), ("B200", 50e9),
+                                         ("B100", 50e9)]
 # The CPU optimizer's state traffic, bytes/s for the whole host: ZeRO-Offload's CPU-Adam stepped 8 B parameters in
 # 2.4 s on a two-socket Xeon (Ren et al. 2021, table 4), ~3.3e9 parameters/s at CPU_ADAM_BYTES each: ~90 GB/s.
 HOST_MEMORY_BPS = 90e9
@@ -85,31 +92,39 @@ def step_s(spec: TrialSpec) -> float:
     return plan.grad_accum * (compute + traffic + launches) + offload_s(spec)
 
 
+def pcie_bps(spec: TrialSpec) -> float:
+    """The host <-> GPU bandwidth per direction of spec's GPU (PCIE_BPS where GPU_PCIE_BPS names it not)."""
+    return _lookup(GPU_PCIE_BPS, (spec.hardware or {}).get("gpu"), PCIE_BPS)
+
+
 def offload_s(spec: TrialSpec) -> float:
-    """Seconds per optimizer step a rank spends on what its engine keeps in host memory (0 where nothing is):
+    """Seconds per optimizer step a rank spends on what its engine or its knobs keep in host memory (0: nothing):
     - optimizer states offloaded (ZeRO-Offload): every micro-batch's reduced 16-bit gradient shard goes to the host,
       where DeepSpeed accumulates it (2·N/D bytes each); the CPU steps AdamW over the states of every rank's shard
       (CPU_ADAM_BYTES per parameter, N in all on the host, at HOST_MEMORY_BPS shared by the ranks); the updated 16-bit
       shard comes back (2·N/D, unless the parameters live on the host too);
     - parameter shards offloaded (ZeRO-3): each is fetched as 16 bits (2·N/D) for every forward and backward of
-      every micro-batch, and once more per checkpointed forward recomputed.
-    PCIe bytes at PCIE_BPS, no overlap with compute assumed (an upper bound on what offload costs a step)."""
+      every micro-batch, and once more per checkpointed forward recomputed;
+    - what the knobs' memory hooks moved to the host (memory.host_held: activation offload's saved tensors): down
+      as the forward saves it and up as the backward reads it, every micro-batch (save_on_cpu copies on the compute
+      stream: nothing overlaps).
+    PCIe bytes at pcie_bps, no overlap with compute assumed (an upper bound on what offload costs a step)."""
     from . import engines
     plan = spec.plan
     engine = engines.get(plan.engine)
     optimizer, params = engine.offloaded(plan)
-    if not (optimizer or params):
-        return 0.0
-    n = memory._counts(memory._with_config(spec).model_config)["N"]
-    shard = n / engine.data_ranks(plan, spec.world_size)
     accum = plan.grad_accum
-    pcie = accum * 2 * shard  # the gradient shards down, every micro-batch
+    pcie = accum * 2 * memory.host_held(spec) if spec.device == "cuda" else 0.0
     host = 0.0
-    if optimizer:
-        host = n * CPU_ADAM_BYTES / HOST_MEMORY_BPS
-        if not params:
-            pcie += 2 * shard  # the updated 16-bit shard back
-    if params:
-        passes = 2 + (1 if plan.checkpoint_every else 0)  # forward, backward, the recomputed forward
-        pcie += accum * passes * 2 * shard
-    return pcie / PCIE_BPS + host
+    if optimizer or params:
+        n = memory._counts(memory._with_config(spec).model_config)["N"]
+        shard = n / engine.data_ranks(plan, spec.world_size)
+        pcie += accum * 2 * shard  # the gradient shards down, every micro-batch
+        if optimizer:
+            host = n * CPU_ADAM_BYTES / HOST_MEMORY_BPS
+            if not params:
+                pcie += 2 * shard  # the updated 16-bit shard back
+        if params:
+            passes = 2 + (1 if plan.checkpoint_every else 0)  # forward, backward, the recomputed forward
+            pcie += accum * passes * 2 * shard
+    return pcie / pcie_bps(spec) + host

@@ -13,12 +13,11 @@ class ActivationOffload(Knob):
     # saved-tensor hook outside it sees: offload there would move nothing. One or the other.
     requires = {"activation_checkpointing": ("none",)}
     stage = "checkpoint"  # hooks on the layers before per-layer compile (which graph-breaks at them) and sharding
-    # Not a memory saver yet: start points pick among the savers that fit by predicted step time, and the step-time
-    # model (trial/steptime.py) has no term for the layers' activations crossing PCIe twice a micro-batch, so it
-    # predicted this the fastest of all (Pythia-6.9B on an H200: 96 s a step against full checkpointing's 130 s, where
-    # ~10 GB each way per micro-batch at ~25 GB/s costs far more than recomputing the forward). Declare
-    # ((35, {"activation_offload": "on"}),) once steptime charges 2 x memory.host_held bytes per micro-batch.
-    savers = ()
+    # a memory saver: start points and the atlas pick among the savers that fit by predicted step time, which charges
+    # its PCIe traffic (trial/steptime.offload_s: memory.host_held's bytes down in forward and up in backward, every
+    # micro-batch, not overlapped: 64,327 -> 15,112 tokens/s for Pythia-1B on an H100), so it comes after
+    # checkpointing's recompute wherever that fits
+    savers = ((35, {"activation_offload": "on"}),)
     without_hook = "off"
 
     def apply(self, plan, value, cfg, ctx):
@@ -26,18 +25,24 @@ class ActivationOffload(Knob):
             plan.knobs[self.name] = {"pin_memory": ctx.device == "cuda"}
 
     def memory(self, terms, plan, spec):
-        # the layers' saved tensors (activations, and the weights' 16-bit copies the linears save: save_on_cpu copies
-        # every saved tensor) go to the host; the GPU keeps about one layer's in flight (the layer being computed in
-        # forward, the one unpacked in backward). On the CPU the host is the device: nothing moves.
+        # save_on_cpu copies every tensor a decoder layer saves for backward to the host as it is saved (the original
+        # freed at once; in backward each comes back for the one op that reads it and is freed after it), so the GPU
+        # keeps none of the layers' activations, nor autocast's 16-bit copies of the layers' weights (the linears
+        # save them, autocast's cache drops them as the forward ends); what is saved outside the layers (token ids,
+        # the final norm, the head's input and its weight's copy) and the logits stay. Measured on an H100 (Pythia-1B,
+        # micro-batch 8 x 2048, bench/savers_probe_gpu.py act): 18.59 GiB allocated after the forward = the model
+        # states without the layers' copies + the head's input and copy + the fp32 log-softmax; the 24.82 peak is
+        # that + the loss's backward (12·b·s·V). The host holds the layers' saved tensors and 16-bit weight copies.
+        # On the CPU the host is the device: nothing moves.
         setting = plan.knobs.get(self.name)
         if not setting or spec.device == "cpu" or terms["layers"] < 1:
             return
-        one = terms["layer_activations"] / terms["layers"]
-        moved = terms["layer_activations"] - one
+        moved = terms["layer_activations"]
         terms["activations"] -= moved
-        terms["layer_activations"] = one
+        terms["layer_activations"] = 0.0
         weights = (4 if plan.precision == "fp32" else 2) * terms["layer_params"] * terms["layers"]
-        terms["host"] = terms.get("host", 0.0) + moved + one + weights
+        terms["cast"] -= terms["layer_cast"]  # autocast's copies of the layers' linears: the host's, not the GPU's
+        terms["host"] = terms.get("host", 0.0) + moved + weights
 
     def transform(self, model, plan):
         """Each decoder layer's forward runs inside save_on_cpu: a forward pre-hook enters it, a forward hook leaves

@@ -186,6 +186,13 @@ class Engine:
         return False, False
 
     @classmethod
+    def host_states(cls, plan: Plan, D: int, pinned: bool, rows) -> float | None:
+        """Bytes per rank of the model states this engine keeps in host memory where it offloads (Engine.offloaded);
+        None: memory.host_peak's per-parameter rule. pinned: through torch's pinned allocator (on a GPU), which
+        rounds each block up to a power of two; rows(): memory.param_rows, (rows, elements) per parameter."""
+        return None
+
+    @classmethod
     def in_flight(cls, plan: Plan, activations: float, logits: float) -> tuple[float, float]:
         """Activations and logits held at the peak, from those of one micro-batch."""
         return activations, logits
