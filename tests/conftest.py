@@ -7,6 +7,9 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(_ROOT, ".cache", "torch_extensions"))
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_ROOT, ".cache", "inductor"))
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# the registry of running trials (trial.contention): this session's own, so that trials of other test sessions on the
+# box do not mark its measurements shared (and unserved); its own trials still see each other
+os.environ.setdefault("TRAINSCOUT_RUNNING_DIR", os.path.join("/tmp", f"trainscout-running-tests-{os.getpid()}"))
 
 
 def ray_worker_pids() -> list[int]:
