@@ -11,6 +11,7 @@ address and the nodes), then serves commands on stdin, one per line:
     ranks NODE_ID SECONDS wait until a trial's rank (trial.pool.Rank actor) is alive on that node (answer: busy, or
                           none after SECONDS)
     where NAME            the nodes of the alive named actors NAME of every job (answer: JSON list of node ids)
+    pending SECONDS       wait until a placement group waits for resources (answer: pending, or none after SECONDS)
 
 and answers each with one line. End of stdin (or SIGTERM) shuts the cluster down with its own shutdown(), which
 ends the processes it started (never Ray's `ray stop`, which kills every Ray process of the machine by name).
@@ -99,6 +100,15 @@ def main() -> None:
                 print("busy", flush=True)
                 continue
             print("none", flush=True)
+        elif words[:1] == ["pending"]:
+            deadline = time.time() + float(words[1])
+            while not any(pg["state"] == "PENDING" for pg in state.placement_group_table().values()):
+                if time.time() > deadline:
+                    print("none", flush=True)
+                    break
+                time.sleep(0.2)
+            else:
+                print("pending", flush=True)
         elif words[:1] == ["where"]:
             print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), flush=True)
     ray.shutdown()

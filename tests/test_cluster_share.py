@@ -39,11 +39,13 @@ def rows(out) -> list[dict]:
     return store.trials(out.name)
 
 
-def test_two_searches_on_one_cluster_both_measure_three_runs_in_a_row(ray_cluster, tmp_path):
-    """Two searches started together on the same cluster, three times: each finishes with measured (ok) trials,
-    none unscheduled, exit 0; the later of each pair sized itself as a fair share among the 2 searches attached."""
+@pytest.mark.parametrize("runs", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_two_searches_on_one_cluster_both_measure_runs_in_a_row(ray_cluster, tmp_path, runs):
+    """Two searches started together on the same cluster, `runs` times in a row (three: the slow variant, ~3 min on
+    2 cores; one pair takes ~50 s): each finishes with measured (ok) trials, none unscheduled, exit 0; the later of
+    each pair sized itself as a fair share among the 2 searches attached."""
     took = []
-    for run in range(3):
+    for run in range(runs):
         t0 = time.time()
         outs = [tmp_path / f"{x}{run}" for x in "ab"]
         procs = [start(search(ray_cluster["address"], out, "--trials", 2)) for out in outs]
@@ -55,7 +57,31 @@ def test_two_searches_on_one_cluster_both_measure_three_runs_in_a_row(ray_cluste
             assert "ok" in statuses and "unscheduled" not in statuses, (run, out.name, statuses, stdout[-3000:])
         starts = [next(ln for ln in o.splitlines() if " at once (" in ln) for o, _ in ended]
         assert any("fair share of its room among the 2 searches attached" in ln for ln in starts), starts
-    print(f"two searches at once on one cluster, three runs: {took} s")
+    print(f"two searches at once on one cluster, {runs} run(s): {took} s")
+
+
+def test_a_trials_time_limit_starts_when_its_ranks_are_placed(ray_cluster):
+    """Other jobs hold every CPU of the cluster's CPU nodes; a trial (--timeout 12) waits 10 s for its ranks'
+    placement, then gets it and is measured (ok), its wall past 12 s. Before, the wait counted against its limit (a
+    trial was stored `timeout` after 60 of its 90 s in the queue); the wait has a limit of its own (the same 12 s:
+    unscheduled past it)."""
+    send = ray_cluster["send"]
+    sets = [a for kv in FIXED for a in ("--set", kv)]
+    for n in ray_cluster["cpu_nodes"]:
+        assert send(f"block {n} 2") == "blocked"
+    try:
+        p = start([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu", "--steps", "2",
+                   "--warmup", "1", *sets, "--address", ray_cluster["address"], "--timeout", "12", "--json"])
+        assert send("pending 120") == "pending", p.communicate(timeout=60)
+        time.sleep(10)  # waiting for its placement: most of the trial's 12 s
+        assert p.poll() is None, p.communicate()
+    finally:
+        assert send("unblock") == "unblocked"
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stderr[-3000:]
+    r = json.loads(stdout)
+    print(f"a trial placed after a 10 s wait: {r['status']} in {r['wall_s']} s of wall (--timeout 12)")
+    assert r["status"] == "ok" and r["wall_s"] > 12, (r["status"], r["error"], r["wall_s"])
 
 
 def test_a_worker_node_killed_mid_search_loses_only_its_trials(ray_cluster, tmp_path):
