@@ -78,7 +78,7 @@ def test_offload_costs_step_time_over_pcie_and_the_hosts_memory():
                    installed=frozenset())
     assert steptime.offload_s(plain) == 0.0
     n = memory._counts(memory._with_config(opt).model_config)["N"]
-    expected = (opt.plan.grad_accum * 2 + 2) * n / 8 / steptime.PCIE_BPS + n * steptime.CPU_ADAM_BYTES / \
+    expected = (opt.plan.grad_accum * 2 + 2) * n / 8 / steptime.pcie_bps(opt) + n * steptime.CPU_ADAM_BYTES / \
         steptime.HOST_MEMORY_BPS
     assert steptime.offload_s(opt) == pytest.approx(expected)
     assert steptime.step_s(opt) == pytest.approx(steptime.step_s(plain) + expected)
