@@ -22,16 +22,24 @@ def dead_nodes(node_ids) -> list[str]:
 
 
 def others_wait(own_pgs: set[str] = frozenset()) -> bool:
-    """Whether anything in the cluster waits for resources now (Ray's pending demand: placement groups other than
-    own_pgs, by hex id, and tasks or actors), as the autoscaler reads it from the GCS; the placement-group table
-    where that answer is not available."""
+    """Whether anything in the cluster waits for resources that a node of it could give (Ray's pending demand, as the
+    autoscaler reads it from the GCS: placement groups other than own_pgs, by hex id, and tasks or actors; the
+    placement-group table where that answer is not available). Left out: a request no node could ever hold
+    (infeasible: giving groups back would not help it) and one waiting inside a placement group (for its own group's
+    bundle: `*_group_*` resources)."""
     import ray
+    totals = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+
+    def could_run(bundle: dict) -> bool:
+        return not any("_group_" in k for k in bundle) and any(all(t.get(k, 0) >= v for k, v in bundle.items())
+                                                             for t in totals)
     try:
         from ray.autoscaler.v2.sdk import get_cluster_status
         demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
-        return bool(demand.ray_task_actor_demand) or any(d.pg_id not in own_pgs
-                                                         for d in demand.placement_group_demand)
+        waiting = [*demand.ray_task_actor_demand, *(d for d in demand.placement_group_demand if d.pg_id not in own_pgs)]
+        return any(could_run(r.bundle) for d in waiting for r in d.bundles_by_count)
     except Exception:  # noqa: BLE001 - an older or trimmed Ray: its placement groups alone
         from ray._private.state import state
         return any(pg["state"] in ("PENDING", "RESCHEDULING") and pid not in own_pgs
+                   and any(could_run(b) for b in pg["bundles"].values())
                    for pid, pg in state.placement_group_table().items())
