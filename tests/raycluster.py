@@ -12,6 +12,8 @@ address and the nodes), then serves commands on stdin, one per line:
                           none after SECONDS)
     where NAME            the nodes of the alive named actors NAME of every job (answer: JSON list of node ids)
     pending SECONDS       wait until a placement group waits for resources (answer: pending, or none after SECONDS)
+    want CPUS SECONDS     a placement group of one bundle of CPUS (another job asking for room), removed after
+                          (answer: placed S, the seconds it waited, or waiting after SECONDS)
 
 and answers each with one line. End of stdin (or SIGTERM) shuts the cluster down with its own shutdown(), which
 ends the processes it started (never Ray's `ray stop`, which kills every Ray process of the machine by name).
@@ -109,6 +111,13 @@ def main() -> None:
                 time.sleep(0.2)
             else:
                 print("pending", flush=True)
+        elif words[:1] == ["want"]:
+            from ray.util.placement_group import placement_group, remove_placement_group
+            t0 = time.time()
+            pg = placement_group([{"CPU": float(words[1])}])
+            ready, _ = ray.wait([pg.ready()], timeout=float(words[2]))
+            print(f"placed {time.time() - t0:.1f}" if ready else "waiting", flush=True)
+            remove_placement_group(pg)
         elif words[:1] == ["where"]:
             print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), flush=True)
     ray.shutdown()
