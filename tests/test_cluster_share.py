@@ -136,7 +136,7 @@ def test_a_worker_node_killed_mid_search_loses_only_its_trials(ray_cluster, tmp_
     try:
         for n in ray_cluster["cpu_nodes"]:
             assert send(f"block {n} 1.75") == "blocked"
-        p = start(search(ray_cluster["address"], out, "--trials", 2))
+        p = start(search(ray_cluster["address"], out, "--trials", 2, "--steps", 4))  # 4 steps: a wider window
         assert send(f"ranks {node} 300") == "busy", p.communicate(timeout=60)
         time.sleep(1.0)  # mid-trial: its group starting or its steps running
         pools = json.loads(send("where trainscout-worker-pool"))
