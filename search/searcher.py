@@ -8,6 +8,7 @@ import datetime
 import warnings
 from typing import TYPE_CHECKING
 
+from trainscout.spaces import micro_batch
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.status import Status
 
@@ -83,7 +84,9 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
 
     def predict_s(params: dict) -> float | None:
         spec = spec_at(args, space, hw, params)
-        if spec is None or (not spec.plan.micro_batch_probe and memory.predict(spec, calibration) > capacity):
+        # a micro_batch_size=max probe is judged at micro-batch 1, the least it tries (trainable._refusal)
+        at = spec_at(args, space, hw, params, **{micro_batch().name: 1}) if spec and spec.plan.micro_batch_probe else spec
+        if at is None or memory.predict(at, calibration) > capacity:
             return None
         return steptime.step_s(spec)
     return Ranker(space, predict_s, seed)

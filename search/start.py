@@ -179,6 +179,12 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
         sizes = space.domains.get(mb, ())
         if "max" not in sizes and r.config.get(mb) in sizes:
             point[mb] = r.config[mb]  # no probe in this space: the measured one
+        # another model's best may not fit this one: it takes the memory saver this model needs (a 1.6B's
+        # bf16-mixed point probed 8 micro-batches of a 7B on an H100 for nothing); skipped where none fits
+        point = fits(args, space, hw, None, point)
+        if point is None:
+            continue
+        point = complete(space, applicable(point))
         k = json.dumps(point, sort_keys=True, default=str)
         if k in seen or spec_at(args, space, hw, point) is None:
             continue

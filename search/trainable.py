@@ -46,6 +46,33 @@ def trial_spec(settings: dict, base: dict, fault: str | None = None):
                    hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
 
 
+def _refusal(spec, settings: dict, base: dict, fault: str | None) -> tuple[str, dict] | None:
+    """Why the memory model refuses to launch this trial (its host or GPU need predicted over the capacity and the
+    margin), with what the record keeps of the prediction; None: launch it. A micro_batch_size=max probe is judged at
+    micro-batch 1, the least it would try: where even that does not fit, every candidate would fail (a 7B in
+    bf16-mixed on an H100 probed 8 micro-batches in 90 s of GPU time for nothing)."""
+    from trainscout.spaces import micro_batch
+    from trainscout.trial import memory
+    at, probe = spec, spec.plan.micro_batch_probe
+    if probe:
+        try:
+            at = trial_spec(dict(settings, **{micro_batch().name: 1}), base, fault)
+        except ConfigError:
+            return None
+    least = f" at micro-batch 1 ({micro_batch().name}=max tries nothing smaller)" if probe else ""
+    host = base.get("host")
+    if host and (why := memory.host_refusal(at, host["capacity"], host["margin"])):
+        return why + least, {}
+    mem = base.get("memory")
+    if mem:
+        predicted = memory.predict(at, mem["calibration"])
+        if predicted > mem["capacity"] * (1 + mem["margin"]):
+            gib = predicted / memory.GiB
+            return (f"predicted {gib:.1f} GiB per rank{least} > {mem['capacity'] / memory.GiB:.0f} GiB",
+                    {"predicted_gib": round(gib, 2)})
+    return None
+
+
 def _measure(config: dict, base: dict) -> None:
     from ray import tune
     ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None
@@ -64,27 +91,13 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
-    host = base.get("host")  # predicted over the host's memory (offload states, CPU runs): not launched, why recorded
-    if host and not spec.plan.micro_batch_probe:
-        from trainscout.trial import memory
-        why = memory.host_refusal(spec, host["capacity"], host["margin"])
-        if why:
-            store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
-            tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why})
-            return
-    mem = base.get("memory")
-    # predicted clearly over the GPU's memory: not launched, recorded with the prediction (max finds its own fit)
-    if mem and not spec.plan.micro_batch_probe:
-        from trainscout.trial import memory
-        predicted = memory.predict(spec, mem["calibration"])
-        if predicted > mem["capacity"] * (1 + mem["margin"]):
-            gib = predicted / memory.GiB
-            why = f"predicted {gib:.1f} GiB per rank > {mem['capacity'] / memory.GiB:.0f} GiB"
-            store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0,
-                            dict(spec.config, predicted_gib=round(gib, 2)), error=why)
-            tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "predicted_gib": gib,
-                         "error": why})
-            return
+    why = _refusal(spec, settings, base, fault)  # predicted over the host's or the GPU's memory: not launched
+    if why:
+        error, extra = why
+        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, dict(spec.config, **extra),
+                        error=error)
+        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": error, **extra})
+        return
     # where a row of an older key scheme holds this configuration, its key (store.Store.stored_key): served from it,
     # and a new measurement of it is that key's sample
     key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions()))

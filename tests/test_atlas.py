@@ -399,5 +399,10 @@ def test_store_points_from_records_that_predate_a_knob_are_completed_not_a_crash
     assert any("activation_offload" not in r.config for r in records)  # the case: records older than the knob
     points = store_points(args, space, hw, records, have)
     assert points
+    from trainscout.search.start import spec_at
+    from trainscout.trial import memory
     for point, _ in points:
         assert all(k in point for k in space.domains if get(k).applies(point))
+        # another model's best takes the saver this one needs: it fits at the least micro-batch it would try
+        least = spec_at(args, space, hw, point, micro_batch_size=1)
+        assert memory.predict(least) <= memory.FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB
