@@ -4,6 +4,7 @@ and the host by the rule the search prunes its trials by (trial.memory.host_refu
 predicted step time (sharding over the ranks before offload where the GPUs hold it), in lookup and in the search's
 start points alike. No GPU: the Mistral-7B-v0.3 config.json as published (bench/models/hub), the real memory and
 step-time models, the shipped atlas."""
+import dataclasses
 import json
 import os
 
@@ -33,9 +34,14 @@ def test_lookups_first_answer_is_what_a_search_would_run_on_one_h100_with_128_gi
     search's rule. Nothing that keeps fp32 master weights fits one H100 and 128 GiB: its first answer is pure bf16
     weights and states (precision=bf16, a saver that changes the numerics: taken only where no other fits; measured
     on an H100 at 55.4 GiB, estimate 56.8)."""
-    answer = lookup.lookup(db.load([]), MISTRAL, gpu="H100", gpus=1, gpu_memory_gib=80.0, host_memory_gib=128.0)
-    p = answer["predicted"]
-    first = p["rows"][0]
+    atlas = db.load([])
+    answer = lookup.lookup(atlas, MISTRAL, gpu="H100", gpus=1, gpu_memory_gib=80.0, host_memory_gib=128.0)
+    # the atlas holds session 23's cold search of this model on an H100: lookup answers its measured best, pure bf16
+    assert answer["predicted"] is None and answer["measured"][0]["rows"][0]["config"]["precision"] == "bf16"
+    # as for a model never measured: predicted from the other models' rows
+    others = dataclasses.replace(atlas, rows=[r for r in atlas.rows if r["record"]["model"] != "mistral-7b-v0.3"])
+    first = lookup.predicted(others, lookup.target_of(MISTRAL), "H100", 1, None, lookup._prices(), 80.0,
+                             128.0)["rows"][0]
     assert first["host_memory_gib"] <= 113
     got = estimate(first["config"], first["gpus"], 80.0, capsys)
     assert got["rc"] == 0 and got["fits"] is True and got["predicted_gib"] <= 80.0

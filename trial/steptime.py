@@ -11,11 +11,12 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   a checkpointed layer's activations as if it kept them, once more for its recomputed forward;
 - launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer;
 - offload (offload_s, per optimizer step, not overlapped with the GPU's work): what an engine keeps in host memory
-  (Engine.offloaded) moves over the GPU's PCIe link at pcie_bps, and the CPU's optimizer step reads and writes its
-  states at HOST_MEMORY_BPS, a bandwidth all the box's ranks share; what the knobs' hooks keep on the host
+  (Engine.offloaded) moves over the GPU's PCIe link at pcie_bps, and the CPU's optimizer steps its parameters at
+  its engine's host optimizer's rate (HOST_OPTIMIZER_PARAMS_PER_S), which all the box's ranks share; what the knobs' hooks keep on the host
   (memory.host_held: activation offload's saved tensors) goes down in every micro-batch's forward and comes back in
   its backward.
-Its constants are round first-principles figures, not fitted: only the order it puts configurations in is used,
+Its constants are round first-principles figures, not fitted (but for two host-side rates read off one H100
+measurement each: PCIe's and torch's CPU AdamW's): only the order it puts configurations in is used,
 and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
 between ranks (ZeRO, FSDP and DDP on several GPUs), pipeline bubbles, fp8 linears.
 """
@@ -54,6 +55,19 @@ HOST_MEMORY_BPS = 90e9
 # per parameter of a CPU AdamW step: fp32 weight, gradient, two moments read (16 B), weight and moments written
 # (12 B) and the 16-bit copy the GPU gets back (2 B)
 CPU_ADAM_BYTES = 30
+# FSDP2's CPUOffloadPolicy steps torch's own AdamW (fused CPU kernel) over the fp32 shards on the host, with the
+# gradient clipping over the host's DTensors before it: far slower than DeepSpeedCPUAdam. From the measured row
+# (bench/data/gpu-2026-12-06-s22/savers_h100.log, one H100 SXM with 16 host cores, Pythia-1B 1.012e9 parameters,
+# 2 micro-batches of 8 x 2048 a step): 4,764 tokens/s is 32,768 / 4,764 = 6.88 s a step; this model's other terms
+# for it are 0.28 s on the GPU and 0.24 s over PCIe, leaving 6.35 s for the host's step: 1.012e9 / 6.35 = 1.6e8
+# parameters/s for the whole host (shared by its ranks, as HOST_MEMORY_BPS). A fresh process's step was ~4.9 s
+# (bench/data/gpu-2026-12-06-s23/probe_fsdp.log, steps 1-3: ~4.4 s on the host), the trial's warm worker slower.
+# One measurement, one host: no per-core scaling is claimed (torch's fused CPU AdamW stepped 25M parameters in
+# 0.12 s on 2 cores, trial/engines/fsdp.py: 2e8/s, so the H100 host's 16 cores did not buy 8x).
+TORCH_CPU_ADAMW_PARAMS_PER_S = 1.6e8
+# parameters per second of the host's optimizer step, by the engine's Engine.host_optimizer
+HOST_OPTIMIZER_PARAMS_PER_S = {"deepspeed_cpu_adam": HOST_MEMORY_BPS / CPU_ADAM_BYTES,
+                               "torch_adamw": TORCH_CPU_ADAMW_PARAMS_PER_S}
 
 
 def _lookup(table: list[tuple[str, float]], name: str | None, default: float) -> float:
@@ -99,10 +113,12 @@ def pcie_bps(spec: TrialSpec) -> float:
 
 def offload_s(spec: TrialSpec) -> float:
     """Seconds per optimizer step a rank spends on what its engine or its knobs keep in host memory (0: nothing):
-    - optimizer states offloaded (ZeRO-Offload): every micro-batch's reduced 16-bit gradient shard goes to the host,
-      where DeepSpeed accumulates it (2·N/D bytes each); the CPU steps AdamW over the states of every rank's shard
-      (CPU_ADAM_BYTES per parameter, N in all on the host, at HOST_MEMORY_BPS shared by the ranks); the updated 16-bit
-      shard comes back (2·N/D, unless the parameters live on the host too);
+    - optimizer states offloaded (ZeRO-Offload, FSDP2's CPUOffloadPolicy): every micro-batch's reduced 16-bit
+      gradient shard goes to the host, where the engine accumulates it (2·N/D bytes each); the CPU steps AdamW over
+      the states of every rank's shard (N in all on the host, at the rate of the engine's host_optimizer shared by
+      the ranks: DeepSpeedCPUAdam's CPU_ADAM_BYTES per parameter at HOST_MEMORY_BPS, torch's CPU AdamW at
+      TORCH_CPU_ADAMW_PARAMS_PER_S); the updated 16-bit shard comes back (2·N/D, unless the parameters live on the
+      host too);
     - parameter shards offloaded (ZeRO-3): each is fetched as 16 bits (2·N/D) for every forward and backward of
       every micro-batch, and once more per checkpointed forward recomputed;
     - what the knobs' memory hooks moved to the host (memory.host_held: activation offload's saved tensors): down
@@ -121,7 +137,7 @@ def offload_s(spec: TrialSpec) -> float:
         shard = n / engine.data_ranks(plan, spec.world_size)
         pcie += accum * 2 * shard  # the gradient shards down, every micro-batch
         if optimizer:
-            host = n * CPU_ADAM_BYTES / HOST_MEMORY_BPS
+            host = n / HOST_OPTIMIZER_PARAMS_PER_S[engine.host_optimizer]
             if not params:
                 pcie += 2 * shard  # the updated 16-bit shard back
         if params:

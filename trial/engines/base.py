@@ -136,6 +136,9 @@ class Engine:
     # the engine counts a step's micro-batches itself (DeepSpeed's accumulation boundary): its warm-up and probe
     # steps run all the measured ones, where the others run two (trial/probe.warmup_accum)
     counts_micro_batches: ClassVar[bool] = False
+    # the optimizer that steps on the host where the engine offloads its states (Engine.offloaded): a key of
+    # trial/steptime.HOST_OPTIMIZER_PARAMS_PER_S, whose rate the step-time model gives it
+    host_optimizer: ClassVar[str] = "deepspeed_cpu_adam"
 
     def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int, dims=None):
         """dims: the trial's spaces.parallel.ParallelDims (engines.build makes it; None: the plan's on world ranks)."""

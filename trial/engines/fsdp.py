@@ -18,6 +18,7 @@ class FsdpEngine(TorchEngine):
     launcher = "accelerate"
     portability = 1
     compute = "16-bit"  # MixedPrecisionPolicy(param_dtype): the layers run on 16-bit copies of the weights
+    host_optimizer = "torch_adamw"  # CPUOffloadPolicy: torch's AdamW steps the fp32 shards on the host
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
         import torch
