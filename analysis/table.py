@@ -180,7 +180,7 @@ def best_choice(source):
     """analysis.ties.choose over a store's measurements: the best, the fastest, and the tie between them."""
     from .ties import choose
     store = store_of(source) if isinstance(source, str) else source
-    return choose(store.measurements())
+    return choose(store.measurements(), store.verified())
 
 
 from .terminal import fit_fields, terminal_width, wrap_fields  # noqa: F401  (light: the live table imports them)

@@ -12,7 +12,9 @@ without FSDP, well within the measured spread; its export then failed in a plain
   settings only trainscout's runtime hook applies (export.hook_only), the number of knobs set away from their
   defaults; then the faster. Nothing here names a knob: simplicity comes from the plan's engine and the export.
 - A measurement taken with other trials sharing its CPU or GPU (trial.contention.contended) is ranked only where
-  no clean measurement is ok.
+  no clean measurement is ok; one whose quality verdict is failed (the one-step gate, or `verify --quality`, which
+  outranks it: trial.quality.status) only where nothing else is ok: it does not train the same model as its
+  reference, and `export --best` wrote such a configuration (a 7B's fp8 over bf16 weights on an H100, 2026-12-06).
 """
 from __future__ import annotations
 
@@ -85,14 +87,16 @@ def why_simpler(best: Record, other: Record) -> str:
     return "as simple, and faster"
 
 
-def choose(records: list[Record]) -> Choice | None:
+def choose(records: list[Record], verified: dict | None = None) -> Choice | None:
     """The best of the ok measurements among `records` (None: none ok): the fastest, or the simplest of those within
-    its noise (the rule above). Records not comparable with the fastest are left out of the tie."""
+    its noise (the rule above). Records not comparable with the fastest are left out of the tie. verified: the
+    store's `verify --quality` verdicts by key (Store.verified)."""
     ok = [r for r in records if r.ok and (r.m.get("tokens_per_s") or 0) > 0]
     if not ok:
         return None
     # measurements other trials shared the CPU or GPU of (trial.contention) rank only where no clean one is ok
     ok = [r for r in ok if not contended(r)] or ok
+    ok = [r for r in ok if not failed(r, verified)] or ok
     fastest = max(ok, key=lambda r: r.m["tokens_per_s"])
     if not fastest.plan:  # a record without its plan (an older import) has nothing to judge simplicity by
         return Choice(best=fastest, fastest=fastest, tied=[fastest])
@@ -101,3 +105,10 @@ def choose(records: list[Record]) -> Choice | None:
     best = min(tied, key=lambda r: (simplicity(r), -r.m["tokens_per_s"]))
     return Choice(best=best, fastest=fastest, tied=sorted(tied, key=lambda r: -r.m["tokens_per_s"]),
                   noise=max(noise(fastest, r) for r in tied))
+
+
+def failed(rec: Record, verified: dict | None = None) -> bool:
+    """Whether the record's quality verdict is failed: its one-step gate, or its `verify --quality` (which outranks
+    the gate)."""
+    from trainscout.trial import quality
+    return quality.status(rec.metrics, (verified or {}).get(rec.key), rec.config, rec.device)[0] == quality.FAILED

@@ -116,10 +116,14 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         line = good[0]["tokens_per_s"] if good else 0.0
         passed_over = [b for b in best if b["quality"] not in quality.GOOD and b["tokens_per_s"] > line][:top]
         best = good
+    elif good := [b for b in best if b["quality"] != quality.FAILED]:  # mark: a failed verdict is named, never
+        line = good[0]["tokens_per_s"]  # called best while anything else ran (analysis.ties: export --best alike)
+        passed_over = [b for b in best if b["quality"] == quality.FAILED and b["tokens_per_s"] > line][:top]
+        best = good
     # the best of those: the fastest, or the simplest within its measured noise (analysis.ties; rule: README)
     from trainscout.analysis.ties import choose
     called = {b["key"] for b in best}
-    choice = choose([r for r in records if r.key in called])
+    choice = choose([r for r in records if r.key in called], verified)
     if choice is not None and choice.is_tie:
         best.sort(key=lambda b: b["key"] != choice.best.key)  # the chosen first, the others fastest first
     tie = None if choice is None or len(choice.tied) < 2 else {
@@ -187,8 +191,9 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         why = tie["why"] or (f"the fastest is also the simplest of the {len(tied)} configurations within the measured "
                              f"noise ({tie['noise']:.1%}) of it, marked (tie): it is the best (rule: README, ties)")
         print(f"  {why}", file=stream)
-    for b in passed_over:  # --quality strict: faster, but not shown to train the same model
-        print(f"not best (--quality strict): {b['tokens_per_s']:,.0f} tokens/s, quality {b['quality']}: "
+    for b in passed_over:  # faster, but not shown to train the same model (strict) or shown not to (failed)
+        print(f"not best ({'--quality strict' if strict else 'quality failed'}): {b['tokens_per_s']:,.0f} tokens/s, "
+              f"quality {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
     if strict and not best and trials:
         print("no configuration shown to train the same model as its reference: none is called best", file=stream)

@@ -394,3 +394,37 @@ def test_the_projection_at_another_global_batch_is_derived_as_the_step_was():
     old = {k: v for k, v in m.items() if k != "phases"}
     assert step_at(old, 8) == pytest.approx(7 * m["micro_batch_s"] + m["last_micro_batch_s"] + m["optimizer_s"])
     assert metrics.project_at(m["phases"], 128) == pytest.approx(m["step_s"])
+
+
+def test_a_failed_quality_verdict_is_named_and_never_best_while_anything_else_ran(tmp_path, capsys):
+    """On an H100 (2026-12-06) a cold search's fastest Mistral-7B configuration (fp8 over bf16 weights) failed its
+    one-step gate (embed_tokens' gradient 0.554x the reference's); the summary called it best, rank 1, and `export
+    --best` would have written it. Now the fastest configuration that does not fail is best, everywhere (summary,
+    results, export --best), and the failed one is named beside it; a verify --quality failure counts the same."""
+    from trainscout.analysis import ties
+    from trainscout.search.service import summarize
+    from trainscout.trial import quality
+    fast = _measured({}, 12000.0, 0.01, "a" * 32)
+    fast.metrics["quality"] = {"gate": quality.FAILED, "why": "model.embed_tokens.weight's gradient is 0.554x",
+                               "changes": ["fp8"]}
+    ok = _measured({"activation_checkpointing": "full"}, 9000.0, 0.01, "b" * 32)
+    assert ties.choose([fast, ok]).best.key == ok.key
+    assert ties.choose([fast]).best.key == fast.key  # nothing else ran: it is what there is, marked
+    assert ties.choose([ok, fast], {ok.key: {"verdict": quality.FAILED, "steps": 500, "why": "loss +3 %"}}) \
+        .best.key == fast.key  # no clean one: the gate-failed fastest again (both failed)
+
+    out = tmp_path / "qf"
+    out.mkdir()
+    store = Store(default_url(str(out)))
+    store.add_search("qf", {"model": "tiny"})
+    for i, rec in enumerate((fast, ok)):
+        store.put(rec.key, rec)
+        store.add_trial("qf", f"t{i}", rec.key, "ok", False, rec.metrics["tokens_per_s"], rec.config)
+    stream = io.StringIO()
+    summary = summarize(store, "qf", stream, out=str(out))
+    assert [b["key"] for b in summary["best"]] == [ok.key]
+    assert summary["passed_over"][0]["key"] == fast.key
+    assert "not best (quality failed): 12,000 tokens/s" in stream.getvalue()
+    assert main(["export", str(out), "--best", "--format", "hf", "--out", str(tmp_path / "exp")]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "exp" / "trainscout.json").read_text())["key"] == ok.key
