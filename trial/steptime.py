@@ -15,10 +15,14 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   its engine's host optimizer's rate (HOST_OPTIMIZER_PARAMS_PER_S), which all the box's ranks share; what the knobs' hooks keep on the host
   (memory.host_held: activation offload's saved tensors) goes down in every micro-batch's forward and comes back in
   its backward.
+- a pipeline (Engine.schedule): the fullest rank, the last stage (its share of the decoder layers and the whole
+  head), runs each micro_step's micro-batches and idles for the schedule's bubble (spaces/knobs/pipeline.py
+  BUBBLE: stages - 1 micro-batch slots for GPipe and 1F1B, fewer interleaved); the activations between stages cross
+  NVLink in a negligible time (4 x 2048 x 2048 bf16: 34 MB, well under a millisecond).
 Its constants are round first-principles figures, not fitted (but for two host-side rates read off one H100
 measurement each: PCIe's and torch's CPU AdamW's): only the order it puts configurations in is used,
 and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
-between ranks (ZeRO, FSDP and DDP on several GPUs), pipeline bubbles, fp8 linears.
+between ranks (ZeRO, FSDP and DDP on several GPUs), fp8 linears.
 """
 from __future__ import annotations
 
@@ -79,31 +83,40 @@ def _lookup(table: list[tuple[str, float]], name: str | None, default: float) ->
 
 def step_s(spec: TrialSpec) -> float:
     """Predicted seconds of one optimizer step of spec per rank (see the module docstring for what is counted)."""
+    from . import engines
     from .models import sizes
     plan, recipe, z = spec.plan, spec.recipe, sizes(spec.model_config)
+    engine = engines.get(plan.engine)
     gpu = (spec.hardware or {}).get("gpu")
     tflops = metrics.gpu_peak_tflops(gpu) or DEFAULT_TFLOPS
     if plan.precision == "fp32":
         tflops *= FP32_RATE[plan.tf32]
     tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)
     tokens = plan.micro_batch_size * recipe["seq_len"]
+    # the fullest rank's decoder layers (a pipeline stage's share; the head's products stay whole: the last stage)
+    layers = engine.held(memory._counts(spec.model_config), plan)[1]
     # the hardware FLOPs: checkpointed layers run their forward twice
-    fpt = flops.count(spec.model_config).hardware_per_token(recipe["seq_len"], plan.checkpoint_every,
-                                                            selective=flops.selective(plan))
-    compute = tokens * fpt / (tflops * 1e12)
+    count = flops.count(spec.model_config)
+    fpt = count.hardware_per_token(recipe["seq_len"], plan.checkpoint_every, selective=flops.selective(plan))
+    head = 6.0 * count.outside
+    compute = tokens * ((fpt - head) * layers / z.layers + head) / (tflops * 1e12)
     held = memory.components(spec)
+    in_acts, in_logits = engine.in_flight(plan, 1.0, 1.0)  # what the peak holds over one micro-batch's
     passes = PASSES_COMPILED if plan.compile else PASSES_EAGER
     every = plan.checkpoint_every
     # a checkpointed layer still writes and reads its activations (in its recomputed forward, once more): the bytes
     # its forward produces move, not the input it keeps
-    made = memory.components(spec.replace(plan=plan.replace(checkpoint_every=0)))["activations"] if every else \
-        held["activations"]
-    again = -(-z.layers // every) / z.layers if every else 0.0
-    traffic = (made * (passes + again) + held["logits"] * PASSES_EAGER) / (tbps * 1e12)
+    made = (memory.components(spec.replace(plan=plan.replace(checkpoint_every=0)))["activations"] if every else
+            held["activations"]) / in_acts
+    logits = held["logits"] / in_logits
+    again = -(-layers // every) / layers if every else 0.0
+    traffic = (made * (passes + again) + logits * PASSES_EAGER) / (tbps * 1e12)
     if plan.loss_kernel != "eager":  # a compiled or fused loss: its logits in fused kernels
-        traffic -= held["logits"] * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
-    launches = z.layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
-    return plan.grad_accum * (compute + traffic + launches) + offload_s(spec)
+        traffic -= logits * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
+    launches = layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
+    # a pipeline's micro_step runs its micro-batches through the rank and waits out the bubble (Engine.schedule)
+    micro, idle = engine.schedule(plan)
+    return plan.grad_accum * (micro + idle) * (compute + traffic + launches) + offload_s(spec)
 
 
 def pcie_bps(spec: TrialSpec) -> float:

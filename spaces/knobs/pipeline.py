@@ -3,6 +3,14 @@ from ..knob import Knob, register
 
 # schedule -> model chunks (virtual stages) per pipeline rank, as torch.distributed.pipelining runs them
 CHUNKS = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zero_bubble": 2}
+# schedule -> idle micro-batch slots of a rank per schedule step, per stage beyond the first (the bubble; the
+# step-time model's, trial/engines/pipeline.py schedule): GPipe and 1F1B wait stages - 1 slots of one micro-batch's
+# stage time (Huang et al. 2019; Narayanan et al. 2021: bubble fraction (p-1)/(m+p-1)); interleaving v model
+# chunks per rank cuts it to (p-1)/v (Narayanan et al. 2021); interleaved zero-bubble splits the backward into
+# input and weight gradients and fills two thirds of what remains with the latter (Qi et al. 2023, ZB-H1: 1/3 of
+# 1F1B's bubble), (p-1)/(3v)
+BUBBLE = {"gpipe": 1.0, "1f1b": 1.0, "interleaved_1f1b": 1 / CHUNKS["interleaved_1f1b"],
+          "zero_bubble": 1 / (3 * CHUNKS["zero_bubble"])}
 
 
 @register

@@ -200,6 +200,12 @@ class Engine:
         """Activations and logits held at the peak, from those of one micro-batch."""
         return activations, logits
 
+    @classmethod
+    def schedule(cls, plan: Plan) -> tuple[int, float]:
+        """(micro-batches one micro_step runs through the fullest rank, idle micro-batch slots it waits for the
+        other ranks): what trial/steptime.py times a micro_step by (a pipeline's micro-batches and its bubble)."""
+        return 1, 0.0
+
     # --- exports ------------------------------------------------------------------------------------------
     # the export formats that can carry this engine (trainscout export --format); the others are refused with why
     formats: ClassVar[tuple[str, ...]] = ("hf", "accelerate", "command")

@@ -107,6 +107,12 @@ class PipelineEngine(Engine):
     model_states = TorchEngine.model_states  # each stage holds its parameters as plain PyTorch / DDP does
 
     @classmethod
+    def schedule(cls, plan):
+        from trainscout.spaces.knobs.pipeline import BUBBLE
+        pipe = plan.engine_config
+        return pipe.get("microbatches", 1), (pipe["stages"] - 1) * BUBBLE[pipe.get("schedule", "1f1b")]
+
+    @classmethod
     def in_flight(cls, plan, activations, logits):
         pipe = plan.engine_config
         P, n, chunks, schedule = pipe["stages"], pipe.get("microbatches", 1), pipe.get("chunks", 1), pipe.get("schedule")
