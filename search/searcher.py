@@ -85,7 +85,8 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
     def predict_s(params: dict) -> float | None:
         spec = spec_at(args, space, hw, params)
         # a micro_batch_size=max probe is judged at micro-batch 1, the least it tries (trainable._refusal)
-        at = spec_at(args, space, hw, params, **{micro_batch().name: 1}) if spec and spec.plan.micro_batch_probe else spec
+        probe = spec is not None and spec.plan.micro_batch_probe
+        at = spec_at(args, space, hw, params, **{micro_batch().name: 1}) if probe else spec
         if at is None or memory.predict(at, calibration) > capacity:
             return None
         return steptime.step_s(spec)

@@ -166,7 +166,8 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     me = spec_at(args, space, hw, base)
     if me is None:
         return []
-    same = [r for r in records if r.ok and r.m.get("mfu") and r.world_size == args.gpus_per_trial
+    from trainscout.trial.contention import contended  # a shared device's MFU says less of the configuration
+    same = [r for r in records if r.ok and r.m.get("mfu") and not contended(r) and r.world_size == args.gpus_per_trial
             and (r.hardware or {}).get("gpu") == hw.get("gpu") and r.model != me.model and r.device == "cuda"]
     out, seen = [], [json.dumps(p, sort_keys=True, default=str) for p in have]
     for r in sorted(same, key=lambda r: -r.m["mfu"]):
