@@ -63,7 +63,8 @@ class Printer:
         days = days_or_hours(days) if days else "-"
         searched = [f"{k}={fmt(trial.config[k])}" for k, vs in self.space.domains.items()
                     if len(vs) > 1 and k in trial.config]
-        status = r.get("status", "?") + ("*" if r.get("cached") else "")
+        # *: served from the store; ~: measured beside other trials on its CPU or GPU (kept apart, not served)
+        status = r.get("status", "?") + ("*" if r.get("cached") else "") + ("~" if r.get("shared") else "")
         why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
         why += f"  ({r['note']})" if r.get("note") else ""  # served from another search's measurement
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks

@@ -153,7 +153,7 @@ def _measure(config: dict, base: dict) -> None:
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
-                 "note": note})
+                 "note": note, "shared": (m.get("shared_with") or {}).get("sharing") or 0})
 
 
 def _run_trial(spec, base: dict, trial_id: str):

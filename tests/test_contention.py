@@ -166,3 +166,19 @@ def test_a_search_beside_a_peer_is_marked_and_the_next_search_measures_it_again(
     assert [r.trial_id for r in store.samples(first.key)] == [now.trial_id, first.trial_id]
     print(f"contended {first.m['tokens_per_s']:,.0f} tokens/s, alone {now.m['tokens_per_s']:,.0f} tokens/s; "
           f"searches {t1 - t0:.0f} s and {time.perf_counter() - t1:.0f} s")
+
+
+def test_the_live_table_marks_a_measurement_beside_other_trials():
+    """The live table's row of a measurement other trials shared the device of says so (ok~), as the summary does."""
+    import io
+    import types
+
+    from trainscout.search.live import Printer
+    from trainscout.search.space import Space
+    stream = io.StringIO()
+    printer = Printer(Space({}, {"compile": (False, True)}), stream)
+    for i, shared in enumerate((1, 0)):
+        printer(types.SimpleNamespace(trial_id=f"t{i}", config={"compile": False}),
+                {"status": "ok", "tokens_per_s": 1000.0, "cached": False, "shared": shared})
+    rows = [line.split() for line in stream.getvalue().splitlines() if line.split()[1:2] in (["t0"], ["t1"])]
+    assert [r[2] for r in rows] == ["ok~", "ok"], stream.getvalue()
