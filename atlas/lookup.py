@@ -155,7 +155,12 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
             best = min(oks, key=lambda r: abs(r["record"]["metrics"]["tokens_per_s"] - tps))
             rec, m = best["record"], best["record"]["metrics"]
             step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
-            days = rec["recipe"]["total_steps"] * step / 86400
+            tokens = rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"]
+            describe = predict.describe(rec["config"], predict.plan_of(rec))
+            if batch != want:  # measured at another batch (a bench's): the days of the recipe asked for, said so
+                tokens = PYTHIA_RECIPE.total_steps * want * rec["recipe"]["seq_len"]
+                describe += f" [measured at {batch:,} sequences per step]"
+            days = tokens / tps / 86400
             mfus = [predict.row_mfu(r) for r in oks]
             mfus = [x for x in mfus if x is not None]
             row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
@@ -165,8 +170,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                    "mfu": median(mfus) if mfus else None,
                    "mfu_convention": (best.get("derived") or {}).get("mfu_convention"),
                    "peak_memory_gib": m.get("peak_memory_gib"), "step_s": step, "projected_days": days,
-                   "train_tokens": rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
-                   "config": rec["config"], "describe": predict.describe(rec["config"], predict.plan_of(rec)),
+                   "train_tokens": tokens, "config": rec["config"], "describe": describe,
                    "labels": sorted({lb["name"] for r in oks for lb in r.get("labels") or []}),
                    "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
                    "verified": best.get("verified"), "provenance": best["provenance"],
