@@ -320,14 +320,33 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
                                  "refused": len(layer.refused)} for layer in atlas.layers]}}
     any_ok = any(g["rows"] for g in got["groups"])
     if not any_ok:
-        kinds = [predict.gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
-        kind = gpu or (max(set(kinds) - {None}, key=kinds.count) if set(kinds) - {None} else "H200")
+        kind = gpu or _default_kind(atlas, out["notes"])
         _known_gpu(kind)
         out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib,
                                      host_memory_gib)
     if want:
         out["budget"] = verdict(out, want)
     return out
+
+
+def _default_kind(atlas, notes: list) -> str:
+    """The GPU kind a prediction is for without --gpu: this machine's GPU where it has one (a user on an H100 asked
+    about it: the answer was an H200's), else the kind the atlas measured most; notes says which and why."""
+    kinds = [predict.gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
+    most = max(set(kinds) - {None}, key=kinds.count) if set(kinds) - {None} else "H200"
+    local = _local_gpu()
+    if local and predict.gpu_kind(local):
+        notes.append(f"predicted for this machine's GPU ({local}): --gpu KIND for another")
+        return predict.gpu_kind(local)
+    notes.append(f"predicted for the {most}, the GPU kind the atlas measured most"
+                 + (f" (this machine's {local} is not a kind it knows)" if local else "") + ": --gpu KIND for another")
+    return most
+
+
+def _local_gpu() -> str | None:
+    """The name of this machine's first CUDA GPU (None: none)."""
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def verdict(answer: dict, want: dict) -> dict:

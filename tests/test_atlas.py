@@ -406,3 +406,20 @@ def test_store_points_from_records_that_predate_a_knob_are_completed_not_a_crash
         # another model's best takes the saver this one needs: it fits at the least micro-batch it would try
         least = spec_at(args, space, hw, point, micro_batch_size=1)
         assert memory.predict(least) <= memory.FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB
+
+
+def test_a_prediction_without_gpu_says_which_kind_it_is_for(capsys, monkeypatch):
+    """Without --gpu a prediction is for this machine's GPU where it has one, else the kind the atlas measured most,
+    and says so (on an H100 the answer was silently an H200's). The GPU here is a mock (torch's device query)."""
+    import torch
+    model = os.path.join(ROOT, "bench", "models", "hub", "qwen2.5-0.5b.json")  # never measured
+    assert main(["lookup", "--model", model, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["predicted"]["rows"][0]["gpu"] == "H200"
+    assert any("predicted for the H200, the GPU kind the atlas measured most" in n for n in got["notes"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert main(["lookup", "--model", model, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["predicted"]["rows"][0]["gpu"] == "H100"
+    assert any("this machine's GPU (NVIDIA H100 80GB HBM3)" in n for n in got["notes"])
