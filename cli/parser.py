@@ -74,7 +74,8 @@ def build_parser() -> Parser:
                  "  trainscout lookup --model my/config.json --budget '$5000' --db runs/mine", cmd_lookup)
     lk.add_argument("--model", action="append", required=True,
                     help="a model name, a config.json path, or a pattern (pythia-*); repeatable, comma-separated")
-    lk.add_argument("--gpu", default=None, help="a GPU kind, e.g. H200 (default: every kind measured for it)")
+    lk.add_argument("--gpu", default=None, help="a GPU kind, e.g. H200 (default: every kind measured for it; a "
+                                                 "prediction: this machine's GPU, else the kind the atlas measured most)")
     lk.add_argument("--gpus", type=positive_int("--gpus"), default=None,
                     help="GPUs per run (default: every count measured; a prediction: 1)")
     lk.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
