@@ -623,7 +623,7 @@ def test_the_live_table_shows_why_a_trial_did_not_run(capsys):
     assert "second line" not in cap.err and ok.endswith("activation_checkpointing=full")  # no reason for an ok trial
     # the progress line after each row: done/total (a trial refused before running does not count toward --trials),
     # elapsed, ETA from the pace so far, best, device-seconds held
-    assert progress1.split() == ["0/4", "trials", "(+1", "refused", "or", "pruned", "before", "running,", "not",
+    assert progress1.split() == ["0/4", "trials", "(+1", "refused,", "pruned", "or", "lost,", "not",
                                  "counted),", "1m00s", "elapsed,", "ETA", "-,", "best", "-,", "0", "GPU-s", "measured"]
     assert "1/4 trials (+1 refused" in progress2 and "ETA 3m00s" in progress2 and "best 100 tok/s" in progress2
     assert "40 GPU-s measured" in progress2  # 20 s x 2 ranks
