@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .families import LEVELS, _memory_level_names
+from .families import LEVELS, _memory_level_names, changes
 from .samples import Sample
 
 NEAREST_MODELS = 2  # model shapes whose rows calibrate a prediction
@@ -14,10 +14,59 @@ def _distance(n: float, arch: str, s: Sample) -> float:
     return abs(math.log(n / s.n_params)) + (0.0 if arch == s.arch else 1.0)
 
 
-def calibrate(fam: tuple, n_params: float, arch: str, pool: list[Sample]) -> tuple[float, list[Sample], int] | None:
-    """The roofline's measured/predicted ratio for a configuration (fam: family() at every level) of a model
-    (n_params, arch), from the pool: the first level with rows, the rows of its NEAREST_MODELS nearest shapes,
-    their median ratio. (ratio, the rows used, the level); None for an empty pool."""
+def knob_effects(pool: list[Sample]) -> dict[tuple, list[tuple]]:
+    """What one knob alone does to the measured/roofline ratio, wherever it was measured: for (knob, value, other)
+    the median of log(ratio at value / ratio at other) over the pool's pairs of rows that differ in that knob only
+    (the same GPU kind, model shape, GPU count and micro-batch; the knobs it makes act or not with it: compile and
+    its scope), one per GPU count and model shape: [(world, parameters, architecture, log)].
+    Fit on the pool given: a leave-one-out passes the other models' rows."""
+    from collections import defaultdict
+
+    from trainscout.trial.metrics import median
+    groups: dict[tuple, list[Sample]] = defaultdict(list)
+    for s in pool:
+        groups[(s.gpu, s.shape, s.world, s.micro)].append(s)
+    logs: dict[tuple, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rows in groups.values():
+        for i, x in enumerate(rows):
+            for y in rows[i + 1:]:
+                there, back = changes(x.knobs, y.knobs), changes(y.knobs, x.knobs)
+                if len(there) == 1:
+                    where, d = (x.world, x.n_params, x.arch), math.log(x.ratio / y.ratio)
+                    logs[there[0]][where].append(d)
+                    logs[back[0]][where].append(-d)
+    return {key: sorted((*where, median(ds)) for where, ds in by.items()) for key, by in logs.items()}
+
+
+def _effect(measured: list[tuple], world: int, n_params: float, arch: str) -> float:
+    """A knob change's log effect on the same GPU count, where it was measured nearest in shape (0: never on it)."""
+    from trainscout.trial.metrics import median
+    same = [m for m in measured if m[0] == world]
+    if not same:
+        return 0.0
+    dist = {m: abs(math.log(n_params / m[1])) + (0.0 if arch == m[2] else 1.0) for m in same}
+    near = min(dist.values())
+    return median([m[3] for m in same if dist[m] == near])
+
+
+def corrected(s: Sample, knobs: dict | None, effects: dict | None, world: int = 1, n_params: float = 0.0,
+              arch: str = "") -> float:
+    """s's ratio carried to a configuration of settings knobs (families.settings) on world GPUs of a model
+    (n_params, arch): times each differing knob's measured effect, where it was measured nearest (knob_effects;
+    a knob whose change was never measured alone: none)."""
+    if not knobs or not effects:
+        return s.ratio
+    log = sum(_effect(effects[key], world, n_params or s.n_params, arch or s.arch)
+              for key in changes(knobs, s.knobs) if key in effects)
+    return s.ratio * math.exp(log)
+
+
+def calibrate(fam: tuple, n_params: float, arch: str, pool: list[Sample], knobs: dict | None = None,
+              effects: dict | None = None) -> tuple[float, list[Sample], int] | None:
+    """The roofline's measured/predicted ratio for a configuration (fam: family() at every level; knobs: its
+    families.settings) of a model (n_params, arch), from the pool: the first level with rows, the rows of its
+    NEAREST_MODELS nearest shapes, their median ratio, each carried to the configuration by the effects of the knobs
+    it differs in (corrected). (ratio, the rows used, the level); None for an empty pool."""
     from trainscout.trial.metrics import median
     for level in range(len(LEVELS)):
         same = [s for s in pool if s.fam[level] == fam[level]]
@@ -26,7 +75,8 @@ def calibrate(fam: tuple, n_params: float, arch: str, pool: list[Sample]) -> tup
         shapes = sorted({s.shape: _distance(n_params, arch, s) for s in same}.items(), key=lambda kv: (kv[1], kv[0]))
         near = {shape for shape, _ in shapes[:NEAREST_MODELS]}
         used = [s for s in same if s.shape in near]
-        return median([s.ratio for s in used]), used, level
+        world = dict(fam[0]).get("gpus", 1)
+        return median([corrected(s, knobs, effects, world, n_params, arch) for s in used]), used, level
     return None
 
 

@@ -102,6 +102,36 @@ def _dims(config: dict, plan: Plan, world_size: int, arch: str) -> dict:
     return out
 
 
+def settings(config: dict, plan: Plan | None = None) -> dict:
+    """The knobs' values as they act (the micro-batch's aside): a knob whose requirements the configuration does not
+    meet (spaces.Knob.applies: a compile scope without compile) has none; an "auto" the plan resolved (a plan's
+    attribute of the knob's name) is what the plan ran. What a knob-effect pair compares (calibrate.knob_effects)."""
+    from trainscout.spaces import all_knobs
+    out = {}
+    for k in all_knobs():
+        if not k.micro_batch:
+            v = config.get(k.name, k.default) if k.applies(config) else None
+            if k.auto and v == "auto" and plan is not None:
+                v = getattr(plan, k.name, v)
+            out[k.name] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+    return out
+
+
+def changes(to: dict, other: dict) -> list[tuple]:
+    """The knob changes from settings other to settings to: (knob, its value in to, in other, the knobs it makes
+    act or not: ((knob, value in to, value in other), ...)) for each knob set in both that differs."""
+    from trainscout.spaces import all_knobs
+    needs = {k.name: set(k.requires) for k in all_knobs()}
+    out = []
+    for k, v in to.items():
+        w = other.get(k)
+        if v != w and v is not None and w is not None:
+            kids = tuple((c, to.get(c), other.get(c)) for c in sorted(to) if k in needs.get(c, ())
+                         and to.get(c) != other.get(c) and (to.get(c) is None or other.get(c) is None))
+            out.append((k, v, w, kids))
+    return out
+
+
 def family(config: dict, plan: Plan, world_size: int, level: int = 0, arch: str = DENSE) -> tuple:
     """A configuration's family at a level of LEVELS (micro-batch and accumulation are never part of it)."""
     dims = _dims(config, plan, world_size, arch)

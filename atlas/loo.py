@@ -2,7 +2,7 @@
 the errors summarised, and the tables docs/BENCHMARKS.md prints."""
 from __future__ import annotations
 
-from .calibrate import calibrate, memory_calibration, memory_fit
+from .calibrate import calibrate, knob_effects, memory_calibration, memory_fit
 from .families import LEVEL_WORDS, LEVELS
 from .samples import Sample
 
@@ -12,10 +12,14 @@ def leave_one_out(pool: list[Sample], hold: str) -> list[dict]:
     measured), hold="row" its own key (the row and its repeats). Per row: the level calibrated at, the signed
     relative errors of tokens/s and peak memory (None where no peak was recorded)."""
     from trainscout.trial import memory
-    out = []
+    out, effects = [], {}
     for s in pool:
-        rest = [x for x in pool if (x.shape != s.shape if hold == "model" else x.key != s.key) and x.gpu == s.gpu]
-        got = calibrate(s.fam, s.n_params, s.arch, rest)
+        others = [x for x in pool if (x.shape != s.shape if hold == "model" else x.key != s.key)]
+        rest = [x for x in others if x.gpu == s.gpu]
+        held = s.shape if hold == "model" else s.key
+        if held not in effects:  # the knobs' effects from every GPU kind's rows but the held-out ones
+            effects[held] = knob_effects(others)
+        got = calibrate(s.fam, s.n_params, s.arch, rest, s.knobs, effects[held])
         if got is None:
             continue
         ratio, used, level = got

@@ -7,7 +7,9 @@ calibrated on measured rows: a prediction's step is the roofline's step times th
 of the rows nearest to it — the same configuration family (the knobs' own declarations, backing off level by level
 in LEVELS where no row of it is measured; the architecture's family, dense or a mixture of experts, is part of
 every level but the last) and, among those, the two measured model shapes nearest in parameter count (another
-architecture counts as farther). Leave-one-out over the shipped rows shows what that is worth: each row predicted
+architecture counts as farther), each row's ratio carried to the configuration by the measured effect of every
+knob it differs in (calibrate.knob_effects: pairs of rows, on any GPU kind, that differ in that knob alone, on the
+same GPU count, from the model shape nearest). Leave-one-out over the shipped rows shows what that is worth: each row predicted
 from the rows of the other models only (its own model held out, as for a model never measured), and from the other
 rows (its repeats held out too); `loo_table` prints both.
 
@@ -17,11 +19,13 @@ or GPU kind not there builds its own candidates here (seconds).
 """
 from __future__ import annotations
 
+from trainscout.spaces.plan import Plan
 from trainscout.trial.metrics import gpu_facts, gpu_kind  # a GPU kind's memory and capability
 
 # the pieces a prediction is made of, in modules of their own; their names stay importable from here
-from .calibrate import NEAREST_MODELS, _distance, calibrate, memory_calibration, memory_fit
-from .families import DENSE, LEVEL_WORDS, LEVELS, MEMORY_LEVELS, MOE, arch_family, describe, families, family, plan_of
+from .calibrate import NEAREST_MODELS, _distance, calibrate, knob_effects, memory_calibration, memory_fit
+from .families import (DENSE, LEVEL_WORDS, LEVELS, MEMORY_LEVELS, MOE, arch_family, describe, families, family,
+                       plan_of, settings)
 from .loo import leave_one_out, loo_summary, loo_table, loo_table_by, summary
 from .samples import SHAPE_KEYS, Sample, features, row_id, row_mfu, samples, shape_of
 
@@ -105,9 +109,11 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     from trainscout.trial import flops, metrics
     count = flops.count(spec_model.config)
     peak_tflops = metrics.gpu_peak_tflops(hw_name)
+    effects = knob_effects(pool)  # what each knob alone did, on any GPU kind
     for r in rows:
         same_count = [s for s in on_kind if s.world == r["gpus"]]
-        ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind)
+        ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind,
+                                       settings(r["config"], Plan.from_dict(r["plan"])), effects)
         step = r.pop("_roofline_s") * ratio
         tps = r["tokens_per_step"] / step
         fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (trial/mfu.py)

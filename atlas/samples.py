@@ -2,12 +2,13 @@
 the memory model's terms, the model built on the meta device; shipped in atlas/model.json)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from trainscout.spaces.plan import Plan
 from trainscout.trial.metrics import gpu_kind  # a GPU kind from a GPU's name
 
-from .families import arch_family, families, plan_of
+from .families import arch_family, families, plan_of, settings
 
 
 @dataclass
@@ -33,6 +34,18 @@ class Sample:
     acts: float
     peak: float | None  # measured peak bytes (the fullest rank), None where not recorded
     mfu: float | None   # recomputed (trainscout.trial.mfu), from the row's derived values
+
+    @functools.cached_property
+    def knobs(self) -> dict:
+        """Its knobs' values as they act (families.settings)."""
+        return settings(self.config, self.plan)
+
+    @functools.cached_property
+    def micro(self):
+        """The micro-batch it ran (the knob that declares micro_batch, as measured: a probe's settled one)."""
+        from trainscout.spaces import all_knobs
+        k = next(k for k in all_knobs() if k.micro_batch)
+        return k.measured(self.config.get(k.name, k.default), self.plan)
 
     @property
     def ratio(self) -> float:

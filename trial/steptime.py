@@ -111,7 +111,9 @@ def step_s(spec: TrialSpec) -> float:
     logits = held["logits"] / in_logits
     again = -(-layers // every) / layers if every else 0.0
     traffic = (made * (passes + again) + logits * PASSES_EAGER) / (tbps * 1e12)
-    if plan.loss_kernel != "eager":  # a compiled or fused loss: its logits in fused kernels
+    # a compiled or fused loss: its logits in fused kernels; the model compiled whole fuses it too (loss_kernel's
+    # declaration: "no change" there)
+    if plan.loss_kernel != "eager" or (plan.compile and plan.compile_scope == "model"):
         traffic -= logits * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
     launches = layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
     # a pipeline's micro_step runs its micro-batches through the rank and waits out the bubble (Engine.schedule)
