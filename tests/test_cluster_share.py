@@ -39,11 +39,13 @@ def rows(out) -> list[dict]:
     return store.trials(out.name)
 
 
-def test_two_searches_on_one_cluster_both_measure_three_runs_in_a_row(ray_cluster, tmp_path):
-    """Two searches started together on the same cluster, three times in a row (a pair takes 25-30 s on the 2-core
+@pytest.mark.parametrize("runs", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_two_searches_on_one_cluster_both_measure_three_runs_in_a_row(ray_cluster, tmp_path, runs):
+    """Two searches started together on the same cluster, `runs` times in a row (a pair takes 25-30 s on the 2-core
     box when nothing else runs, ~50 s beside other work): each finishes with measured (ok) trials, none unscheduled,
-    exit 0; the later of each pair sized itself as a fair share among the 2 searches attached."""
-    took, runs = [], 3
+    exit 0; the later of each pair sized itself as a fair share among the 2 searches attached. The suite runs one
+    pair; the issue's check, three in a row: `pytest -m slow tests/test_cluster_share.py`."""
+    took = []
     for run in range(runs):
         t0 = time.time()
         outs = [tmp_path / f"{x}{run}" for x in "ab"]
