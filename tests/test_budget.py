@@ -15,20 +15,20 @@ FIXED = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_
          "--set", "attention=sdpa", "--set", "sdpa_backend=math", "--set", "precision=fp32", "--set", "fsdp=off"]
 
 
-def test_a_45s_budget_ends_the_command_within_55s_of_its_start(tmp_path):
+def test_a_30s_budget_ends_the_command_within_40s_of_its_start(tmp_path):
     """A real subprocess search on the CPU, the search's whole space (the trials it draws run 1-40 s each): the
-    wall from the process's start to its exit, summary printed, exit 0. 45 s (it was 60, a minute of the suite for
-    the same check): on 2 cores the first trial ended 11 s after the start, the command 50.5 s after it."""
+    wall from the process's start to its exit, summary printed, exit 0 (it measured). 30 s (it was 60, then 45, for
+    the same check): on 2 cores the first trial ended 11 s after the start."""
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                        "--time-budget", "45s", "--out", str(tmp_path / "s")],
+                        "--time-budget", "30s", "--out", str(tmp_path / "s")],
                        capture_output=True, text=True, env=env, timeout=200)
     wall = time.time() - t0
-    print(f"--time-budget 45s: the command's wall {wall:.1f} s")
+    print(f"--time-budget 30s: the command's wall {wall:.1f} s")
     assert p.returncode == 0, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     assert "results: trainscout results" in p.stdout, p.stdout[-3000:]  # the summary was printed
-    assert 35 <= wall <= 55, (wall, p.stdout[-3000:])
+    assert 20 <= wall <= 40, (wall, p.stdout[-3000:])
 
 
 def test_the_budget_counts_from_the_commands_start(tmp_path, capsys, ray_local):
