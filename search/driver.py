@@ -92,12 +92,13 @@ def _progress_callback(url: str, search: str, printer):
             except Exception:  # the error file may be gone; the row is what matters
                 lines = []
             why = lines[-1][:2000] if lines else "the trial's actor failed"
-            status = Status.CRASH
-            if classify("\n".join(lines)) == Status.HOST_OOM:  # the memory monitor killed the search's own actor
-                status, why = Status.HOST_OOM, host_oom_line("\n".join(lines))
+            status, text = Status.CRASH, "\n".join(lines)
+            kind = classify(text)
+            if kind == Status.HOST_OOM:  # the memory monitor killed the search's own actor
+                status, why = Status.HOST_OOM, host_oom_line(text)
                 _host_oom(why)
-            elif classify("\n".join(lines)) == Status.NODE_LOST:  # the trial's actor's node left the cluster
-                status, why = Status.NODE_LOST, node_lost_line("\n".join(lines))
+            elif kind == Status.NODE_LOST:  # the trial's actor's node left the cluster
+                status, why = Status.NODE_LOST, node_lost_line(text)
                 _not_counted(trial.trial_id)
             if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
                                                         trial.config, error=why), search):

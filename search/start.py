@@ -176,7 +176,7 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
             v = r.config.get(k)
             if k != mb and v in dom:
                 point[k] = v
-        point = complete(space, {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)})
+        point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
         sizes = space.domains.get(mb, ())
         if "max" not in sizes and r.config.get(mb) in sizes:
             point[mb] = r.config[mb]  # no probe in this space: the measured one

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from trainscout.spaces import fmt
 from trainscout.trial.metrics import median
-from trainscout.trial.status import NOT_COUNTED, Status
+from trainscout.trial.status import NOT_COUNTED, Status, lost_node
 
 from .nearest import fit_lines
 from .trainable import counted
@@ -144,9 +144,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
               + [f"{lost} lost with their host or node"] * bool(lost)) + ")" if free else ""), file=stream)
     summary["node_lost"] = by_status.get(Status.NODE_LOST, 0)
     if summary["node_lost"]:  # the nodes, as each trial's reason names them (trial.status.node_lost_line)
-        import re
-        nodes = sorted({m.group(1) for t in trials if t["status"] == Status.NODE_LOST
-                        and (m := re.search(r"lost with its node (.+?): the node left", t["error"] or ""))})
+        nodes = sorted({node for t in trials if t["status"] == Status.NODE_LOST and (node := lost_node(t["error"]))})
         n = summary["node_lost"]
         print(f"{n} trial{'s were' if n != 1 else ' was'} lost with {'their node' if len(nodes) < 2 else 'their nodes'}"
               f" {', '.join(nodes) or '(not named)'}: the node left the cluster while {'they' if n != 1 else 'it'} "

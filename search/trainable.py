@@ -13,6 +13,7 @@ import socket
 from trainscout.spaces import ConfigError
 from trainscout.store import StoreLost, claims, guard, measurement_key, open_store
 from trainscout.trial import execute, hardware, prepare
+from trainscout.trial.contention import contended
 from trainscout.trial.runner import Cancelled
 from trainscout.trial.status import NOT_COUNTED, NOT_MEASURED, Status, served
 
@@ -153,7 +154,7 @@ def _measure(config: dict, base: dict) -> None:
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
-                 "note": note, "shared": (m.get("shared_with") or {}).get("sharing") or 0})
+                 "note": note, "shared": contended(record)})
 
 
 def _run_trial(spec, base: dict, trial_id: str):

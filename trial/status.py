@@ -78,6 +78,12 @@ def node_lost_line(error: str = "", node: str | None = None) -> str:
             "remaining nodes)")
 
 
+def lost_node(error: str | None) -> str | None:
+    """The node a node_lost trial's line names (node_lost_line's "lost with its node NODE: ..."), else None."""
+    found = re.search(r"lost with its node (.+?): the node left", error or "")
+    return found.group(1) if found else None
+
+
 def served(status: str, error: str | None, metrics: dict | None = None) -> bool:
     """Whether a stored outcome is the configuration's own, served from the store instead of measured again: ok, oom
     or invalid (DETERMINISTIC), less an oom that was the host's memory monitor (stored as `oom` before host_oom
