@@ -5,7 +5,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from trainscout.search.outcomes import NUMBERS
+from trainscout.search.outcomes import NUMBERS, failed_quality
 from trainscout.search.summary import clock, days_or_hours
 from trainscout.search.trainable import FREE, METRIC
 from trainscout.spaces import fmt
@@ -57,7 +57,7 @@ class Printer:
         self.n += 1
         self.counted += r.get("status") not in FREE and r.get("status") not in NOT_COUNTED
         v = r.get(METRIC) or 0.0
-        if r.get("status") == Status.OK and (self.best is None or v > self.best):
+        if r.get("status") == Status.OK and not failed_quality(r) and (self.best is None or v > self.best):
             self.best = v
         days = r.get("projected_days")
         days = days_or_hours(days) if days else "-"
@@ -73,6 +73,8 @@ class Printer:
         figure = f"{v:>11,.0f}" if r.get("status") in (Status.OK, Status.STOPPED) else f"{'-':>11}"
         if r.get("status") == Status.STOPPED:
             why += "  (stopped by ASHA: tokens/s of its best timed step)"
+        if failed_quality(r):  # trains another model: never the best, and no bar for ASHA (searcher.make_scheduler)
+            why += "  (quality failed: not best)"
         best = f"{self.best:>11,.0f}" if self.best is not None else f"{'-':>11}"
         head = f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {figure} " \
                f"{days:>11} {best}  "

@@ -20,10 +20,12 @@ def outcome_attrs(result: dict) -> dict:
     study): status and reason, the measurement's key, the metrics, and `constraint` (> 0: infeasible), which
     set_constraint gives TPE; an infeasible outcome's trial is FAIL or PRUNED (optuna_state), without a value."""
     status = str(Status.STOPPED if result.get("status") == Status.RUNNING else result.get("status", Status.CRASH))
-    attrs = {"status": status, "constraint": [0.0 if status in FEASIBLE else 1.0]}
+    # a measurement of a configuration that trains another model (its quality gate failed): its tokens/s kept, and
+    # infeasible to the sampler (TPE puts it with the worst), as it is never the best (analysis/ties.choose)
+    attrs = {"status": status, "constraint": [0.0 if status in FEASIBLE and not failed_quality(result) else 1.0]}
     if result.get("error"):
         attrs["error"] = one_line(str(result["error"]), 500)
-    for k in ("key", "cached", "mfu", "peak_memory_gib", "projected_days", "predicted_gib", "wall_s"):
+    for k in ("key", "quality", "cached", "mfu", "peak_memory_gib", "projected_days", "predicted_gib", "wall_s"):
         if result.get(k) is not None:
             attrs[k] = result[k]
     if status in FEASIBLE:
@@ -36,6 +38,13 @@ def outcome_attrs(result: dict) -> dict:
 # > 0. Their number is no tokens/s (COMPLETE with value 0 read as "measured 0 tokens/s" in optuna-dashboard and any
 # tool reading the study); the sampler still learns from them: searcher.make_sampler's TPE reads them as infeasible.
 INFEASIBLE = (Status.INVALID, Status.OOM, Status.CRASH, Status.TIMEOUT)
+
+
+def failed_quality(result: dict) -> bool:
+    """Whether a trial's result says its configuration trains another model: the quality status the trainable
+    reports (trial.quality.status: the one-step gate, or a stored `verify --quality`) is failed."""
+    from trainscout.trial.quality import FAILED
+    return result.get("quality") == FAILED
 
 
 def optuna_state(status: str):

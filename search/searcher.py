@@ -12,7 +12,7 @@ from trainscout.spaces import micro_batch
 from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.status import Status
 
-from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, optuna_state, outcome_attrs, set_constraint
+from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
 from .start import spec_at
 from .trainable import FREE_RUN, METRIC
 
@@ -67,8 +67,21 @@ def make_scheduler(steps: int):
     record at steps + 1). The first rung is after two steps: replayed on a recorded grid, a rung after one step
     ended the grid's best configuration on its slow first step in 5 of 20 seeds (docs/BENCHMARKS.md)."""
     from ray.tune.schedulers import ASHAScheduler
-    return ASHAScheduler(time_attr="training_iteration", metric=METRIC, mode="max", max_t=steps + 1,
-                         grace_period=min(2, steps), reduction_factor=2)
+
+    class Gated(ASHAScheduler):
+        """ASHA whose rungs forget a trial that failed its quality gate (outcomes.failed_quality): the gate runs
+        after the timed steps, and a trial that trains another model sets no bar. On an H100 (2026-12-06) a 7B's
+        fp8 trial (16,639 tokens/s, gate failed) stopped its gate-passing twin at 11,336: no gated best came out."""
+
+        def on_trial_complete(self, tune_controller, trial, result):
+            if not failed_quality(result or {}):
+                return super().on_trial_complete(tune_controller, trial, result)
+            bracket = self._trial_info.pop(trial.trial_id, None)  # Ray's ASHA keeps each trial's bracket here
+            for _milestone, recorded in getattr(bracket, "_rungs", ()):  # and each rung's values by trial id
+                recorded.pop(trial.trial_id, None)
+
+    return Gated(time_attr="training_iteration", metric=METRIC, mode="max", max_t=steps + 1,
+                 grace_period=min(2, steps), reduction_factor=2)
 
 
 def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, seed: int = 0):

@@ -110,6 +110,10 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
+    if not cached and (why := _failed_gate(store, spec)):  # trains another model: never the best, so not run
+        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
+        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why, "quality": "failed"})
+        return
     claim, note = None, None
     if not cached:  # measured by another search right now: wait for it and be served its record (store.claims)
         claim = store.claim(key, {"search": base["search"], "trial": trial_id})
@@ -151,7 +155,12 @@ def _measure(config: dict, base: dict) -> None:
     m = record.m
     value = m.get(METRIC, 0.0) if record.ok else 0.0
     store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
+    graded = None  # the quality status where a knob changes the numerics: a failed one sets no bar (searcher.Gated)
+    if record.ok and m.get("quality"):
+        from trainscout.trial import quality
+        graded = quality.status(m, store.quality(key, "verify"))[0]
     tune.report({METRIC: value, "status": str(record.status), "cached": cached, "error": record.error,
+                 "quality": graded,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
                  "note": note, "shared": contended(record)})
@@ -183,6 +192,21 @@ def counted(rows: list[dict]) -> int:
     """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE) and
     those the host or the cluster lost (NOT_COUNTED: host_oom, node_lost; their state, not the configuration's)."""
     return sum(1 for t in rows if t["status"] not in FREE and t["status"] not in NOT_COUNTED)
+
+
+def _failed_gate(store, spec) -> str | None:
+    """Why a configuration is not measured: the knobs it changes the numerics with failed their quality gate in an
+    earlier trial on this model, GPU and versions (trial.quality.gate_key: the verdict is the same for every trial
+    that changes the same); a failed configuration is never the best (analysis/ties.choose). None: run it."""
+    if not (spec.quality and "reference_plan" in spec.quality):
+        return None
+    from trainscout.trial import quality
+    known = store.quality(quality.gate_key(spec), "gate")
+    if not known or known.get("gate") != quality.FAILED:
+        return None
+    changed = " ".join(f"{k}={spec.config[k]}" for k in spec.quality["changes"])
+    return (f"not measured: {changed} failed the quality gate in an earlier trial ({known.get('why') or 'failed'}); "
+            f"a configuration that trains another model is never the best")
 
 
 def _stopped_before(store, search: str, settings: dict) -> float | None:

@@ -128,16 +128,22 @@ def test_a_knob_that_zeroes_halves_or_freezes_gradients_fails_the_one_step_gate(
 def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, tmp_path):
     """A one-trial CPU search of tiny with every gradient zeroed (the gate fails it, the trial is still measured),
     then `verify --quality 24`: the candidate stays at its first loss while the reference learns, the verdict is
-    failed and the command exits 1 (it exited 0)."""
+    failed and the command exits 1 (it exited 0). The search's second draw (micro-batch 2, the same change) is not
+    run: its gate failed, and a configuration that trains another model is never the best."""
     out = tmp_path / "zeroed"
     fixed = {"grad_zero": "all", "compile": "false", "zero_stage": 0, "fsdp": "off", "loss_kernel": "eager",
-             "pipeline_stages": 1, "micro_batch_size": 4}
-    sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
+             "pipeline_stages": 1}
+    from trainscout.spaces import all_knobs
+    pinned = {k.name: k.default for k in all_knobs()} | {"grad_half": "off", "freeze_first": "off"} | fixed
+    space = tmp_path / "space.yaml"  # every knob pinned but the micro-batch
+    space.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in pinned.items()) + "micro_batch_size: [4, 2]\n")
     search = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                             "--gpus-per-trial", "1", "--steps", "2", "--warmup", "1", "--trials", "1", "--out", str(out),
-                             *sets], capture_output=True, text=True, timeout=600, env=gate_plugins)
+                             "--gpus-per-trial", "1", "--steps", "2", "--warmup", "1", "--trials", "2", "--out", str(out),
+                             "--space", str(space), "--seed", "0"],
+                            capture_output=True, text=True, timeout=600, env=gate_plugins)
     assert search.returncode == 0, search.stderr[-3000:]
     assert "quality: failed" in search.stdout and "gradient is 0x the reference's" in search.stdout, search.stdout
+    assert "not measured: grad_zero=all failed the quality gate in an earlier trial" in search.stdout, search.stdout
     # one verification (two 24-step trainings), read twice: its lines and exit code, and the record it wrote to the
     # folder (verify-quality-KEY.json: the dict --json prints; `verify --quality --json` is tests/test_quality.py's).
     # A second run with --json trained both again for the same record (a third of this test's time)

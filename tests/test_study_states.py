@@ -91,3 +91,34 @@ def test_tpe_learns_from_the_fail_trials(tmp_path):
                                             n_startup_trials=10))
     print(json.dumps({"ok draws of 30 after the startup": learned, "plain TPE": plain}))
     assert learned >= 12 and plain <= 8, (learned, plain)  # chance: 30 / 8 = 3.75 (seeds 0-3: 15 and 2-4)
+
+
+def test_a_failed_quality_sets_no_bar(tmp_path):
+    """A trial whose quality gate failed (it trains another model) keeps its tokens/s in the study, infeasible to
+    TPE; Ray's ASHA (make_scheduler's) forgets its rung values once it completes, so a slower gate-passing trial is
+    not stopped against it. The control: the same fast trial with a passed gate stops the slower one at the rung."""
+    from ray.tune.experiment import Trial
+    from trainscout.search.searcher import make_scheduler
+
+    def slower_after(quality: str) -> list[str]:
+        asha = make_scheduler(6)
+        fast, slow = Trial("x", stub=True, trial_id="fast"), Trial("x", stub=True, trial_id="slow")
+        for t in (fast, slow):
+            asha.on_trial_add(None, t)
+        for it in (1, 2, 3):
+            asha.on_trial_result(None, fast, {"training_iteration": it, service.METRIC: 100.0})
+        asha.on_trial_complete(None, fast, {"training_iteration": 7, service.METRIC: 100.0, "status": "ok",
+                                            "quality": quality})
+        return [asha.on_trial_result(None, slow, {"training_iteration": it, service.METRIC: 60.0})
+                for it in (1, 2, 3)]
+    assert slower_after("passed") == ["CONTINUE", "STOP", "CONTINUE"]
+    assert slower_after("failed") == ["CONTINUE"] * 3
+
+    space = space_of({"micro_batch_size": (1, 2, 4, 8)})
+    ostorage = optuna.storages.RDBStorage(default_url(str(tmp_path)))
+    searcher = make_searcher(space, "s", ostorage, make_sampler(1, 10))
+    searcher.suggest("fp8")
+    searcher.on_trial_complete("fp8", {"status": "ok", service.METRIC: 160.0, "quality": "failed"})
+    (t,) = optuna.load_study(study_name="s", storage=ostorage).trials
+    assert t.state == STATES.COMPLETE and t.value == 160.0 and t.constraints == {"infeasible": 1.0}
+    assert t.user_attrs["quality"] == "failed"
