@@ -167,7 +167,9 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     if me is None:
         return []
     from trainscout.trial.contention import contended  # a shared device's MFU says less of the configuration
+    from trainscout.trial.quality import FAILED, status  # one that trained another model is never a best to copy
     same = [r for r in records if r.ok and r.m.get("mfu") and not contended(r) and r.world_size == args.gpus_per_trial
+            and status(r.m)[0] != FAILED
             and (r.hardware or {}).get("gpu") == hw.get("gpu") and r.model != me.model and r.device == "cuda"]
     out, seen = [], [json.dumps(p, sort_keys=True, default=str) for p in have]
     for r in sorted(same, key=lambda r: -r.m["mfu"]):

@@ -279,6 +279,10 @@ def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_g
     first, _ = known[0]
     assert first["micro_batch_size"] == "max" and first not in have
     assert all(first[k] == best.config[k] for k in first if k in best.config and k != "micro_batch_size")  # its knobs
+    # the same best with a failed quality gate (it trains another model): not a start point to copy
+    failed = best.replace(metrics=dict(best.metrics, quality={"gate": "failed", "changes": {"fp8": "x"}, "why": "test"}))
+    again = store_points(args, space, hw, [failed if r is best else r for r in grid], have)
+    assert again and f"MFU {best.m['mfu']:.3f}" not in again[0][1], (again[0][1], best.m["mfu"])
     assert store_points(args, space, dict(hw, gpu="NVIDIA A100"), grid, have) == []  # another GPU kind: none
     assert store_points(SearchArgs(model="pythia-160m", out=str(tmp_path)), space, hw, grid, have) == []  # own model
 
