@@ -4,7 +4,8 @@ that a search uses to rank candidates against each other (search/ranked.py), nev
 Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's grad_accum):
 - compute: the FLOPs of its tokens with one forward again for each checkpointed layer (flops.Count's
   hardware_per_token: MFU's count, a mixture of experts' active parameters), at the GPU's dense bf16 peak
-  (metrics.GPU_BF16_TFLOPS); fp32 at half of it with tf32 and 1/16 without (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
+  (metrics.GPU_BF16_TFLOPS); a dense model's decoder linears at `linear_rate` times it where a knob set in the plan
+  declares one (fp8: an FP8 GPU's dense FP8 peak is twice its bf16 one; the head and attention's products stay); fp32 at half of it with tf32 and 1/16 without (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
 - memory traffic: the bytes the memory model holds for it (memory.components: activations and logits, which the
   knobs adjust, e.g. loss_kernel=compiled keeps no fp32 logits), written once and read once, and read and written
   once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
@@ -15,6 +16,11 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   its engine's host optimizer's rate (HOST_OPTIMIZER_PARAMS_PER_S), which all the box's ranks share; what the knobs' hooks keep on the host
   (memory.host_held: activation offload's saved tensors) goes down in every micro-batch's forward and comes back in
   its backward.
+- the optimizer step (optimizer_s, once per step): torch's fused AdamW over fp32 weights, gradients and states moves
+  ADAMW_BYTES per parameter the rank steps (its share of the optimizer states: memory.components) at the GPU's
+  memory bandwidth, times the step's measured cost against that fused step where a knob changes the optimizer (its
+  `optimizer` hook's "step_cost": optimizer_impl=foreach, torchao's states, precision=bf16's AdamW; declared in the
+  knob's file from bench/optimizer_gpu.py); an optimizer on the host is offload_s';
 - a pipeline (Engine.schedule): the fullest rank, the last stage (its share of the decoder layers and the whole
   head), runs each micro_step's micro-batches and idles for the schedule's bubble (spaces/knobs/pipeline.py
   BUBBLE: stages - 1 micro-batch slots for GPipe and 1F1B, fewer interleaved); the activations between stages cross
@@ -22,10 +28,12 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
 Its constants are round first-principles figures, not fitted (but for two host-side rates read off one H100
 measurement each: PCIe's and torch's CPU AdamW's): only the order it puts configurations in is used,
 and measured trials outrank it. Not modelled, so such knobs rank as neither faster nor slower: communication
-between ranks (ZeRO, FSDP and DDP on several GPUs), fp8 linears.
+between ranks (ZeRO, FSDP and DDP on several GPUs), fp8's scaling kernels.
 """
 from __future__ import annotations
 
+import functools
+import json
 from typing import TYPE_CHECKING
 
 from . import flops, memory, metrics
@@ -59,6 +67,10 @@ HOST_MEMORY_BPS = 90e9
 # per parameter of a CPU AdamW step: fp32 weight, gradient, two moments read (16 B), weight and moments written
 # (12 B) and the 16-bit copy the GPU gets back (2 B)
 CPU_ADAM_BYTES = 30
+# per parameter of torch's fused AdamW step on the GPU over fp32 weights, gradients and two moments: 16 B read, 12 B
+# written (the ideal: the H100 measured 15.35 ms for Pythia-1B's 1.012e9 parameters, 1.8x these 8.5 ms; the
+# calibration's measured/roofline ratio carries such factors, as it does the compute's)
+ADAMW_BYTES = 28
 # FSDP2's CPUOffloadPolicy steps torch's own AdamW (fused CPU kernel) over the fp32 shards on the host, with the
 # gradient clipping over the host's DTensors before it: far slower than DeepSpeedCPUAdam. From the measured row
 # (bench/data/gpu-2026-12-06-s22/savers_h100.log, one H100 SXM with 16 host cores, Pythia-1B 1.012e9 parameters,
@@ -99,7 +111,17 @@ def step_s(spec: TrialSpec) -> float:
     count = flops.count(spec.model_config)
     fpt = count.hardware_per_token(recipe["seq_len"], plan.checkpoint_every, selective=flops.selective(plan))
     head = 6.0 * count.outside
-    compute = tokens * ((fpt - head) * layers / z.layers + head) / (tflops * 1e12)
+    body = (fpt - head) * layers / z.layers
+    rate, cast = linear_rate(spec)
+    if rate != 1.0 and not z.experts:  # the decoder linears' share of the layers' products (not attention's)
+        lw, aw = sum(count.layer_weights), sum(count.attention_width)
+        share = 6.0 * lw / (6.0 * lw + 12.0 * aw * recipe["seq_len"])
+        body *= 1.0 - share + share / rate
+    compute = tokens * (body + head) / (tflops * 1e12)
+    if cast and not z.experts:  # the casts into 8 bits: once more for a recomputed forward; eager: unfused, twice
+        again_fwd = (-(-layers // plan.checkpoint_every) / layers) * 5 / cast if plan.checkpoint_every else 0.0
+        edges = _linear_edges(json.dumps(spec.model_config, sort_keys=True, default=repr)) * layers / z.layers
+        compute += tokens * edges * cast * (1.0 + again_fwd) * (1 if plan.compile else 2) / (tbps * 1e12)
     held = memory.components(spec)
     in_acts, in_logits = engine.in_flight(plan, 1.0, 1.0)  # what the peak holds over one micro-batch's
     passes = PASSES_COMPILED if plan.compile else PASSES_EAGER
@@ -118,7 +140,51 @@ def step_s(spec: TrialSpec) -> float:
     launches = layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
     # a pipeline's micro_step runs its micro-batches through the rank and waits out the bubble (Engine.schedule)
     micro, idle = engine.schedule(plan)
-    return plan.grad_accum * (micro + idle) * (compute + traffic + launches) + offload_s(spec)
+    return plan.grad_accum * (micro + idle) * (compute + traffic + launches) + optimizer_s(spec, held, tbps) + \
+        offload_s(spec)
+
+
+def linear_rate(spec: TrialSpec) -> tuple[float, float]:
+    """(how many times the GPU's bf16 peak a dense model's decoder linears run at, the bytes per token and element of
+    their input and output widths their casts move) under spec's plan: the `linear_rate` and `cast_bytes` (by value)
+    a knob set in the plan declares (fp8's FP8 tensor cores; 1.0 and 0: none), on a GPU."""
+    from trainscout.spaces import all_knobs
+    rate, cast = 1.0, 0.0
+    for k in all_knobs():
+        value = spec.plan.knobs.get(k.name)
+        declared = getattr(k, "linear_rate", None)
+        if declared and value and spec.device == "cuda":
+            rate *= declared.get(value, 1.0) if isinstance(declared, dict) else declared
+            cast += (getattr(k, "cast_bytes", None) or {}).get(value, 0.0)
+    return rate, cast
+
+
+@functools.lru_cache(maxsize=64)
+def _linear_edges(key: str) -> float:
+    """The sum over the decoder layers' nn.Linear modules of their input and output widths (the model on the meta
+    device): what a cast into FP8 moves per token, over bytes per element."""
+    from torch import nn
+
+    from trainscout.spaces.layers import decoder_layers
+
+    from .model_tree import _build
+    return float(sum(m.in_features + m.out_features for layer in decoder_layers(_build(key, "eager", seq_len=1))
+                     for m in layer.modules() if isinstance(m, nn.Linear)))
+
+
+def optimizer_s(spec: TrialSpec, held: dict | None = None, tbps: float | None = None) -> float:
+    """Seconds of the rank's optimizer step on the GPU: the parameters it steps (its optimizer states' bytes over
+    the bytes per parameter the optimizer keeps: a ZeRO or FSDP shard, a pipeline stage's, none where the states
+    are offloaded) x ADAMW_BYTES at the GPU's memory bandwidth x the optimizer's "step_cost" (trial.engines.base
+    optimizer_spec: what the knobs' optimizer hooks declare; 1.0: torch's fused AdamW)."""
+    from .engines.base import optimizer_spec
+    opt = optimizer_spec(spec.plan)
+    held = held if held is not None else memory.components(spec)
+    if not held.get("optimizer") or not opt.get("bytes"):
+        return 0.0
+    if tbps is None:
+        tbps = _lookup(GPU_HBM_TBPS, (spec.hardware or {}).get("gpu"), DEFAULT_TBPS)
+    return held["optimizer"] / opt["bytes"] * ADAMW_BYTES * opt.get("step_cost", 1.0) / (tbps * 1e12)
 
 
 def pcie_bps(spec: TrialSpec) -> float:

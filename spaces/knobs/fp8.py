@@ -25,6 +25,19 @@ class Fp8(Knob):
     # +17.5 % over compiled alone
     start = (2, "tensorwise")
     without_hook, hook_rank = "off", 5
+    # The decoder linears' products run on FP8 tensor cores: every GPU its check admits has a dense FP8 peak twice its
+    # dense bf16 one (datasheets: H100 SXM 1,979 against 989 TFLOP/s, H200 the same, L40S 733 against 362, B200 4.5
+    # against 2.25 PFLOP/s). trial/steptime.py's roofline counts a dense model's decoder linears at this rate (the
+    # head, left in bf16, and attention at bf16's). Rowwise: no speed-up claimed: its row-scaled GEMMs measured
+    # slower than bf16 as a whole model (Pythia-1B compiled on the H200: 0.94x, docs/BENCHMARKS.md; Llama-1B too).
+    linear_rate = {"tensorwise": 2.0, "rowwise": 1.0}
+    # ...and the casts that feed them move bytes at the GPU's memory bandwidth, per token and per element of each
+    # converted linear's input (K) and output (N) widths: tensorwise reads a 16-bit input twice (its amax, its cast)
+    # and writes it in 8 bits forward (5 B x K), the output's gradient likewise backward (5 B x N), and the weight
+    # gradient's product reads both transposed in 8 bits (1 B read + 1 B written, x K and x N): 7 B x (K + N);
+    # rowwise scales along each axis in turn, so the backward casts both 16-bit tensors again along the other one
+    # (+5 B x N, +5 B x K, less the transposes): 10 B x (K + N). The weights' casts (once a micro-batch) are left out.
+    cast_bytes = {"tensorwise": 7.0, "rowwise": 10.0}
     # Why: torchtitan reports ~1.2-1.5x over bf16 for Llama-3 8B-70B with FP8 linears under FSDP2 + compile; the
     # gain needs large matmuls and compile (which fuses the scaling ops), so it is measured, not assumed.
 

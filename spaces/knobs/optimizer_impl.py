@@ -2,6 +2,13 @@ from ..errors import ConfigError
 from ..knob import Knob, register
 
 
+# The optimizer step's median time on one H100 SXM, Pythia-1B (1.012e9 parameters, fp32 weights, gradients and
+# states; bench/data/gpu-2026-12-06-s23/optimizer_pythia1b_h100.jsonl, metrics optimizer_s): trial/steptime.py
+# counts a step at STEP_MS[value] / FUSED_MS times torch's fused AdamW's (the optimizer spec's "step_cost")
+STEP_MS = {"fused": 15.35, "foreach": 34.28}
+FUSED_MS = STEP_MS["fused"]
+
+
 @register
 class OptimizerImpl(Knob):
     """torch AdamW's kernel: foreach (a few multi-tensor kernels per step) or fused (one fused kernel per dtype and
@@ -42,6 +49,7 @@ class OptimizerImpl(Knob):
         impl = plan.knobs.get(self.name)
         if impl:  # a plan without it (stored before this knob) keeps the device's choice optimizer_spec made
             spec["kwargs"].update(fused=impl == "fused", foreach=None if impl == "fused" else True)
+            spec["step_cost"] = STEP_MS[impl] / FUSED_MS
         return spec
 
     def export(self, fmt, plan, device):

@@ -11,6 +11,11 @@ CLASSES = {"8bit": "AdamW8bit", "4bit": "AdamW4bit", "fp8": "AdamWFp8", "bf16": 
 # bits per value of a state's codes: the rest of its bytes is the fp32 scale of each block
 CODE_BITS = {"8bit": 8, "4bit": 4, "fp8": 8, "bf16": 16}
 SMALL = 4096  # torchao's line (bitsandbytes'): smaller states are not quantised
+# The optimizer step's median time in ms per value on one H100 SXM, Pythia-1B (1.012e9 parameters; bench/data/
+# gpu-2026-12-06-s23/optimizer_pythia1b_h100.jsonl, metrics optimizer_s), against torch's fused fp32 AdamW's 15.35
+# (optimizer_impl.FUSED_MS): torchao's per-parameter compiled step dequantises and requantises, slower than its
+# fewer bytes. trial/steptime.py counts the step at STEP_MS[value] / FUSED_MS times the fused one's.
+STEP_MS = {"bf16": 72.18, "8bit": 51.59, "4bit": 119.29, "fp8": 91.73}
 
 
 @register
@@ -87,8 +92,9 @@ class OptimizerState(Knob):
         kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}  # no foreach / fused
         kwargs["bf16_stochastic_round"] = kw.get("bf16_stochastic_round", False)  # precision=bf16's
         cls = state_class(value)
+        from .optimizer_impl import FUSED_MS
         return dict(spec, cls=cls, kwargs=kwargs, states=value if value != "bf16" else "bfloat16",
-                    bytes=2 * state_bytes(cls, value))
+                    bytes=2 * state_bytes(cls, value), step_cost=STEP_MS[value] / FUSED_MS)
 
     def export(self, fmt, plan, device):
         value = plan.knobs.get(self.name)

@@ -3,6 +3,9 @@ import sys
 from ..errors import ConfigError
 from ..knob import Knob, register
 from ..model_config import asked_dtype
+from .optimizer_impl import FUSED_MS
+
+BF16_STEP_MS = 36.83  # torchao's _AdamW step over bf16 weights (ms, Pythia-1B, one H100 SXM): see optimizer()
 
 _said: set = set()
 
@@ -68,7 +71,10 @@ class Precision(Knob):
         import torchao.optim
         kw = spec["kwargs"]  # torchao's AdamW over the bf16 weights: fp32 math, the result rounded stochastically
         kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}
-        return dict(spec, cls=torchao.optim._AdamW, kwargs=dict(kwargs, bf16_stochastic_round=True))
+        # its step: 36.83 ms for Pythia-1B on one H100 SXM against torch's fused fp32 AdamW's 15.35 (bench/data/
+        # gpu-2026-12-06-s23/optimizer_pythia1b_h100.jsonl): trial/steptime.py's optimizer term
+        return dict(spec, cls=torchao.optim._AdamW, kwargs=dict(kwargs, bf16_stochastic_round=True),
+                    step_cost=BF16_STEP_MS / FUSED_MS)
 
     def hook_only(self, value, plan, stock):
         # a stock Trainer over the exported bf16 model steps torch's AdamW, without stochastic rounding
