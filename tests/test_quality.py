@@ -126,3 +126,23 @@ def test_the_gate_compiles_nothing():
     got = quality.one_step(spec, torch.device("cpu"))
     assert got["gate"] == quality.PASSED, got
     assert probe.compile_seconds() == before
+
+
+def test_a_lean_gate_step_gives_the_same_loss_and_gradients():
+    """The gate's step as a large model takes it on a GPU (each decoder layer recomputed in the backward, each
+    gradient moved to the host as it is accumulated: a 7B's reference step ran out of an H100's memory without)
+    gives the same loss and gradients as the plain step, here on the CPU in fp32."""
+    from trainscout.spaces import Plan
+    spec = prepare("tiny", {"precision": "fp32"}, device="cpu", steps=1, warmup=0)
+    plan = Plan.from_dict(spec.quality["reference_plan"])
+    batch = torch.randint(0, 128, (quality.GATE_BATCH, spec.recipe["seq_len"]),
+                          generator=torch.Generator().manual_seed(0))
+    cpu = torch.device("cpu")
+    loss, grads, _, layers = quality._loss_and_grads(spec, spec.plan, batch, cpu, lean=False)
+    lean_loss, lean_grads, _, _ = quality._loss_and_grads(spec, spec.plan, batch, cpu, lean=True, host_grads=True)
+    assert lean_loss == loss and lean_grads.keys() == grads.keys() and len(grads) > 10
+    for n, g in grads.items():
+        assert torch.allclose(lean_grads[n], g, rtol=1e-5, atol=1e-7), n
+    steps = quality.step_changes(lean_grads, grads, layers)
+    assert steps["why"] is None and abs(steps["layer_grad_gain"] - 1) < 1e-4, steps
+    assert plan.precision == "bf16-mixed"  # the reference the gate would compare against (not run here)

@@ -91,12 +91,17 @@ def gate_key(spec) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=()):
+def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=(), lean=None, host_grads=False):
     """Loss and gradients (fp32, on the host) of one step of the model built from GATE_SEED under a plan, and, with
     reference_dtype, the worst SQNR of its linears' outputs against the reference op (autocast to reference_dtype,
     None: fp32) on the same inputs: (loss, grads, (worst dB, its module) or None, {parameter: its decoder layer}).
     The knobs of GATE_STAGES transform the model; a changed knob (one whose numerics the gate compares) also runs
-    its transform at any other stage and its wrap_step around the step (on one rank: dims of one)."""
+    its transform at any other stage and its wrap_step around the step (on one rank: dims of one).
+    lean (None: on a GPU whose free memory the weights and gradients would crowd, see _lean): each decoder layer
+    recomputed in the backward (the same numbers: torch's non-reentrant checkpoint) and, with host_grads (the
+    reference's, compared a tensor at a time on the device: step_changes), each gradient moved to the host as it is
+    accumulated. A 7B's reference step (fp32 weights and gradients, 2 x 4096 tokens) ran out of an H100's memory
+    (2026-12-06)."""
     import torch
 
     from trainscout.runtime import STAGES, transforms
@@ -123,6 +128,18 @@ def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=())
     sixteen = dtype is not None and engines.get(plan.engine).compute == "16-bit"
     if sixteen:
         model.to(dtype)
+    if lean is None:
+        lean = _lean(model, device)
+    held: dict = {}
+    if lean:
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x; before: gradient_
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for n, p in model.named_parameters() if host_grads else ():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda p, n=n: _to_host(held, n, p))
     ops, hooks = [], []
     if reference_dtype is not False:
         def compare(module, args, out, name=None):
@@ -150,10 +167,26 @@ def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=())
     for h in hooks:
         h.remove()
     # kept where they are: copied to the host (and compared there) they cost most of the gate's 20-24 s at 1.7B
-    grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    grads = held or {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
     out = float(loss.detach().float().item())
     del model, loss
     return out, grads, min(ops) if ops else None, layers
+
+
+def _lean(model, device) -> bool:
+    """Whether a gate step on this device should recompute its layers and keep its gradients on the host: on a GPU
+    where the gradients (the size of the weights) and the weights would take over half of its free memory."""
+    if device.type != "cuda":
+        return False
+    import torch
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 2 * size > 0.5 * torch.cuda.mem_get_info(device)[0]
+
+
+def _to_host(held: dict, name: str, p) -> None:
+    """A parameter's accumulated gradient, moved to the host and freed on the device (a post-accumulate hook)."""
+    held[name] = p.grad.detach().to("cpu")
+    p.grad = None
 
 
 def one_step(spec, device) -> dict:
@@ -165,6 +198,10 @@ def one_step(spec, device) -> dict:
     from .models import sizes
     t0 = time.perf_counter()
     q = spec.quality
+    cuda = device.type == "cuda"
+    if cuda:  # what the gate found held (the trial's leftovers) and what it took at most: said in its verdict
+        held_gib = torch.cuda.memory_allocated(device) / 2 ** 30
+        torch.cuda.reset_peak_memory_stats(device)
     gen = torch.Generator(device="cpu").manual_seed(GATE_SEED)
     batch = torch.randint(0, sizes(spec.model_config).vocab, (GATE_BATCH, spec.recipe["seq_len"]), generator=gen)
     batch = batch.to(device)
@@ -172,7 +209,7 @@ def one_step(spec, device) -> dict:
     changed = tuple(q["changes"])
     with torch.compiler.set_stance("force_eager"):  # compile left out (see above): no graph for the gate's shape
         ref_loss, ref, _, layers = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device,
-                                                   reference_dtype=False, changed=changed)
+                                                   reference_dtype=False, changed=changed, host_grads=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             size = sum(g.numel() * g.element_size() for g in ref.values())
@@ -204,7 +241,9 @@ def one_step(spec, device) -> dict:
             "gain_tolerance": [LAYER_GAIN, PARAM_GAIN],
             "batch": [GATE_BATCH, spec.recipe["seq_len"]], "seconds": round(time.perf_counter() - t0, 2),
             "parts_s": {"reference": round(t_ref - t0, 3), "candidate": round(t_cand - t_ref, 3),
-                        "compare": round(time.perf_counter() - t_cand, 3)}}
+                        "compare": round(time.perf_counter() - t_cand, 3)},
+            **({"memory_gib": {"held": round(held_gib, 2), "peak": round(torch.cuda.max_memory_allocated(device)
+                                                                         / 2 ** 30, 2)}} if cuda else {})}
 
 
 def step_changes(ref: dict, grads: dict, layers: dict) -> dict:
