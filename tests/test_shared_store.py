@@ -130,6 +130,7 @@ OPENER = textwrap.dedent("""
     import os, sys, time
     from trainscout.store import Store, shared
     url, go, who = sys.argv[1], sys.argv[2], sys.argv[3]
+    print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.01)
     store = Store(url)
@@ -147,7 +148,8 @@ def test_processes_opening_a_new_postgresql_store_at_once_create_its_schema_once
     url, go = postgres.url(name), tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", OPENER, url, str(go), f"s{i}"], cwd=ROOT, env=postgres.env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(6)]
-    time.sleep(2)  # all imported
+    for p in procs:  # all imported (a fixed 2 s before)
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()[-2000:] if p.poll() is not None else ""
     go.touch()
     for p in procs:
         _, err = p.communicate(timeout=300)
