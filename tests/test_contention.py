@@ -136,7 +136,7 @@ def _search(out, env, *extra):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
-def test_a_search_beside_a_peer_is_marked_and_the_next_search_measures_it_again(tmp_path, registry):
+def test_a_search_beside_a_peer_is_marked_and_the_next_search_measures_it_again(tmp_path, registry, capsys):
     """A real search measured while a peer trial is registered on the node: its record says so, the summary and
     `results` mark it; a second search on the same store measures the configuration again (not served), alone, and
     that clean measurement becomes the key's."""
@@ -153,8 +153,10 @@ def test_a_search_beside_a_peer_is_marked_and_the_next_search_measures_it_again(
     store = open_store(url)
     (first,) = store.measurements()
     assert first.m["shared_with"] == {"trials": 1, "sharing": 1, "devices": ["cpu"]} and contention.contended(first)
-    shown = subprocess.run([sys.executable, "-m", "trainscout.cli", "results", str(tmp_path / "a")], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=60).stdout
+    from trainscout.cli.main import main  # `results` in this process: the same command, no interpreter of its own
+    capsys.readouterr()
+    assert main(["results", str(tmp_path / "a")]) == 0
+    shown = capsys.readouterr().out
     assert "shared" in shown.splitlines()[0] and "1 trial (cpu)" in shown, shown
     t1 = time.perf_counter()
     r2 = _search(tmp_path / "b", env, "--storage", url)

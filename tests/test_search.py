@@ -2,7 +2,6 @@
 import json
 import os
 import re
-import subprocess
 import sys
 
 import optuna
@@ -37,10 +36,18 @@ def store_of(out):
     return Store(default_url(str(out)))
 
 
-def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray_local):
+def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray_local, monkeypatch, capsys):
+    """The search in this process on the session's Ray (a subprocess's own interpreter and Ray cost 10-15 s here),
+    its ranks in worker groups of their own, as a search process of its own has: an environment variable no other
+    test's groups have (the pool keeps a group per environment), so that no idle group of an earlier test serves
+    its first trial."""
+    from trainscout.trial import runner
+    monkeypatch.setitem(runner._CACHES, "TRAINSCOUT_TEST_GROUP", "test_search")
     out = tmp_path / "s1"
-    res = subprocess.run(search_cli(out, "--trials", "6", "--seed", "3"), capture_output=True, text=True, timeout=800)
-    assert res.returncode == 0, res.stderr[-3000:]
+    capsys.readouterr()
+    rc = search_here(out, "--trials", "6", "--seed", "3")
+    res = capsys.readouterr()
+    assert rc == 0, res.err[-3000:]
     trials = store_of(out).trials("s1")
     from trainscout.search.service import counted
     assert counted(trials) == 6 and len({t["trial"] for t in trials}) == len(trials)  # refused draws do not count
@@ -53,7 +60,7 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray
     assert not [r for r in records if r.status != "ok"], [r.error for r in records]
     assert records[0].reused == 0 and all(r.reused > 0 for r in records[1:]), \
         [(r.started_at, r.reused) for r in records]
-    assert re.search(r"^best, rank 1 \(trial #\d+\)( \(tie\))?:", res.stdout, re.M) and "tokens/s" in res.stdout
+    assert re.search(r"^best, rank 1 \(trial #\d+\)( \(tie\))?:", res.out, re.M) and "tokens/s" in res.out
     # one reading of each number: ok COMPLETE with its tokens/s; PRUNED where ASHA stopped it (its reported steps as
     # intermediate values, Optuna's convention) or it was pruned before running; FAIL with its reason for invalid,
     # oom, crash, timeout (no value 0: the sampler reads their constraint, tests/test_study_states.py); a draw
@@ -83,8 +90,8 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray
             assert a["key"] in {r["key"] for r in trials} and a["wall_s"] > 0
     # one numbering: the live table's "#", the report's and Optuna's trial number are the same
     shown = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*(\d+) ([0-9a-f]{5,10}) +([a-z]+\*?) ",
-                                                              res.stdout, re.M)}
-    assert len(shown) == len(trials) and all(ran[tid].number == shown[tid[-10:]] for tid in ran), (shown, res.stdout[-2000:])
+                                                              res.out, re.M)}
+    assert len(shown) == len(trials) and all(ran[tid].number == shown[tid[-10:]] for tid in ran), (shown, res.out[-2000:])
     from trainscout.analysis.report import analyse
     df = analyse(str(out)).df
     assert {r["trial"]: r["n"] for r in df.to_dict("records")} == {tid: t.number for tid, t in ran.items()}
