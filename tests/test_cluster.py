@@ -51,7 +51,8 @@ def test_a_trial_split_over_two_nodes_says_so_and_one_without_room_is_unschedule
                       "--address", addr, "--timeout", "10", "--json", *FAST))
         split_out, split_err = split.communicate(timeout=600)
         # then a search whose trial cannot be placed on one node (its Tune actor takes a quarter CPU of one)
-        s = run(search(addr, tmp_path / "starved", 2, "--trials", "1", "--timeout", "10"))
+        s = run(search(addr, tmp_path / "starved", 2, "--trials", "1", "--timeout", "5"))  # never placeable: its
+        # placement wait is waited out whole (10 s before)
         one_out, one_err = one.communicate(timeout=600)
         s_out, s_err = s.communicate(timeout=600)
         print(f"unscheduled and split trials: {time.time() - t0:.1f} s")
@@ -154,13 +155,13 @@ def token_head():
                 mine += [c for c in p.children(recursive=True) if c not in mine]
             except psutil.NoSuchProcess:
                 pass
-        for sig in ("terminate", "kill"):  # the GCS server ignores SIGTERM
-            for p in mine:
+        for sig, grace in (("terminate", 1), ("kill", 5)):  # the GCS server ignores SIGTERM: 1 s for the rest
+            for p in mine:  # (5 s before, waited out by the GCS server each time)
                 try:
                     getattr(p, sig)()
                 except psutil.NoSuchProcess:
                     pass
-            mine = psutil.wait_procs(mine, timeout=5)[1]
+            mine = psutil.wait_procs(mine, timeout=grace)[1]
         import shutil
         shutil.rmtree(temp, ignore_errors=True)
 
