@@ -132,12 +132,19 @@ def test_columns_80_on_a_terminal_and_whole_lines_to_a_pipe(tmp_path):
                                   "loss_kernel=eager", "--set", "zero_stage=0"])
     assert "verdict:" in search and "best, rank 1" in search
     runs = {"search": search}
-    for name, args in (("results", ["results", str(out)]), ("lookup", ["lookup", "--model", "pythia-160m"]),
-                       ("lookup all", ["lookup", "--model", "pythia-*"]), ("knobs", ["knobs"])):
-        runs[name] = on_a_terminal(cli + args)
+    # the other commands read the finished search's store and nothing else: at once, each on its own terminal (one
+    # after another they took 8-10 s of this test on 2 cores, each mostly its interpreter's imports)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(5) as ex:
+        piping = ex.submit(subprocess.run, cli + ["lookup", "--model", "pythia-160m"], capture_output=True, text=True,
+                           timeout=120)
+        shown = {name: ex.submit(on_a_terminal, cli + args) for name, args in (
+            ("results", ["results", str(out)]), ("lookup", ["lookup", "--model", "pythia-160m"]),
+            ("lookup all", ["lookup", "--model", "pythia-*"]), ("knobs", ["knobs"]))}
+        runs.update({name: f.result() for name, f in shown.items()})
+        piped = piping.result()
     for name, text in runs.items():
         assert text.strip(), name
         assert not lines_over(text, 80), (name, lines_over(text, 80))
-    piped = subprocess.run(cli + ["lookup", "--model", "pythia-160m"], capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0 and lines_over(piped.stdout, 80)  # a pipe: whole lines (provenance on one)
     assert "provenance:" in runs["lookup"] and "provenance:" in piped.stdout
