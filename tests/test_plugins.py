@@ -64,12 +64,16 @@ def test_the_plugin_is_not_installed_in_the_running_environment(plugin_env):
 
 
 def test_plugin_knob_is_listed_sampled_and_applied(plugin_env):
-    out = subprocess.run([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], capture_output=True,
-                         text=True, check=True, timeout=120, env=plugin_env).stdout
+    # the two commands at once (their interpreters' imports are most of each)
+    knobs = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=plugin_env)
+    check = subprocess.Popen([sys.executable, "-c", CHECK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=plugin_env)
+    (out, err), (checked, check_err) = knobs.communicate(timeout=120), check.communicate(timeout=300)
+    assert knobs.returncode == 0 and check.returncode == 0, (err[-2000:], check_err[-2000:])
     row = {r["name"]: r for r in json.loads(out)}["cuda_alloc_conf"]
     assert row["module"] == "trainscout_example_knob" and row["domain"] == "default|expandable_segments"
-    res = json.loads(subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, check=True,
-                                    timeout=300, env=plugin_env).stdout.strip().splitlines()[-1])
+    res = json.loads(checked.strip().splitlines()[-1])
     assert res["seen"] == ["default", "expandable_segments"]  # the search samples it
     assert res["mlp"] == [False, True]
     assert res["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -157,8 +161,12 @@ def test_a_broken_plugin_is_named_and_left_out_and_the_rest_works(broken_env):
     """Plugins that fail to import, raise in choices or in apply, have no apply, or take a built-in's name: each is
     left out with one warning naming its package, its entry point and the error; `trainscout knobs` lists every
     other knob (the built-ins and the plugin that loads) and exits 0; a configuration can be estimated."""
+    estimating = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "estimate", "--model", "tiny", "--set",
+                                   "bad_transform=on"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=broken_env)  # at once with `knobs` (their interpreters' imports are most of each)
     res = subprocess.run([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], capture_output=True, text=True,
                          timeout=120, env=broken_env)
+    est_out, est_err = estimating.communicate(timeout=120)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     names = {r["name"]: r["module"] for r in json.loads(res.stdout)}
     assert names["zero_stage"] == "trainscout.spaces.knobs.zero_stage" and "bad_transform" in names
@@ -168,11 +176,9 @@ def test_a_broken_plugin_is_named_and_left_out_and_the_rest_works(broken_env):
     for dist, (module, _, why) in BROKEN.items():
         [line] = [w for w in warnings if f" {dist} (entry point {module} = {module})" in w]
         assert why in line and "left out" in line and f"uninstall {dist}" in line, line
-    est = subprocess.run([sys.executable, "-m", "trainscout.cli", "estimate", "--model", "tiny", "--set",
-                          "bad_transform=on"], capture_output=True, text=True, timeout=120, env=broken_env)
-    assert est.returncode == 0 and "predicted" in est.stdout, est.stderr[-3000:]
+    assert estimating.returncode == 0 and "predicted" in est_out, est_err[-3000:]
     assert "ts-bad-transform (entry point bad_transform = bad_transform)'s memory hook of bad_transform is left out: " \
-           "ZeroDivisionError: no estimate" in est.stderr, est.stderr
+           "ZeroDivisionError: no estimate" in est_err, est_err
 
 
 def test_a_plugin_transform_that_raises_fails_naming_the_plugin(broken_env):
