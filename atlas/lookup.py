@@ -175,6 +175,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
                    "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
                    "verified": best.get("verified"), "provenance": best["provenance"],
                    "quality": quality_status(m, None, rec["config"], rec.get("device")),
+                   "failed_settings": _failed_settings(m, rec["config"]),
                    "origins": sorted({r["provenance"].get("origin") for r in oks}), "shared": shared}
             row.update(_money(days, n, row["gpu"], prices))
             row["_record"] = dict(rec, key=best["key"], metrics=dict(m, tokens_per_s=tps))
@@ -239,21 +240,23 @@ def search_command(target: dict, gpus: int, global_batch: int | None) -> str:
 
 
 def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None, prices,
-              gpu_memory_gib: float | None = None, host_memory_gib: float | None = None) -> dict:
+              gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
+              avoid: list[dict] | None = None) -> dict:
     """The predicted answer for a model or GPU kind not measured: rows labelled predicted, their leave-one-out
     error (the shipped rows, each predicted with its own model held out), the search command. Every row is one
     `trainscout search` would run on that box: it fits the GPU by the memory model and the host (host_memory_gib,
-    default predict.HOST_GIB_PER_GPU per GPU) by the rule the search prunes its trials by."""
+    default predict.HOST_GIB_PER_GPU per GPU) by the rule the search prunes its trials by. avoid: settings whose
+    quality gate failed on this model (measured), which no row holds all of (said in its notes)."""
     kind = predict.gpu_kind(gpu) or gpu
     model = atlas.model
     cached = model.get("predictions", {}).get(f"{target['name']}|{kind}|{gpus}")
     if cached and not atlas.extra and target["path"] is None and not global_batch and gpu_memory_gib is None \
-            and host_memory_gib is None:
+            and host_memory_gib is None and not avoid:
         got = dict(cached, source="precomputed from the shipped rows by bench/build_atlas.py (atlas/model.json)")
     else:
         pool = predict.samples(atlas.rows, _features(atlas))
         got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
-                                         gpu_memory_gib, host_memory_gib), source="computed now from the atlas's rows")
+                                         gpu_memory_gib, host_memory_gib, avoid), source="computed now from the atlas's rows")
     loo = model["loo"]["model"]
     fam = predict.arch_family(target["config"]) if target["config"] else None
     rows = []
@@ -271,6 +274,9 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
         rows.append(row)
     measured_kinds = {s_kind for s_kind in (predict.gpu_kind(x["provenance"].get("gpu")) for x in atlas.rows)}
     notes = list(got["notes"])
+    if avoid:
+        what = "; ".join(sorted({" ".join(f"{k}={v}" for k, v in sorted(f.items())) for f in avoid}))
+        notes.append(f"no predicted row holds {what}: its quality gate failed on this model (measured above)")
     if kind not in measured_kinds:
         notes.append(f"no {kind} row in the atlas: the error below is the {', '.join(sorted(map(str, measured_kinds)))}"
                      " rows' and does not cover a GPU kind never measured")
@@ -318,15 +324,27 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
            "measured": got["groups"], "notes": got["notes"], "predicted": None,
            "atlas": {"layers": [{"name": layer.name, "kind": layer.kind, "rows": len(layer.rows),
                                  "refused": len(layer.refused)} for layer in atlas.layers]}}
-    any_ok = any(g["rows"] for g in got["groups"])
-    if not any_ok:
+    # a measured row is an answer where one is the best (a failed quality verdict never is): else a prediction too,
+    # without the settings that failed on this model
+    if not any(r.get("best") for g in got["groups"] for r in g["rows"]):
         kind = gpu or _default_kind(atlas, out["notes"])
         _known_gpu(kind)
+        failed = [r["failed_settings"] for g in got["groups"] for r in g["rows"] if r.get("failed_settings")]
         out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib,
-                                     host_memory_gib)
+                                     host_memory_gib, avoid=failed)
     if want:
         out["budget"] = verdict(out, want)
     return out
+
+
+def _failed_settings(m: dict, config: dict) -> dict | None:
+    """The settings whose numerics change failed this measurement's quality gate ({knob: value}), None where it
+    did not fail."""
+    from trainscout.trial.quality import FAILED
+    q = m.get("quality") or {}
+    if q.get("gate") != FAILED or not q.get("changes"):
+        return None
+    return {k: config.get(k) for k in q["changes"]}
 
 
 def _default_kind(atlas, notes: list) -> str:

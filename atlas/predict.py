@@ -48,7 +48,8 @@ HOST_GIB_PER_GPU = 128
 
 
 def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_batch: int | None = None,
-                  capacity_gib: float | None = None, host_memory_gib: float | None = None) -> dict:
+                  capacity_gib: float | None = None, host_memory_gib: float | None = None,
+                  avoid: list[dict] | None = None) -> dict:
     """Predicted best configurations of a model on `gpus` GPUs of a kind. Candidates: the configurations of the
     CANDIDATES fastest rows (against their roofline) of the nearest measured models on that kind and count (any
     count where that one was not measured), each at the largest micro-batch that fits in the share of the GPU a
@@ -61,7 +62,8 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     step is calibrated (calibrate). Returns {"model", "gpu", "gpus", "rows": [{config, describe, tokens_per_s,
     step_s, peak_memory_gib, host_memory_gib, level, calibrated_on, projected_days, ...}], "notes", "n_params",
     "capacity_gib", "host_memory_gib"}; ConfigError for a GPU kind whose memory is not known without
-    capacity_gib."""
+    capacity_gib. avoid: settings ({knob: value} each) a candidate may not hold all of (those whose quality gate
+    failed on this model): the next saver, or the next candidate, instead."""
     from trainscout.spaces import ConfigError, all_knobs
     from trainscout.trial import memory
     from trainscout.trial.memory import FIT_SHARE
@@ -97,7 +99,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         hw = {"device": "cuda", "gpu": hw_name, "gpu_memory_gib": capacity_gib, "gpu_count": want,
               "capability": capability, "host_memory_gib": host_gib}
         rows = _candidates(spec_model, want, n, arch, kind_of_arch, on_kind, global_batch, hw, installed, cap,
-                           notes)
+                           notes, avoid or [])
         if rows:
             break
         notes.append(f"nothing is predicted to fit {want} x {kind} ({FIT_SHARE:.0%} of {capacity_gib:.1f} GiB, the "
@@ -136,7 +138,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
 
 
 def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: list[Sample], global_batch: int | None,
-                hw: dict, installed: frozenset, cap: float, notes: list[str]) -> list[dict]:
+                hw: dict, installed: frozenset, cap: float, notes: list[str], avoid: list[dict] = ()) -> list[dict]:
     """predict_model's candidates on `gpus` GPUs, each at its largest fitting micro-batch (unsorted, uncalibrated):
     the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
     the nearest models' rows; one that does not fit as it is gets the memory saver predicted fastest of those that
@@ -162,7 +164,7 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
         base = {k: v for k, v in s.config.items() if k not in micro}
         fitting, why = [], None
         for rank, extra in enumerate(({}, *memory_savers())):
-            settings = {**base, **extra}
+            settings = _clear(avoid, {**base, **extra}, extra)
             spec, mem, why_not, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
                                                        lambda fam: memory_calibration(fam, n, arch, pool), cap, host,
                                                        kind_of_arch, keep=set(extra))
@@ -174,6 +176,8 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                 continue
             if extra and memory.shards_nothing(spec):
                 continue  # sharding over one rank: offload is one GPU's saver
+            if any(all(spec.config.get(k) == v for k, v in f.items()) for f in avoid):
+                continue  # its numerics change failed the quality gate on this model (_clear could not undo it)
             fitting.append((dtypes.lowers_state(spec.plan), steptime.step_s(spec), rank, extra, spec, mem))
             if not extra:
                 break  # the configuration as measured fits: no saver
@@ -197,6 +201,16 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                     "_fam": families(spec.config, spec.plan, gpus, kind_of_arch),
                     "_roofline_s": step})
     return out
+
+
+def _clear(avoid, settings: dict, extra: dict) -> dict:
+    """settings with the knobs of an avoided set they hold all of (a change whose quality gate failed on this
+    model) back at their defaults, the saver's own (extra) kept: FP8 off beside the precision=bf16 a 7B needs."""
+    from trainscout.spaces import get
+    for f in avoid:
+        if all(settings.get(k) == v for k, v in f.items()):
+            settings = {**settings, **{k: get(k).default for k in f if k not in extra}}
+    return settings
 
 
 def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw: dict, installed: frozenset,

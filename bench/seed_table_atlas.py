@@ -20,8 +20,12 @@ LLAMA = tuple(os.path.join(HERE, "models", "hub", f) for f in
 
 def row(atlas, model: str, gpu: str, host_gib: float) -> str:
     got = lookup(atlas, model, gpu=gpu, gpus=1, host_memory_gib=host_gib)
-    best = next((g["rows"][0] for g in got["measured"] if g["rows"]), None)
-    status = "measured"
+    measured = next((g["rows"] for g in got["measured"] if g["rows"]), [])
+    best = next((r for r in measured if r.get("best")), None)  # a failed quality verdict is never the best
+    status, failed = "measured", ""
+    if best is None and measured:
+        r = measured[0]
+        failed = f"; measured {r['tokens_per_s']:,.0f} ({r['describe']}) failed its quality verdict"
     if best is None and got["predicted"] and got["predicted"].get("rows"):
         best, status = got["predicted"]["rows"][0], "PREDICTED"
     name = got["model"]
@@ -33,7 +37,7 @@ def row(atlas, model: str, gpu: str, host_gib: float) -> str:
     mfu = f"{best['mfu']:.3f}" if best.get("mfu") else "-"
     rent = f"${best['rent_usd']:,.0f}" if best.get("rent_usd") else "-"
     return (f"| {name} | {status} {best['tokens_per_s']:,.0f} | {mfu} | {best['projected_days']:,.1f} | {rent} | "
-            f"{best['describe']}{q} |")
+            f"{best['describe']}{q}{failed} |")
 
 
 def main() -> int:

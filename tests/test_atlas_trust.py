@@ -219,3 +219,26 @@ def test_a_prediction_never_ranks_sharding_over_one_gpu_first():
     got = lookup.lookup(db.load(), "pythia-12b", gpu="H200", gpus=1)
     rows = got["predicted"]["rows"]
     assert rows and not rows[0]["shards_nothing"]
+
+
+def test_a_model_whose_measured_rows_all_failed_quality_gets_a_prediction_without_that_change():
+    """Every measured row of a model on a GPU kind failed its quality gate (planted here on the shipped Pythia-6.9B
+    H100 rows: precision=bf16 with FP8): none is the best, so lookup predicts too, and no predicted row holds the
+    change that failed (FP8 goes back to its default beside the saver the model needs), said in its notes. The
+    shipped Mistral-7B H100 row is such a case: its answer was the failed configuration."""
+    import copy
+    atlas = db.load()
+    rows, hit = copy.deepcopy(atlas.rows), 0
+    for r in rows:
+        rec = r["record"]
+        if rec.get("model") == "pythia-6.9b" and "H100" in str(r["provenance"].get("gpu")) and rec["status"] == "ok":
+            assert rec["config"]["precision"] == "bf16" and rec["config"]["fp8"] == "tensorwise"
+            rec["metrics"]["quality"] = {"gate": "failed", "changes": {"precision": "x", "fp8": "x"}, "why": "planted"}
+            hit += 1
+    assert hit
+    got = lookup.lookup(db.Atlas(atlas.layers, rows, atlas.model), "pythia-6.9b", gpu="H100", gpus=1)
+    measured = [r for g in got["measured"] for r in g["rows"]]
+    assert measured and not any(r["best"] for r in measured)
+    pred = got["predicted"]["rows"]
+    assert pred and not any(r["config"]["precision"] == "bf16" and r["config"]["fp8"] == "tensorwise" for r in pred)
+    assert any("fp8=tensorwise precision=bf16: its quality gate failed" in n for n in got["predicted"]["notes"])
