@@ -8,8 +8,6 @@ import datetime
 import warnings
 from typing import TYPE_CHECKING
 
-from trainscout.spaces import micro_batch
-from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.status import Status
 
 from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
@@ -86,21 +84,19 @@ def make_scheduler(steps: int):
 
 def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, seed: int = 0):
     """On a GPU, the ranker of the proposals after the start points (search/ranked.py): a configuration's step
-    time predicted by trial/steptime.py, None where this model refuses it or the memory model predicts it over the
-    GPU's memory by more than MEMORY_MARGIN (the trial would be pruned). None on a CPU: the sampler alone."""
+    time predicted by trial/steptime.py, None where this model refuses it or the trial would not be launched (the
+    search's rule, trial.memory.refusal: the GPU's memory + memory.MARGIN and the host's, the capacities the driver
+    hands the trials). None on a CPU: the sampler alone."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib"):
         return None
     from trainscout.trial import memory, steptime
 
     from .ranked import Ranker
-    capacity = hw["gpu_memory_gib"] * memory.GiB * (1 + MEMORY_MARGIN)
+    gpu, host = hw["gpu_memory_gib"] * memory.GiB, memory.host_capacity(hw)
 
     def predict_s(params: dict) -> float | None:
         spec = spec_at(args, space, hw, params)
-        # a micro_batch_size=max probe is judged at micro-batch 1, the least it tries (trainable._refusal)
-        probe = spec is not None and spec.plan.micro_batch_probe
-        at = spec_at(args, space, hw, params, **{micro_batch().name: 1}) if probe else spec
-        if at is None or memory.predict(at, calibration) > capacity:
+        if spec is None or memory.refusal(spec, gpu, host, calibration) is not None:
             return None
         return steptime.step_s(spec)
     return Ranker(space, predict_s, seed)

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, all_knobs, fmt, get, memory_savers, micro_batch
 from trainscout.trial import prepare
-from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
-from trainscout.trial.memory import FIT_SHARE  # a start point's share of the GPU
+from trainscout.trial.memory import FIT_SHARE  # a start point's share of the GPU (trial.memory.refusal says why)
 
 if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
@@ -83,10 +82,11 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
          notes: list[str] | None = None, host: float | None = None) -> dict | None:
     """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the memory
     saver of the space (spaces.memory_savers) predicted fastest (trial.steptime, at the largest micro-batch that fits
-    it) of those that fit the GPU and the host (host: its bytes; default hw["host_memory_gib"], else this machine's;
-    the rule a search's trials are pruned by, trial.memory.host_refusal): sharding over the ranks before offload where
-    the GPUs hold the states, checkpointing every 4th layer before every layer; None where none fits (notes: why)."""
-    import psutil
+    it) of those that fit the GPU and the host (host: its bytes; default trial.memory.host_capacity(hw)): the rule a
+    search's trials are pruned by (trial.memory.refusal), held to FIT_SHARE of the GPU; sharding over the ranks
+    before offload where the GPUs hold the states, checkpointing every 4th layer before every layer; None where none
+    fits (notes: why)."""
+    import re
 
     from trainscout.trial import dtypes, memory, steptime
     mb = micro_batch().name
@@ -96,59 +96,56 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     # candidate, 128, Pythia-410M's defaults "needed" 385 GiB and had no start point
     probed = space.fixed.get(mb) == "max"
     smallest = {mb: min(sizes)} if searched or probed else {}
-    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
-    cap = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else math.inf  # the CPU: the host's memory alone
-    # the trials' host, as the driver hands it to them (a cluster's nodes' smallest, else this machine's)
-    host = host or (hw["host_memory_gib"] * memory.GiB if hw.get("host_memory_gib") else psutil.virtual_memory().total)
+    gpu = _gpu_bytes(hw)
+    host = host or memory.host_capacity(hw)  # the trials' host, as the driver hands it to them
 
-    def need(p: dict, **at) -> tuple[float, str | None] | None:
+    def judged(p: dict, **at) -> tuple[TrialSpec, tuple[str, dict] | None] | None:
+        """(spec, why it does not fit: memory.refusal) of p at `at` (the smallest micro-batch); None: invalid here."""
         spec = spec_at(args, space, hw, p, **(at or smallest))
-        if spec is None:
-            return None
-        return (memory.predict(spec, calibration) if gpu else 0.0), memory.host_refusal(spec, host, MEMORY_MARGIN)
+        return None if spec is None else (spec, memory.refusal(spec, gpu, host, calibration, FIT_SHARE))
 
     def speed(p: dict) -> float:
         """Predicted step seconds of p at the largest micro-batch of the space that fits (the smallest's otherwise)."""
         for m in sorted(sizes, reverse=True) if searched or probed else [None]:
-            at = {mb: m} if m is not None else {}
-            got = need(p, **at)
-            if got is not None and got[0] <= cap and got[1] is None:
-                return steptime.step_s(spec_at(args, space, hw, p, **at))
+            got = judged(p, **({mb: m} if m is not None else {}))
+            if got is not None and got[1] is None:
+                return steptime.step_s(got[0])
         return math.inf
-    first = need(point)
-    if first is None or (first[0] <= cap and first[1] is None):
+    first = judged(point)
+    if first is None or first[1] is None:
         return point
     tried, fitting = [], []
     for saver in memory_savers():
         if any(v not in space.domains.get(k, ()) for k, v in saver.items()):
             continue
-        got = need(dict(point, **saver))
-        if got is None:
+        got = judged(dict(point, **saver))
+        if got is None or memory.shards_nothing(got[0]):  # sharding over one rank
             continue
-        spec = spec_at(args, space, hw, dict(point, **saver), **smallest)
-        if memory.shards_nothing(spec):  # sharding over one rank
-            continue
-        label = " ".join(f"{k}={fmt(v)}" for k, v in saver.items())
-        tried.append(f"{label}: {got[0] / memory.GiB:.1f} GiB"
-                     + (f" (host: {got[1].split(' (')[0]})" if got[1] else ""))
-        if got[0] <= cap and got[1] is None:  # savers that keep fp32 states first (dtypes.lowers_state)
+        (spec, refused), label = got, " ".join(f"{k}={fmt(v)}" for k, v in saver.items())
+        if refused is None:  # savers that keep fp32 states first (dtypes.lowers_state)
             fitting.append((dtypes.lowers_state(spec.plan), speed(dict(point, **saver)), len(fitting), label, saver))
+        else:  # the GPU's prediction, and why (the host's without its components)
+            short = re.sub(r" \([^()]*\)$", "", refused[0])
+            tried.append(f"{label}: " + (f"{refused[1]['predicted_gib']:.1f} GiB ({short})" if gpu else short))
+    over = f"at micro-batch {min(sizes)} ({first[1][0]})"
     if fitting:
         fitting.sort(key=lambda f: f[:3])  # fp32 states kept, fastest predicted, the savers' rank order
         best = fitting[0]
         if notes is not None:
-            over = (f"predicted {first[0] / memory.GiB:.1f} GiB > {FIT_SHARE:.0%} of "
-                    f"{hw['gpu_memory_gib']:.0f} GiB" + (f"; {first[1]}" if first[1] else "")) if gpu else first[1]
             why = ("; predicted step of each saver that fits: " + ", ".join(
                 f"{label} {t:.3g} s" for _, t, _, label, _ in fitting) + ", the fastest taken") if len(fitting) > 1 else ""
-            notes.append(f"the defaults do not fit at micro-batch {min(sizes)} ({over}){why}: the start point adds "
-                         f"{best[3]}")
+            notes.append(f"the defaults do not fit {over}{why}: the start point adds {best[3]}")
         return dict(point, **best[4])
     if notes is not None:
-        need_text = f"{first[0] / memory.GiB:.1f} GiB" if gpu else f"more than the host has ({first[1]})"
-        notes.append(f"no start point: the defaults need {need_text} at micro-batch {min(sizes)} "
-                     f"and no memory saver of the space fits ({'; '.join(tried) or 'the space has none'})")
+        notes.append(f"no start point: the defaults do not fit {over} and no memory saver of the space fits "
+                     f"({'; '.join(tried) or 'the space has none'})")
     return None
+
+
+def _gpu_bytes(hw: dict) -> float | None:
+    """The GPU's memory in bytes, None on the CPU (or where the hardware does not say)."""
+    from trainscout.trial import memory
+    return hw["gpu_memory_gib"] * memory.GiB if hw["device"] == "cuda" and hw.get("gpu_memory_gib") else None
 
 
 STORE_POINTS = 2  # start points taken from the store: the best MFU measured on this GPU kind, other models
@@ -223,25 +220,20 @@ def spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -
 
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
-    """The defaults at the largest micro-batch the memory model predicts to fit in FIT_SHARE of the GPU; on the CPU,
-    at the largest no larger than the knob's default (auto) that fits the host's memory (None: none)."""
-    import psutil
-
+    """The defaults at the largest micro-batch the memory model predicts to fit FIT_SHARE of the GPU and the host
+    (trial.memory.refusal, fits' rule); on the CPU, the largest no larger than the knob's default (auto) that fits
+    the host's memory (None: none)."""
     from trainscout.trial import memory
-    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    gpu, host = _gpu_bytes(hw), memory.host_capacity(hw)
     mb = micro_batch().name
     sizes = sorted((m for m in space.domains[mb] if m != "max"), reverse=True)
-    if not gpu:
+    if gpu is None:
         auto = spec_at(args, space, hw, {**defaults, mb: min(sizes)}, **{mb: "auto"})
         sizes = [m for m in sizes if auto is None or m <= auto.micro_batch]
     for mbs in sizes:
         point = {**defaults, mb: mbs}
         spec = spec_at(args, space, hw, point)
-        if spec is None:
-            continue
-        if gpu and memory.predict(spec, calibration) <= FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB:
-            return point
-        if not gpu and memory.host_refusal(spec, psutil.virtual_memory().total, MEMORY_MARGIN) is None:
+        if spec is not None and memory.refusal(spec, gpu, host, calibration, FIT_SHARE) is None:
             return point
     return None
 

@@ -48,30 +48,14 @@ def trial_spec(settings: dict, base: dict, fault: str | None = None):
 
 
 def _refusal(spec, settings: dict, base: dict, fault: str | None) -> tuple[str, dict] | None:
-    """Why the memory model refuses to launch this trial (its host or GPU need predicted over the capacity and the
-    margin), with what the record keeps of the prediction; None: launch it. A micro_batch_size=max probe is judged at
-    micro-batch 1, the least it would try: where even that does not fit, every candidate would fail (a 7B in
-    bf16-mixed on an H100 probed 8 micro-batches in 90 s of GPU time for nothing)."""
-    from trainscout.spaces import micro_batch
+    """Why the memory model refuses to launch this trial, with what the record keeps of the prediction; None: launch
+    it. The search's one rule (trial.memory.refusal: its host or GPU need predicted over the capacity and the
+    margin; a micro_batch_size=max probe judged at micro-batch 1), on the capacities the driver hands the trials
+    (base["host"], base["memory"]: their margins are memory.MARGIN, the driver's). settings and fault: unused (the
+    spec carries them)."""
     from trainscout.trial import memory
-    at, probe = spec, spec.plan.micro_batch_probe
-    if probe:
-        try:
-            at = trial_spec(dict(settings, **{micro_batch().name: 1}), base, fault)
-        except ConfigError:
-            return None
-    least = f" at micro-batch 1 ({micro_batch().name}=max tries nothing smaller)" if probe else ""
-    host = base.get("host")
-    if host and (why := memory.host_refusal(at, host["capacity"], host["margin"])):
-        return why + least, {}
-    mem = base.get("memory")
-    if mem:
-        predicted = memory.predict(at, mem["calibration"])
-        if predicted > mem["capacity"] * (1 + mem["margin"]):
-            gib = predicted / memory.GiB
-            return (f"predicted {gib:.1f} GiB per rank{least} > {mem['capacity'] / memory.GiB:.0f} GiB",
-                    {"predicted_gib": round(gib, 2)})
-    return None
+    host, mem = base.get("host") or {}, base.get("memory") or {}
+    return memory.refusal(spec, mem.get("capacity"), host.get("capacity"), mem.get("calibration"))
 
 
 def _measure(config: dict, base: dict) -> None:

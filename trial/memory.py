@@ -293,6 +293,50 @@ def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10
             + " GiB)")
 
 
+def host_capacity(hw: dict) -> float:
+    """The trials' host memory in bytes, as a search's driver hands it to them: hw["host_memory_gib"] (a cluster's
+    nodes' smallest) where the hardware names it, else this machine's."""
+    if hw.get("host_memory_gib"):
+        return hw["host_memory_gib"] * GiB
+    import psutil
+    return float(psutil.virtual_memory().total)
+
+
+def refusal(spec: TrialSpec, gpu: float | None, host: float | None = None, calibration: dict | None = None,
+            share: float = 1 + MARGIN) -> tuple[str, dict] | None:
+    """Why a configuration is not to be launched (None: it fits), the one rule of a search's trials
+    (search/trainable), its ranker (search/searcher.make_ranker) and its start points (search/start): (why, what
+    the record keeps: predicted_gib, the GPU's prediction, where gpu is given).
+
+    gpu: the GPU's memory in bytes (None: the CPU, the host's rule alone), over which the prediction (calibrated
+    with `calibration`) may go by `share`; host: the host's bytes (None: not judged), host_refusal's rule (the
+    capacity less MARGIN, for the OS and the driver). Both rules apply wherever one does, and why names every one
+    that refuses. A micro_batch_size=max probe is judged at micro-batch 1, the least it would try: the line
+    trial/probe.candidates draws its candidates by, so where even that does not fit every candidate would fail (a
+    7B in bf16-mixed on an H100 probed 8 micro-batches in 90 s of GPU time for nothing).
+
+    share differs by what a wrong answer costs. A trial (and the ranker, which proposes only what a trial would
+    run) is refused only where the model rules it out: predicted more than MARGIN over the GPU (its worst error on
+    the stored H200 rows is -14 %); one refused is never measured, one let run at the edge costs one out-of-memory
+    error. A start point (FIT_SHARE, 85 %) is what the search measures first and builds on: it must fit, so it is
+    held to a stricter line."""
+    from trainscout.spaces import micro_batch
+    least = ""
+    if spec.plan.micro_batch_probe:
+        spec = spec.replace(plan=spec.plan.replace(micro_batch_size=1))
+        least = f" at micro-batch 1 ({micro_batch().name}=max tries nothing smaller)"
+    reasons, extra = [], {}
+    if gpu:
+        predicted = predict(spec, calibration)
+        extra["predicted_gib"] = round(predicted / GiB, 2)
+        if predicted > share * gpu:
+            line = f"{gpu / GiB:.0f} GiB + {share - 1:.0%}" if share > 1 else f"{share:.0%} of {gpu / GiB:.0f} GiB"
+            reasons.append(f"predicted {predicted / GiB:.1f} GiB per rank{least} > {line}")
+    if host and (why := host_refusal(spec, host, MARGIN)):
+        reasons.append(why + least)
+    return ("; ".join(reasons), extra) if reasons else None
+
+
 def parse_size(text: str) -> float:
     """'80GiB', '80GB', '141 GiB', '8e10' -> bytes."""
     t = str(text).strip().lower().replace(" ", "")
