@@ -19,6 +19,10 @@ from collections.abc import Callable
 # (the store's status strings)
 INFEASIBLE_STATUSES = ("invalid", "oom", "crash", "timeout", "pruned")
 MARGIN = 0.05  # a change predicted slower than this is left to the sampler: the step-time model is rough
+# the sampler's last WIDEN draws refused before running (invalid or pruned: its random start in a space most of whose
+# combinations are refused): the best's next neighbour is proposed whatever its prediction. OLMoE-1B-7B's cold search
+# on an H100 drew 75 invalid configurations of 92 and stopped drawing 70 s before its budget (2026-12-06)
+WIDEN = 5
 
 
 def _key(params: dict) -> str:
@@ -67,10 +71,11 @@ class Ranker:
                     out.append((k, p))
         return out
 
-    def propose(self, trials) -> tuple[dict, str] | None:
+    def propose(self, trials, wide: bool = False) -> tuple[dict, str] | None:
         """(parameters, why) of the next configuration to measure, or None: leave it to the sampler. trials: the
         study's trials (Optuna FrozenTrials); COMPLETE ones are measured ok, an infeasible one (invalid, oom, crash,
-        timeout: FAIL; pruned: PRUNED) taken too, others pending."""
+        timeout: FAIL; pruned: PRUNED) taken too, others pending. wide: any neighbour, however slow its prediction
+        (the sampler's draws keep being refused: WIDEN)."""
         import optuna
         done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
         feasible = [t for t in done if t.value > 0]
@@ -97,11 +102,13 @@ class Ranker:
             candidates.append((best.value * effect, knob, p, source))
         self.rng.shuffle(candidates)  # ties in a seeded random order: sort is stable
         candidates.sort(key=lambda c: -c[0])
-        if not candidates or candidates[0][0] < (1 - MARGIN) * best.value:
+        if not candidates or (candidates[0][0] < (1 - MARGIN) * best.value and not wide):
             return None
         value, knob, p, source = candidates[0]
+        why = "" if candidates[0][0] >= (1 - MARGIN) * best.value else \
+            f"; the sampler's last {WIDEN} draws were refused"
         return p, (f"{knob}={p[knob]} beside trial {best.number}'s best {best.value:,.0f} tokens/s: "
-                   f"predicted {value:,.0f} ({source})")
+                   f"predicted {value:,.0f} ({source}{why})")
 
     @staticmethod
     def _measured_effect(done, knob: str, old, new) -> float | None:

@@ -24,6 +24,7 @@ from trainscout.trial.status import NOT_MEASURED, Status
 
 from .halt import store_failed, store_failure
 from .outcomes import INFEASIBLE, NUMBERS, TUNE_ID, optuna_state, outcome_attrs, set_constraint
+from .ranked import WIDEN
 from .trainable import FREE, FREE_RUN, METRIC
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class DistinctSearcher(Searcher):
         if self.ranker is not None:
             trials = self.study.get_trials(deepcopy=False)
             if not any(t.state == optuna.trial.TrialState.WAITING for t in trials):  # start points first
-                proposal = self.ranker.propose(trials)
+                proposal = self.ranker.propose(trials, wide=self.free_run >= WIDEN)
                 if proposal is not None:
                     self.study.enqueue_trial(proposal[0], user_attrs={"ranked": proposal[1]})
         config, drawn = self._ask(trial_id)

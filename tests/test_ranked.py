@@ -105,14 +105,14 @@ def test_ranked_proposals_reach_the_h200_grids_best_in_three_trials():
     assert unranked_n > ranked_n, (ranked_n, unranked_n)
 
 
-def test_ranker_leaves_it_to_the_sampler_when_no_neighbour_is_predicted_close():
-    meta, space, rows = _grid()
-    args = SearchArgs(model=meta["model"], out="unused", gpus_per_trial=1, recipe=meta["recipe"])
-    ranker = make_ranker(args, space, meta["hardware"], None)
-    assert make_ranker(args, space, dict(meta["hardware"], device="cpu"), None) is None  # the CPU: the sampler alone
+BEST = {"compile": True, "loss_kernel": "compiled", "micro_batch_size": 64, "zero_stage": 0, "fsdp": "off"}
+
+
+def _proposals(space, ranker) -> list[tuple]:
+    """(fsdp, zero_stage, micro_batch_size) of everything the ranker proposes after the grid's best (BEST, measured
+    480,377 tokens/s), each neighbour measured clearly slower (300,000) so that the best stays."""
     study = optuna.create_study(direction="maximize")
-    best = {"compile": True, "loss_kernel": "compiled", "micro_batch_size": 64, "zero_stage": 0, "fsdp": "off"}
-    study.enqueue_trial(best)
+    study.enqueue_trial(BEST)
     t = study.ask()
     space.sample(t)
     study.tell(t, 480_377.0)
@@ -123,8 +123,69 @@ def test_ranker_leaves_it_to_the_sampler_when_no_neighbour_is_predicted_close():
         study.enqueue_trial(params)
         t = study.ask()
         space.sample(t)
-        study.tell(t, 300_000.0)  # every neighbour measured clearly slower: the best stays
-    # the four predicted within MARGIN (fsdp, ZeRO-1, micro-batch 32 and 16); loss eager and compile off are not
-    assert sorted((p.get("fsdp", "off"), p["zero_stage"], p["micro_batch_size"]) for p in seen) == \
-        [("off", 0, 16), ("off", 0, 32), ("off", 1, 64), ("shard_grad_op", 0, 64)]
+        study.tell(t, 300_000.0)
     assert all(p["compile"] and p["loss_kernel"] == "compiled" for p in seen)
+    return sorted((p.get("fsdp", "off"), p["zero_stage"], p["micro_batch_size"]) for p in seen)
+
+
+def test_ranker_leaves_it_to_the_sampler_when_no_neighbour_is_predicted_close():
+    meta, space, rows = _grid()
+    args = SearchArgs(model=meta["model"], out="unused", gpus_per_trial=1, recipe=meta["recipe"])
+    ranker = make_ranker(args, space, meta["hardware"], None)
+    assert make_ranker(args, space, dict(meta["hardware"], device="cpu"), None) is None  # the CPU: the sampler alone
+    # the four predicted within MARGIN (fsdp, ZeRO-1, micro-batch 32 and 16); loss eager and compile off are not
+    assert _proposals(space, ranker) == [("off", 0, 16), ("off", 0, 32), ("off", 1, 64), ("shard_grad_op", 0, 64)]
+
+
+def test_ranker_proposes_nothing_the_trial_would_refuse_for_host_memory():
+    """The ranker judged the GPU alone: on a host of 2 GiB (a mock of a smaller box: the hardware dict says so; the
+    model, the rules and the memory model are real) it proposed the best's ZeRO-1 neighbour, whose DeepSpeed engine
+    builds the fp32 model on the host (1.5 GiB of process + 0.6 GiB > 2 GiB less 10 %), and the trial pruned it
+    unmeasured. Now the ranker applies the trial's rule (trial.memory.refusal): GPU and host."""
+    from trainscout.search.trainable import _refusal, trial_spec
+    from trainscout.trial import memory
+    meta, space, rows = _grid()
+    hw = dict(meta["hardware"], host_memory_gib=2.0)
+    args = SearchArgs(model=meta["model"], out="unused", gpus_per_trial=1, recipe=meta["recipe"])
+    assert _proposals(space, make_ranker(args, space, hw, None)) == \
+        [("off", 0, 16), ("off", 0, 32), ("shard_grad_op", 0, 64)]
+    # the trial, on the capacities the driver hands it, refuses that neighbour for the host and launches the best
+    base = {"model": meta["model"], "workers": 1, "steps": 3, "warmup": 1, "hardware": hw, "seed": 0,
+            "recipe": args.recipe, "host": {"capacity": 2.0 * memory.GiB, "margin": memory.MARGIN},
+            "memory": {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": memory.MARGIN, "calibration": None}}
+    zero1 = dict(BEST, zero_stage=1)
+    error, extra = _refusal(trial_spec(zero1, base), zero1, base, None)
+    assert error.startswith("predicted 2.1 GiB of host memory for the trial's 1 rank(s) > 2 GiB less 10%"), error
+    assert 0 < extra["predicted_gib"] < 139.8  # the GPU's prediction, kept in the record: it fits the GPU
+    assert _refusal(trial_spec(BEST, base), BEST, base, None) is None
+
+
+def test_the_best_s_next_neighbour_when_the_sampler_s_draws_keep_being_refused():
+    """Where the sampler's last WIDEN draws were refused before running (a space most of whose combinations are
+    refused: OLMoE's cold search drew 75 invalid of 92 and stopped drawing), the searcher asks the ranker for the
+    best's next neighbour whatever its prediction, and says why; before that, the sampler draws."""
+    from trainscout.search.ranked import WIDEN
+    meta, space, rows = _grid()
+    hw = meta["hardware"]
+    args = SearchArgs(model=meta["model"], out="unused", gpus_per_trial=1, recipe=meta["recipe"])
+    ranker = make_ranker(args, space, hw, None)
+    searcher = make_searcher(space, "w", optuna.storages.InMemoryStorage(), make_sampler(0, None), [],
+                             ranker=ranker)
+    best = {"compile": True, "loss_kernel": "compiled", "micro_batch_size": 64, "zero_stage": 0, "fsdp": "off"}
+    searcher.study.enqueue_trial(best)
+    searcher.suggest("best")
+    searcher.on_trial_complete("best", {METRIC: 480_377.0, "status": "ok"})
+    for i in range(6):  # every neighbour within MARGIN measured clearly slower
+        searcher.suggest(f"n{i}")
+        assert searcher.drawn[f"n{i}"].user_attrs.get("ranked"), i
+        searcher.on_trial_complete(f"n{i}", {METRIC: 300_000.0, "status": "ok"})
+        if ranker.propose(searcher.study.get_trials()) is None:
+            break
+    for i in range(WIDEN):  # the sampler's draws, refused
+        searcher.suggest(f"r{i}")
+        assert not searcher.drawn[f"r{i}"].user_attrs.get("ranked")
+        searcher.on_trial_complete(f"r{i}", {METRIC: 0.0, "status": "invalid", "error": "refused"})
+    searcher.suggest("wide")
+    why = searcher.drawn["wide"].user_attrs.get("ranked")
+    assert why and f"the sampler's last {WIDEN} draws were refused" in why, why
+    assert sum(searcher.drawn["wide"].params[k] != v for k, v in best.items()) == 1
