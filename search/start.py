@@ -124,9 +124,10 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
         (spec, refused), label = got, " ".join(f"{k}={fmt(v)}" for k, v in saver.items())
         if refused is None:  # savers that keep fp32 states first (dtypes.lowers_state)
             fitting.append((dtypes.lowers_state(spec.plan), speed(dict(point, **saver)), len(fitting), label, saver))
-        else:  # the GPU's prediction, and why (the host's without its components)
-            short = re.sub(r" \([^()]*\)$", "", refused[0])
-            tried.append(f"{label}: " + (f"{refused[1]['predicted_gib']:.1f} GiB ({short})" if gpu else short))
+        else:  # why (the host's without its components), and the GPU's prediction where it fits
+            gib = refused[1].get("predicted_gib", math.inf)
+            fit = f"{gib:.1f} GiB per rank fits, but " if gpu and gib * memory.GiB <= FIT_SHARE * gpu else ""
+            tried.append(f"{label}: {fit}" + re.sub(r" \([^()]*\)$", "", refused[0]).replace("; ", " and "))
     over = f"at micro-batch {min(sizes)} ({first[1][0]})"
     if fitting:
         fitting.sort(key=lambda f: f[:3])  # fp32 states kept, fastest predicted, the savers' rank order
