@@ -428,3 +428,6 @@ def test_a_failed_quality_verdict_is_named_and_never_best_while_anything_else_ra
     assert main(["export", str(out), "--best", "--format", "hf", "--out", str(tmp_path / "exp")]) == 0
     capsys.readouterr()
     assert json.loads((tmp_path / "exp" / "trainscout.json").read_text())["key"] == ok.key
+    from trainscout.analysis.report.analysis import analyse
+    a = analyse(str(out))  # the report agrees: the failed one is ranked last, and its tie line is export's choice
+    assert list(a.best["key"]) == [ok.key, fast.key] and a.tie.best.key == ok.key

@@ -54,9 +54,12 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
     ok = df[(df["status"] == Status.OK) & df["tokens_per_s"].notna()]
-    # measurements other trials shared the CPU or GPU of (trial.contention) after the clean ones, marked
-    best = (ok.assign(_shared=ok["shared"].notna()).sort_values(["_shared", "tokens_per_s"], ascending=[True, False])
-            .drop(columns="_shared").drop_duplicates("key").reset_index(drop=True))
+    # a failed quality verdict last (it trains another model: never the best, as export --best), then measurements
+    # other trials shared the CPU or GPU of (trial.contention) after the clean ones, marked
+    from trainscout.trial.quality import FAILED
+    best = (ok.assign(_failed=ok["quality"] == FAILED, _shared=ok["shared"].notna())
+            .sort_values(["_failed", "_shared", "tokens_per_s"], ascending=[True, True, False])
+            .drop(columns=["_failed", "_shared"]).drop_duplicates("key").reset_index(drop=True))
     failures = []
     for status, g in df[df["status"] != Status.OK].groupby("status", sort=False):
         with_error = g[g["error"].notna()]
@@ -72,7 +75,7 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     return Analysis(source=secrets.masked(shown) if "://" in shown else shown, df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
-                    varied=varied, searched=searched, tie=ties.choose(list(records.values())), verdicts=verdicts)
+                    varied=varied, searched=searched, tie=ties.choose(list(records.values()), store.verified()), verdicts=verdicts)
 
 
 def _tied_keys(a: Analysis) -> set:
