@@ -91,7 +91,8 @@ def test_a_real_search_samples_the_plugin_knob(plugin_env, tmp_path):
     driver's PYTHONPATH, as they would through a venv it was installed into."""
     out = tmp_path / "plug"
     fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
-             "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1}
+             "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1,
+             "optimizer_state": "fp32"}  # torchao's low-bit states compile their step: 49 s here on a cold cache
     sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
     res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
                           "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "2", "--seed", "0",
