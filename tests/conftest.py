@@ -9,6 +9,51 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_ROOT, ".cache", "
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+_prewarm = {}  # the background compile of tests/prewarm.py: {"proc", "log"}
+
+
+def pytest_collection_finish(session):
+    """Start tests/prewarm.py in the background (nice 19, one thread) when this session runs a test whose graphs it
+    compiles after at least 50 others (their idle CPU is its time), unless its marker says the cache has them
+    already. TRAINSCOUT_TEST_PREWARM=0 leaves it out."""
+    import subprocess
+    import sys
+
+    import prewarm
+    ids = [item.nodeid for item in session.items]
+    first = next((i for i, n in enumerate(ids) if n.startswith(prewarm.TARGETS)), None)
+    if os.environ.get("TRAINSCOUT_TEST_PREWARM") == "0" or first is None or first < 50:
+        return
+    try:
+        with open(prewarm.marker()) as f:
+            if f.read().strip() == prewarm.fingerprint():
+                return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(prewarm.marker()), exist_ok=True)
+    log = os.path.join(os.path.dirname(prewarm.marker()), "prewarm.log")
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", OMP_NUM_THREADS="1")
+    with open(log, "w") as out:
+        _prewarm.update(log=log, proc=subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, os.path.join(_ROOT, "tests", "prewarm.py")], stdout=out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT, env=env))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say where the background compile did not finish its work (the tests then compiled their own graphs)."""
+    proc = _prewarm.get("proc")
+    if proc is None:
+        return
+    rc = proc.poll()
+    if rc is None:
+        proc.kill()  # the session's own child, by its PID
+        proc.wait()
+        terminalreporter.write_line("tests/prewarm.py was still compiling at the session's end: stopped")
+    elif rc != 0:
+        terminalreporter.write_line(f"tests/prewarm.py exited {rc} (the tests compiled their own graphs): see "
+                                    f"{_prewarm['log']}")
+
+
 def pytest_configure(config):
     """torch in the test process itself runs on one thread (its ops there are tiny models' and meta traces'). With
     two on 2 cores beside Ray's processes, the threads waited on each other: tests/test_hub_corpus.py took 35 s
@@ -122,3 +167,10 @@ def ray_cluster():
         except subprocess.TimeoutExpired:
             p.terminate()  # the helper's SIGTERM handler shuts its cluster down
             p.wait(timeout=60)
+
+
+def pytest_unconfigure(config):
+    proc = _prewarm.get("proc")
+    if proc is not None and proc.poll() is None:  # an interrupted session: its own child, by its PID
+        proc.kill()
+        proc.wait()
