@@ -3,7 +3,7 @@
 tests/conftest.py starts this at the session's start, at the lowest CPU priority (nice 19, one thread), when the
 session runs these tests with others before them: a fresh clone's suite spent ~2 min of its wall compiling these
 graphs (torchao's low-bit AdamW steps, one graph per parameter shape and state; the compiled layers of test_memory,
-test_flops and test_trial; test_trial's compiled loss) while earlier tests left the CPU mostly idle (waits on Ray,
+test_flops and test_trial; test_trial's compiled loss) while earlier tests left CPU time idle (waits on Ray,
 subprocesses, time limits). The graphs land in the same on-disk caches (TORCHINDUCTOR_CACHE_DIR in .cache/): the
 tests still compile, from the cache, as on a warm checkout, and check what they check. A failure here (the test
 functions called here assert as in the suite) costs only the head start: the tests compile their own graphs, and
