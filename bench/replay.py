@@ -28,7 +28,7 @@ import tempfile
 import time
 
 from trainscout.cli.flags import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
-from trainscout.search.service import (MEMORY_MARGIN, METRIC, Printer, SearchArgs, _progress_callback, _trainable,
+from trainscout.search.service import (METRIC, Printer, SearchArgs, _progress_callback, _trainable,
                                        first_points, make_ranker, make_sampler, make_scheduler, make_searcher,
                                        space_knobs, start_points)
 from trainscout.search.space import Space
@@ -188,7 +188,7 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
             "search": f"replay-{seed}", "timeout": None, "address": None, "max_failures": 0, "faults": {}, "offset": 0,
             "trial_dir": tmp, "knob_names": list(space_knobs())}
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):  # the search's pruning, uncalibrated as on an empty store
-        base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN, "calibration": None}
+        base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "calibration": None}
     os.makedirs(os.path.join(tmp, f"seed{seed}"), exist_ok=True)
 
     def charge(config: dict, r: dict, kind: str) -> tuple[float, dict | None]:

@@ -12,7 +12,6 @@ import time
 from trainscout.search.live import Printer
 from trainscout.spaces import fmt
 from trainscout.store import Store, StoreError, guard, open_store
-from trainscout.trial.memory import MARGIN as MEMORY_MARGIN  # predicted over the GPU's memory by more: not launched
 from trainscout.trial.runner import cluster_address
 from trainscout.trial.status import Status, classify, host_oom_line, node_lost_line
 
@@ -329,12 +328,12 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     base["facts"] = model_tree.known()
     if start:
         _warm_first(start[0], base, args.one_node)
-    import psutil  # the driver's host: on one box (the common case) the trials' host too; on a cluster the nodes'
-    host = hw["host_memory_gib"] * 2**30 if hw.get("host_memory_gib") else psutil.virtual_memory().total
-    base["host"] = {"capacity": host, "margin": MEMORY_MARGIN}
-    if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
-        base["memory"] = {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": MEMORY_MARGIN,
-                          "calibration": calibration}
+    from trainscout.trial import memory  # the capacities the trials are judged on (trainable._refusal): the host
+    # the driver's (on one box, the common case, the trials' too; on a cluster the nodes' smallest), the GPU's
+    host = memory.host_capacity(hw)
+    base["host"] = {"capacity": host}
+    if (gpu := memory.gpu_capacity(hw)) is not None:
+        base["memory"] = {"capacity": gpu, "calibration": calibration}
     printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
                       budget_s=None if deadline is None else max(0.0, deadline - time.time()),
                       ranks=args.gpus_per_trial,

@@ -102,11 +102,13 @@ class Ranker:
             candidates.append((best.value * effect, knob, p, source))
         self.rng.shuffle(candidates)  # ties in a seeded random order: sort is stable
         candidates.sort(key=lambda c: -c[0])
-        if not candidates or (candidates[0][0] < (1 - MARGIN) * best.value and not wide):
+        if not candidates:
             return None
         value, knob, p, source = candidates[0]
-        why = "" if candidates[0][0] >= (1 - MARGIN) * best.value else \
-            f"; the sampler's last {WIDEN} draws were refused"
+        close = value >= (1 - MARGIN) * best.value
+        if not (close or wide):
+            return None
+        why = "" if close else f"; the sampler's last {WIDEN} draws were refused"
         return p, (f"{knob}={p[knob]} beside trial {best.number}'s best {best.value:,.0f} tokens/s: "
                    f"predicted {value:,.0f} ({source}{why})")
 

@@ -92,7 +92,7 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
     from trainscout.trial import memory, steptime
 
     from .ranked import Ranker
-    gpu, host = hw["gpu_memory_gib"] * memory.GiB, memory.host_capacity(hw)
+    gpu, host = memory.gpu_capacity(hw), memory.host_capacity(hw)
 
     def predict_s(params: dict) -> float | None:
         spec = spec_at(args, space, hw, params)

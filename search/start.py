@@ -96,7 +96,7 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     # candidate, 128, Pythia-410M's defaults "needed" 385 GiB and had no start point
     probed = space.fixed.get(mb) == "max"
     smallest = {mb: min(sizes)} if searched or probed else {}
-    gpu = _gpu_bytes(hw)
+    gpu = memory.gpu_capacity(hw)
     host = host or memory.host_capacity(hw)  # the trials' host, as the driver hands it to them
 
     def judged(p: dict, **at) -> tuple[TrialSpec, tuple[str, dict] | None] | None:
@@ -141,12 +141,6 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
         notes.append(f"no start point: the defaults do not fit {over} and no memory saver of the space fits "
                      f"({'; '.join(tried) or 'the space has none'})")
     return None
-
-
-def _gpu_bytes(hw: dict) -> float | None:
-    """The GPU's memory in bytes, None on the CPU (or where the hardware does not say)."""
-    from trainscout.trial import memory
-    return hw["gpu_memory_gib"] * memory.GiB if hw["device"] == "cuda" and hw.get("gpu_memory_gib") else None
 
 
 STORE_POINTS = 2  # start points taken from the store: the best MFU measured on this GPU kind, other models
@@ -225,7 +219,7 @@ def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     (trial.memory.refusal, fits' rule); on the CPU, the largest no larger than the knob's default (auto) that fits
     the host's memory (None: none)."""
     from trainscout.trial import memory
-    gpu, host = _gpu_bytes(hw), memory.host_capacity(hw)
+    gpu, host = memory.gpu_capacity(hw), memory.host_capacity(hw)
     mb = micro_batch().name
     sizes = sorted((m for m in space.domains[mb] if m != "max"), reverse=True)
     if gpu is None:

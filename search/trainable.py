@@ -47,12 +47,11 @@ def trial_spec(settings: dict, base: dict, fault: str | None = None):
                    hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
 
 
-def _refusal(spec, settings: dict, base: dict, fault: str | None) -> tuple[str, dict] | None:
+def _refusal(spec, base: dict) -> tuple[str, dict] | None:
     """Why the memory model refuses to launch this trial, with what the record keeps of the prediction; None: launch
     it. The search's one rule (trial.memory.refusal: its host or GPU need predicted over the capacity and the
     margin; a micro_batch_size=max probe judged at micro-batch 1), on the capacities the driver hands the trials
-    (base["host"], base["memory"]: their margins are memory.MARGIN, the driver's). settings and fault: unused (the
-    spec carries them)."""
+    (base["host"], base["memory"])."""
     from trainscout.trial import memory
     host, mem = base.get("host") or {}, base.get("memory") or {}
     return memory.refusal(spec, mem.get("capacity"), host.get("capacity"), mem.get("calibration"))
@@ -76,7 +75,7 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
-    why = _refusal(spec, settings, base, fault)  # predicted over the host's or the GPU's memory: not launched
+    why = _refusal(spec, base)  # predicted over the host's or the GPU's memory: not launched
     if why:
         error, extra = why
         store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, dict(spec.config, **extra),
@@ -94,9 +93,12 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
-    if not cached and (why := _failed_gate(store, spec)):  # trains another model: never the best, so not run
+    # the gate's verdict where this configuration changes the numerics and an earlier trial stepped the same change
+    gate, known = _known_gate(store, spec) if not cached else (None, None)
+    if why := _failed_gate(spec, known):  # trains another model: never the best, so not run
         store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
-        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why, "quality": "failed"})
+        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why,
+                     "quality": known["gate"]})
         return
     claim, note = None, None
     if not cached:  # measured by another search right now: wait for it and be served its record (store.claims)
@@ -105,17 +107,12 @@ def _measure(config: dict, base: dict) -> None:
             record, cached = claim.served, True
             note = f"measured by another search ({claims.describe(claim.other or {})}) while this trial waited " \
                    f"{claim.waited_s:.0f} s"
-    gate = None
     if not cached:
         if why := guard.lost(store.path, ident):  # no device time for a store that is gone
             raise StoreLost(f"the results store {why} while the search ran")
         try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
-            if spec.quality and "reference_plan" in spec.quality:  # one gate step per change, per search
-                from trainscout.trial import quality
-                gate = quality.gate_key(spec)
-                known = store.quality(gate, "gate")
-                if known is not None:
-                    spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
+            if known is not None:  # one gate step per change, per store: its verdict served
+                spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
             record = _run_trial(spec, base, trial_id)
             if record is None:  # ASHA stopped it: the driver recorded it as stopped
                 return
@@ -178,14 +175,22 @@ def counted(rows: list[dict]) -> int:
     return sum(1 for t in rows if t["status"] not in FREE and t["status"] not in NOT_COUNTED)
 
 
-def _failed_gate(store, spec) -> str | None:
-    """Why a configuration is not measured: the knobs it changes the numerics with failed their quality gate in an
-    earlier trial on this model, GPU and versions (trial.quality.gate_key: the verdict is the same for every trial
-    that changes the same); a failed configuration is never the best (analysis/ties.choose). None: run it."""
+def _known_gate(store, spec) -> tuple[str | None, dict | None]:
+    """(the gate's key, its stored verdict or None) of a configuration whose knobs change the numerics: the verdict
+    is the same for every trial that changes the same on this model, GPU and versions (trial.quality.gate_key);
+    (None, None) for one that changes nothing."""
     if not (spec.quality and "reference_plan" in spec.quality):
-        return None
+        return None, None
     from trainscout.trial import quality
-    known = store.quality(quality.gate_key(spec), "gate")
+    gate = quality.gate_key(spec)
+    return gate, store.quality(gate, "gate")
+
+
+def _failed_gate(spec, known: dict | None) -> str | None:
+    """Why a configuration is not measured: the knobs it changes the numerics with failed their quality gate in an
+    earlier trial (known: _known_gate's verdict); a failed configuration is never the best (analysis/ties.choose).
+    None: run it."""
+    from trainscout.trial import quality
     if not known or known.get("gate") != quality.FAILED:
         return None
     changed = " ".join(f"{k}={spec.config[k]}" for k in spec.quality["changes"])

@@ -151,13 +151,13 @@ def test_ranker_proposes_nothing_the_trial_would_refuse_for_host_memory():
         [("off", 0, 16), ("off", 0, 32), ("shard_grad_op", 0, 64)]
     # the trial, on the capacities the driver hands it, refuses that neighbour for the host and launches the best
     base = {"model": meta["model"], "workers": 1, "steps": 3, "warmup": 1, "hardware": hw, "seed": 0,
-            "recipe": args.recipe, "host": {"capacity": 2.0 * memory.GiB, "margin": memory.MARGIN},
-            "memory": {"capacity": hw["gpu_memory_gib"] * memory.GiB, "margin": memory.MARGIN, "calibration": None}}
+            "recipe": args.recipe, "host": {"capacity": 2.0 * memory.GiB},
+            "memory": {"capacity": hw["gpu_memory_gib"] * memory.GiB, "calibration": None}}
     zero1 = dict(BEST, zero_stage=1)
-    error, extra = _refusal(trial_spec(zero1, base), zero1, base, None)
+    error, extra = _refusal(trial_spec(zero1, base), base)
     assert error.startswith("predicted 2.1 GiB of host memory for the trial's 1 rank(s) > 2 GiB less 10%"), error
     assert 0 < extra["predicted_gib"] < 139.8  # the GPU's prediction, kept in the record: it fits the GPU
-    assert _refusal(trial_spec(BEST, base), BEST, base, None) is None
+    assert _refusal(trial_spec(BEST, base), base) is None
 
 
 def test_the_best_s_next_neighbour_when_the_sampler_s_draws_keep_being_refused():

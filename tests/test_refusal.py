@@ -17,8 +17,8 @@ H100 = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2
 def _base() -> dict:
     args = SearchArgs(model=MISTRAL, out="/tmp/none")
     return {"model": MISTRAL, "workers": 1, "steps": 3, "warmup": 1, "hardware": H100, "seed": 0,
-            "recipe": args.recipe, "host": {"capacity": 125 * memory.GiB, "margin": memory.MARGIN},
-            "memory": {"capacity": H100["gpu_memory_gib"] * memory.GiB, "margin": memory.MARGIN, "calibration": None}}
+            "recipe": args.recipe, "host": {"capacity": 125 * memory.GiB},
+            "memory": {"capacity": H100["gpu_memory_gib"] * memory.GiB, "calibration": None}}
 
 
 def test_a_probe_that_cannot_fit_even_one_sequence_is_not_launched():
@@ -26,7 +26,7 @@ def test_a_probe_that_cannot_fit_even_one_sequence_is_not_launched():
     settings = {"precision": "bf16-mixed", "micro_batch_size": "max", "activation_checkpointing": "none"}
     spec = trial_spec(settings, base)
     assert spec.plan.micro_batch_probe
-    why = _refusal(spec, settings, base, None)
+    why = _refusal(spec, base)
     assert why is not None
     error, extra = why
     assert "at micro-batch 1 (micro_batch_size=max tries nothing smaller)" in error and extra["predicted_gib"] > 100
@@ -35,9 +35,9 @@ def test_a_probe_that_cannot_fit_even_one_sequence_is_not_launched():
 def test_a_probe_that_fits_at_one_sequence_is_launched_and_a_fixed_size_is_judged_as_set():
     base = _base()
     fits = {"precision": "bf16", "micro_batch_size": "max", "activation_checkpointing": "full"}
-    assert _refusal(trial_spec(fits, base), fits, base, None) is None
+    assert _refusal(trial_spec(fits, base), base) is None
     big = dict(fits, micro_batch_size=128)  # as set: far over the GPU
-    error, extra = _refusal(trial_spec(big, base), big, base, None)
+    error, extra = _refusal(trial_spec(big, base), base)
     assert "micro-batch 1" not in error and extra["predicted_gib"] > 80
 
 

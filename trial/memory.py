@@ -293,6 +293,11 @@ def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10
             + " GiB)")
 
 
+def gpu_capacity(hw: dict) -> float | None:
+    """The trials' GPU memory in bytes (hw["gpu_memory_gib"]), None on the CPU or where the hardware does not say."""
+    return hw["gpu_memory_gib"] * GiB if hw["device"] == "cuda" and hw.get("gpu_memory_gib") else None
+
+
 def host_capacity(hw: dict) -> float:
     """The trials' host memory in bytes, as a search's driver hands it to them: hw["host_memory_gib"] (a cluster's
     nodes' smallest) where the hardware names it, else this machine's."""

@@ -210,7 +210,7 @@ def one_step(spec, device) -> dict:
     with torch.compiler.set_stance("force_eager"):  # compile left out (see above): no graph for the gate's shape
         ref_loss, ref, _, layers = _loss_and_grads(spec, Plan.from_dict(q["reference_plan"]), batch, device,
                                                    reference_dtype=False, changed=changed, host_grads=True)
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.empty_cache()
             size = sum(g.numel() * g.element_size() for g in ref.values())
             if torch.cuda.mem_get_info(device)[0] < 2.5 * size:  # the candidate's weights and gradients need ~2x
