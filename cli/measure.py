@@ -204,9 +204,12 @@ def cmd_estimate(a) -> int:
     comp = memory.components(spec)
     total = memory.predict(spec, cal)
     host = memory.host_peak(spec)
+    # the GPU: the prediction at the micro-batch shown against all of its memory, estimate's own question (a search
+    # launches a trial up to memory.MARGIN over it and takes a start point within FIT_SHARE: memory.refusal's shares)
     fits = None if capacity is None else total <= capacity
-    # the host by the rule a search prunes its trials by (and lookup's predictions obey)
-    host_why = None if host_capacity is None else memory.host_refusal(spec, host_capacity, memory.MARGIN)
+    # the host by the rule a search prunes its trials by (memory.refusal; lookup's predictions obey it): a
+    # micro_batch_size=max probe at micro-batch 1, the least it tries (its candidates each within the rule too)
+    host_why = None if host_capacity is None else (memory.refusal(spec, None, host_capacity) or (None,))[0]
     if host_why:
         fits = False
     if a.json:  # the same exit status as the text: 1 when it does not fit
@@ -234,8 +237,9 @@ def cmd_estimate(a) -> int:
         verdict = "fits" if total <= capacity else "does NOT fit"
         print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
     if host_capacity:
+        least = " at micro-batch 1, the least the probe tries" if spec.plan.micro_batch_probe else ""
         print(f"  host: does NOT fit: {host_why}" if host_why else
-              f"  host: fits in {host_capacity / memory.GiB:.0f} GiB less {memory.MARGIN:.0%} (a search's rule)")
+              f"  host: fits in {host_capacity / memory.GiB:.0f} GiB less {memory.MARGIN:.0%}{least} (a search's rule)")
     return 1 if fits is False else 0
 
 

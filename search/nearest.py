@@ -13,12 +13,11 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     """Where a search measured nothing: the configuration the memory model puts closest to fitting, among the start
     point's candidates (the defaults at the smallest micro-batch, and with each memory saver of the space, as
     search/start.fits tries them) and the draws pruned or out of memory, and what would make it fit: the host
-    memory a configuration that fits the GPU needs (trial/memory.host_refusal's rule), the fewest GPUs (the memory
-    model at more ranks: FSDP/ZeRO shard over them) and a knob's value on this many, each predicted by
-    trial/memory.predict with the search's calibration. A configuration fits where it is predicted within FIT_SHARE
-    of the GPU's memory (the line of a start point) and within the host's memory less MEMORY_MARGIN (what the
-    search prunes by). None where the closest is predicted to fit (the trials failed otherwise: their reasons say
-    why)."""
+    memory a configuration that fits the GPU needs, the fewest GPUs (the memory model at more ranks: FSDP/ZeRO
+    shard over them) and a knob's value on this many. A configuration fits where the search's rule passes it
+    (trial/memory.refusal, with the search's calibration) at a start point's line: within FIT_SHARE of the GPU's
+    memory and the host's memory less MARGIN. None where one of them fits (the trials failed otherwise: their
+    reasons say why)."""
     import json
     import math
 
@@ -27,9 +26,10 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     from trainscout.trial.memory import FIT_SHARE, MARGIN
 
     from .start import space_defaults, spec_at
-    gpu = hw["device"] == "cuda" and bool(hw.get("gpu_memory_gib"))
+    capacity = memory.gpu_capacity(hw)  # None: the CPU (or a GPU of unknown memory), the host's rule alone
+    gpu = capacity is not None
     unit = "GPU" if gpu else "worker"
-    gpu_line = FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB if gpu else None
+    gpu_line = FIT_SHARE * capacity if gpu else None
     host_line = host * (1 - MARGIN)
     workers = args.gpus_per_trial
     mb = micro_batch().name
@@ -39,18 +39,23 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     defaults = {k.name: k.default for k in all_knobs()}
 
     def evaluate(settings: dict, ranks: int) -> dict | None:
-        """The memory model's verdict on settings at ranks (None: the rules refuse it)."""
+        """The memory model's verdict on settings at ranks (None: the knobs' rules refuse it): whether the
+        search's rule passes it (fits; fits_gpu: its GPU line alone) and how far over its lines it is (over: the
+        larger share, what ranks the candidates)."""
         box = dict(hw, gpu_count=max(ranks, hw.get("gpu_count") or 1)) if gpu else hw
         try:
             spec = prepare(args.model, settings, workers=ranks, hw=box, gate=False, **args.recipe)
         except ConfigError:
             return None
-        g = memory.predict(spec, calibration) if gpu else None
-        # a trial of more ranks than one host holds spans hosts: each holds its share of the ranks' host memory
-        h = memory.host_need(memory.host_peak(spec)) * (min(ranks, NODE_GPUS) / ranks if gpu else 1.0)
+        # a question the search's trials are not asked: on more GPUs than one host holds, the trial proposed spans
+        # hosts, each holding its share of the ranks' host memory (per_host); a search's trial is judged whole
+        # against its one host's memory (the driver's capacity)
+        got = memory.judge(spec, capacity, host, calibration, FIT_SHARE, per_host=NODE_GPUS if gpu else None)
+        g, h = got["gpu_b"], got["host_b"]
         over = max(g / gpu_line if gpu else 0.0, h / host_line)
         return {"config": spec.config, "ranks": ranks, "gpu_gib": None if g is None else round(g / memory.GiB, 2),
-                "host_gib": round(h / memory.GiB, 2), "over": round(over, 3), "spec": spec, "host_b": h}
+                "host_gib": round(h / memory.GiB, 2), "over": round(over, 3), "spec": spec, "host_b": h,
+                "fits": got["gpu"] is None and got["host"] is None, "fits_gpu": got["gpu"] is None}
 
     # the candidates: the start point's (as start.fits tries them), then the draws pruned or out of memory
     candidates, seen = [], set()
@@ -80,12 +85,12 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     if not candidates:
         return None
     # the least over its line; of equals (a CPU rank's process outweighs a tiny model), the fewest knobs changed
-    closest = min(candidates, key=lambda c: (c["over"], len(_differs(c["config"], defaults, mb))))
-    if closest["over"] <= 1.0:
+    if any(c["fits"] for c in candidates):
         return None
+    closest = min(candidates, key=lambda c: (c["over"], len(_differs(c["config"], defaults, mb))))
 
     def fits(c: dict | None) -> bool:
-        return c is not None and c["over"] <= 1.0
+        return c is not None and c["fits"]
 
     def variants(base: dict, ranks: int, first: dict | None = None) -> list[dict]:
         """base itself, every knob's other values one at a time, then base with each memory saver (cheapest first),
@@ -126,8 +131,7 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     base = dict(closest["config"])
     ways = []
     # more host memory: the candidate that fits the GPU with the least host memory, where the host refused it
-    on_gpu = [c for c in candidates if c["gpu_gib"] is not None and c["gpu_gib"] * memory.GiB <= gpu_line] if gpu \
-        else candidates
+    on_gpu = [c for c in candidates if c["fits_gpu"]] if gpu else candidates
     if on_gpu:  # the CPU: the closest itself (its memory is the host's)
         c = min(on_gpu, key=lambda c: (c["host_gib"], len(_differs(c["config"], defaults, mb)))) if gpu else closest
         ways.append(dict(how="host", config=_differs(c["config"], defaults, mb), gpu_gib=c["gpu_gib"],

@@ -281,16 +281,25 @@ def host_need(comp: dict[str, float]) -> float:
     return comp["processes"] + max((v for k, v in comp.items() if k != "processes"), default=0.0)
 
 
-def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10) -> str | None:
+def host_refusal(spec: TrialSpec | Record, capacity: float, margin: float = 0.10,
+                 per_host: int | None = None) -> str | None:
     """Why a trial would not fit the host's memory (None: it fits): the predicted peak against the capacity less a
-    margin for the OS and the driver."""
-    comp = host_peak(spec)
-    need = host_need(comp)
+    margin for the OS and the driver. per_host: the most ranks one host holds where the trial spans hosts (its
+    busiest host's share of the need); None: all of its ranks on one host, as a search's trials are judged."""
+    return _host(spec, capacity, margin, per_host)[1]
+
+
+def _host(spec: TrialSpec | Record, capacity: float, margin: float, per_host: int | None) -> tuple[float, str | None]:
+    """(the host bytes judged, host_refusal's why)."""
+    comp, world = host_peak(spec), spec.world_size
+    on = min(world, per_host) if per_host else world
+    need = host_need(comp) if on == world else host_need(comp) * (on / world)
     if need <= capacity * (1 - margin):
-        return None
-    return (f"predicted {need / GiB:.1f} GiB of host memory for the trial's {spec.world_size} rank(s) > "
-            f"{capacity / GiB:.0f} GiB less {margin:.0%} (" + ", ".join(f"{k} {v / GiB:.1f}" for k, v in comp.items())
-            + " GiB)")
+        return need, None
+    ranks = f"the trial's {world} rank(s)" if on == world else f"{on} of the trial's {world} ranks on each host"
+    return need, (f"predicted {need / GiB:.1f} GiB of host memory for {ranks} > {capacity / GiB:.0f} GiB less "
+                  f"{margin:.0%} (" + ", ".join(f"{k} {v / GiB:.1f}" for k, v in comp.items()) + " GiB"
+                  + ("" if on == world else " for the whole trial") + ")")
 
 
 def gpu_capacity(hw: dict) -> float | None:
@@ -308,38 +317,51 @@ def host_capacity(hw: dict) -> float:
 
 
 def refusal(spec: TrialSpec, gpu: float | None, host: float | None = None, calibration: dict | None = None,
-            share: float = 1 + MARGIN) -> tuple[str, dict] | None:
+            share: float = 1 + MARGIN, per_host: int | None = None) -> tuple[str, dict] | None:
     """Why a configuration is not to be launched (None: it fits), the one rule of a search's trials
-    (search/trainable), its ranker (search/searcher.make_ranker) and its start points (search/start): (why, what
-    the record keeps: predicted_gib, the GPU's prediction, where gpu is given).
+    (search/trainable), its ranker (search/searcher.make_ranker), its start points (search/start), the probe's
+    candidates (trial/probe.candidates), what nothing-fits proposes (search/nearest) and estimate's host verdict
+    (cli/measure): (why, what the record keeps: predicted_gib, the GPU's prediction, where gpu is given).
 
     gpu: the GPU's memory in bytes (None: the CPU, the host's rule alone), over which the prediction (calibrated
     with `calibration`) may go by `share`; host: the host's bytes (None: not judged), host_refusal's rule (the
-    capacity less MARGIN, for the OS and the driver). Both rules apply wherever one does, and why names every one
-    that refuses. A micro_batch_size=max probe is judged at micro-batch 1, the least it would try: the line
-    trial/probe.candidates draws its candidates by, so where even that does not fit every candidate would fail (a
-    7B in bf16-mixed on an H100 probed 8 micro-batches in 90 s of GPU time for nothing).
+    capacity less MARGIN, for the OS and the driver; per_host: its busiest host's share where the trial spans
+    hosts). Both rules apply wherever one does, and why names every one that refuses. A micro_batch_size=max probe
+    is judged at micro-batch 1, the least it would try (its candidates are then judged each at its own size, by
+    this rule: trial/probe.candidates), so where even that does not fit every candidate would fail (a 7B in
+    bf16-mixed on an H100 probed 8 micro-batches in 90 s of GPU time for nothing).
 
     share differs by what a wrong answer costs. A trial (and the ranker, which proposes only what a trial would
     run) is refused only where the model rules it out: predicted more than MARGIN over the GPU (its worst error on
     the stored H200 rows is -14 %); one refused is never measured, one let run at the edge costs one out-of-memory
     error. A start point (FIT_SHARE, 85 %) is what the search measures first and builds on: it must fit, so it is
     held to a stricter line."""
+    got = judge(spec, gpu, host, calibration, share, per_host)
+    reasons = [why for why in (got["gpu"], got["host"]) if why]
+    extra = {} if got["gpu_b"] is None else {"predicted_gib": round(got["gpu_b"] / GiB, 2)}
+    return ("; ".join(reasons), extra) if reasons else None
+
+
+def judge(spec: TrialSpec, gpu: float | None, host: float | None = None, calibration: dict | None = None,
+          share: float = 1 + MARGIN, per_host: int | None = None) -> dict:
+    """refusal()'s rule in its parts, for a caller that also shows the numbers it decides on (search/nearest.py):
+    gpu_b, the predicted peak bytes per rank (None without gpu); host_b, the host bytes judged (None without host);
+    gpu and host, why each refuses (None: within its line)."""
     from trainscout.spaces import micro_batch
     least = ""
     if spec.plan.micro_batch_probe:
         spec = spec.replace(plan=spec.plan.replace(micro_batch_size=1))
         least = f" at micro-batch 1 ({micro_batch().name}=max tries nothing smaller)"
-    reasons, extra = [], {}
+    out = {"gpu_b": None, "host_b": None, "gpu": None, "host": None}
     if gpu:
-        predicted = predict(spec, calibration)
-        extra["predicted_gib"] = round(predicted / GiB, 2)
+        out["gpu_b"] = predicted = predict(spec, calibration)
         if predicted > share * gpu:
             line = f"{gpu / GiB:.0f} GiB + {share - 1:.0%}" if share > 1 else f"{share:.0%} of {gpu / GiB:.0f} GiB"
-            reasons.append(f"predicted {predicted / GiB:.1f} GiB per rank{least} > {line}")
-    if host and (why := host_refusal(spec, host, MARGIN)):
-        reasons.append(why + least)
-    return ("; ".join(reasons), extra) if reasons else None
+            out["gpu"] = f"predicted {predicted / GiB:.1f} GiB per rank{least} > {line}"
+    if host:
+        out["host_b"], why = _host(spec, host, MARGIN, per_host)
+        out["host"] = why + least if why else None
+    return out
 
 
 def parse_size(text: str) -> float:

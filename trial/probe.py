@@ -3,10 +3,10 @@ probe in the trial's own process and the measurement one candidate below (worker
 record (runner.execute).
 
 Candidates are the divisors of the per-rank batch, largest first, from the largest the memory model cannot rule
-out (predicted at most memory.MARGIN over the GPU's memory, the rule by which a search does not launch a fixed
-micro-batch); each runs what warm-up runs and is kept below PROBE_HEADROOM of the GPU's memory; an out-of-memory
-error frees the candidate (release: its engine closed, the failed frames cleared, torch.compile's graphs forgotten,
-a collection, the device's cache emptied) and steps down. The candidate that fits has run its warm-up
+out (memory.refusal, the rule by which a search does not launch a fixed micro-batch: the GPU's memory + MARGIN and
+the host's less MARGIN); each runs what warm-up runs and is kept below PROBE_HEADROOM of the GPU's memory; an
+out-of-memory error frees the candidate (release: its engine closed, the failed frames cleared, torch.compile's
+graphs forgotten, a collection, the device's cache emptied) and steps down. The candidate that fits has run its warm-up
 in the probe. The largest that fits is timed; where its timed steps made the CUDA allocator retry (memory pressure)
 the one below is timed too, with graphs compiled for its own shape (what a run at that micro-batch compiles), and
 the faster is the record (`probe`, `probe_compared`, `alloc_retries`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only)
@@ -33,23 +33,24 @@ PROBE_HEADROOM = 0.90
 
 # --- the runner: candidates, and the record ---------------------------------------------------------------------
 def candidates(spec: TrialSpec, plan, measured) -> list[dict]:
-    """The divisors of the per-rank batch, largest first, from the largest the memory model cannot rule out:
-    predicted at most memory.MARGIN over the GPU's memory (the memory model's worst error on the stored H200 rows
-    is -14 %, so a candidate it puts under that line is tried; one it puts further over is the trial the search
-    would not launch at a fixed micro-batch). Each candidate tried above the fit costs a build, a compile and an
-    out-of-memory error. measured(A): micro-batches timed per step."""
+    """The divisors of the per-rank batch, largest first, from the largest the memory model cannot rule out: the
+    search's rule for the same configuration at that micro-batch as a fixed one (memory.refusal: predicted at most
+    memory.MARGIN over the GPU's memory, whose worst error on the stored H200 rows is -14 %, and within the host's
+    memory less memory.MARGIN, memory.host_capacity of the trial's hardware); where none passes, all of them (a trial
+    the search would not launch, run as asked). Each candidate tried above the fit costs a build, a compile and an
+    out-of-memory error; one over the host's memory (activation offload's saved tensors grow with the micro-batch)
+    costs the trial's process. The rule is uncalibrated here: a search's calibration reaches the trial's own refusal
+    (search/trainable), not its runner. What a candidate then measures against PROBE_HEADROOM (largest_fit) is
+    another question: its real peak, not the model's prediction. measured(A): micro-batches timed per step."""
     from . import memory
     per_rank = plan.micro_batch_size * plan.grad_accum
     cands = [{"mbs": d, "grad_accum": per_rank // d, "measured_accum": measured(per_rank // d)}
              for d in sorted((d for d in range(1, plan.micro_batch_size + 1) if per_rank % d == 0), reverse=True)]
-    cap = spec.hardware.get("gpu_memory_gib")
-    if spec.device == "cuda" and cap:
-        line = cap * memory.GiB * (1 + memory.MARGIN)
-        fits = [i for i, c in enumerate(cands)
-                if memory.predict(spec.replace(plan=spec.plan.replace(micro_batch_size=c["mbs"]))) <= line]
-        if fits:
-            cands = cands[fits[0]:]
-    return cands
+    gpu, host = memory.gpu_capacity(spec.hardware), memory.host_capacity(spec.hardware)
+    fixed = spec.plan.replace(micro_batch_probe=False)  # each candidate judged at its own size, not at 1
+    fits = [i for i, c in enumerate(cands)
+            if memory.refusal(spec.replace(plan=fixed.replace(micro_batch_size=c["mbs"])), gpu, host) is None]
+    return cands[fits[0]:] if fits else cands
 
 
 def settle(spec: TrialSpec, n_params: int, ranks: list[RankResult], derive) -> tuple[TrialSpec, dict, list]:
