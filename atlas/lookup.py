@@ -340,11 +340,8 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
 def _failed_settings(m: dict, config: dict) -> dict | None:
     """The settings whose numerics change failed this measurement's quality gate ({knob: value}), None where it
     did not fail."""
-    from trainscout.trial.quality import FAILED
-    q = m.get("quality") or {}
-    if q.get("gate") != FAILED or not q.get("changes"):
-        return None
-    return {k: config.get(k) for k in q["changes"]}
+    from trainscout.trial.quality import failed_settings
+    return failed_settings(m.get("quality"), config)
 
 
 def _default_kind(atlas, notes: list) -> str:

@@ -191,9 +191,10 @@ def _failed_gate(spec, known: dict | None) -> str | None:
     earlier trial (known: _known_gate's verdict); a failed configuration is never the best (analysis/ties.choose).
     None: run it."""
     from trainscout.trial import quality
-    if not known or known.get("gate") != quality.FAILED:
+    failed = quality.failed_settings(known, spec.config)  # the verdict's changes: the gate key's, so this spec's
+    if failed is None:
         return None
-    changed = " ".join(f"{k}={spec.config[k]}" for k in spec.quality["changes"])
+    changed = " ".join(f"{k}={v}" for k, v in failed.items())
     return (f"not measured: {changed} failed the quality gate in an earlier trial ({known.get('why') or 'failed'}); "
             f"a configuration that trains another model is never the best")
 

@@ -80,6 +80,15 @@ def differences(cfg: dict, ref: dict) -> dict:
     return {k: v for k, v in ref.items() if cfg.get(k) != v}
 
 
+def failed_settings(verdict: dict | None, config: dict) -> dict | None:
+    """The settings ({knob: value}, read from config) whose numerics changes failed a quality verdict: one_step's
+    (gate FAILED, with the `changes` it judged); None where it did not fail or names no change."""
+    v = verdict or {}
+    if v.get("gate") != FAILED or not v.get("changes"):
+        return None
+    return {k: config.get(k) for k in v["changes"]}
+
+
 def gate_key(spec) -> str:
     """What a gate's verdict depends on: the model, the sequence length, the changed settings and the reference's,
     the GPU kind and the library versions (one verdict serves every trial of a search that changes the same)."""
