@@ -76,3 +76,29 @@ def test_fp8_tensorwise_linears_run_at_the_fp8_peak_less_their_casts_and_rowwise
     _, rowwise = step(fp8="rowwise")
     assert steptime.linear_rate(spec) == (2.0, 7.0)
     assert bf16 / 2 < tensorwise < bf16 and rowwise > tensorwise
+
+
+def test_an_lm_head_at_a_vocabulary_not_a_multiple_of_8_costs_what_the_h100_measured():
+    """Granite's 49,155-token head ran its GEMMs 3.45x slower than 49,152's on an H100
+    (bench/data/gpu-2026-12-06-s25/gaps_h100.log): the roofline counts the head's FLOPs at that fraction of the peak,
+    a multiple of 8 at the full peak. Mock: the H100 is its fingerprint."""
+    import json
+    import os
+    import tempfile
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(here, "bench", "models", "granite-1.6b.json"), encoding="utf-8") as f:
+        base = json.load(f)
+
+    def step(vocab):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(dict(base, vocab_size=vocab), f)
+        spec = prepare(f.name, {"micro_batch_size": 4, "precision": "bf16-mixed"}, workers=1, global_batch=4, hw=H100)
+        os.unlink(f.name)
+        return spec, steptime.step_s(spec)
+    spec, aligned = step(49152)
+    _, odd = step(49155)
+    _, eight = step(49160)
+    head = 4 * spec.recipe["seq_len"] * 6 * 2048 * 49152 / (989e12)  # the aligned head's seconds at the peak
+    assert odd - aligned == pytest.approx(head * 2.45, rel=0.01)
+    assert eight == pytest.approx(aligned, rel=1e-3)
+    assert steptime.head_alignment(49156, 2048) == 1.86 and steptime.head_alignment(50257, 4096) == 4.13

@@ -3,7 +3,8 @@ that a search uses to rank candidates against each other (search/ranked.py), nev
 
 Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's grad_accum):
 - compute: the FLOPs of its tokens with one forward again for each checkpointed layer (flops.Count's
-  hardware_per_token: MFU's count, a mixture of experts' active parameters), at the GPU's dense bf16 peak
+  hardware_per_token: MFU's count, a mixture of experts' active parameters), at the GPU's dense bf16 peak (the LM
+  head's at a measured fraction of it where the vocabulary is not a multiple of 8: HEAD_UNALIGNED)
   (metrics.GPU_BF16_TFLOPS); a dense model's decoder linears at `linear_rate` times it where a knob set in the plan
   declares one (fp8: an FP8 GPU's dense FP8 peak is twice its bf16 one; the head and attention's products stay); fp32 at half of it with tf32 and 1/16 without (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
 - memory traffic: the bytes the memory model holds for it (memory.components: activations and logits, which the
@@ -86,6 +87,25 @@ HOST_OPTIMIZER_PARAMS_PER_S = {"deepspeed_cpu_adam": HOST_MEMORY_BPS / CPU_ADAM_
                                "torch_adamw": TORCH_CPU_ADAMW_PARAMS_PER_S}
 
 
+# The LM head's GEMMs at a vocabulary that is not a multiple of 8: cuBLAS cannot use its aligned tensor-core tiles for
+# the logits' rows. Time of the head's forward and backward (its three GEMMs and the fp32 cross-entropy) per FLOP,
+# against an aligned vocabulary's, bf16, 16,384 tokens, one NVIDIA H100 SXM (python bench/atlas_gaps_gpu.py --parts A,
+# bench/data/gpu-2026-12-06-s25/gaps_h100.log): hidden 2048: 49,155 3.45x and 49,156 1.86x the time of 49,152
+# (49,160 and 49,216: 1.0x); hidden 4096: 50,257 4.15x against 50,304, 32,001 4.11x against 32,000. By the
+# vocabulary's largest power-of-two divisor up to 8 (2, unmeasured, is counted as odd), per hidden width (the nearest
+# measured one); other GPUs are counted as the H100, unmeasured.
+HEAD_UNALIGNED: dict[int, dict[int, float]] = {2048: {4: 1.86, 2: 3.45, 1: 3.45}, 4096: {4: 1.86, 2: 4.13, 1: 4.13}}
+
+
+def head_alignment(vocab: int | None, hidden: int | None) -> float:
+    """How many times an aligned vocabulary's time the LM head's GEMMs take at this one (HEAD_UNALIGNED; 1.0 for a
+    multiple of 8 or an unknown size)."""
+    if not vocab or not hidden or vocab % 8 == 0:
+        return 1.0
+    width = min(HEAD_UNALIGNED, key=lambda h: abs(h - hidden))
+    return HEAD_UNALIGNED[width][4 if vocab % 4 == 0 else 2 if vocab % 2 == 0 else 1]
+
+
 def _lookup(table: list[tuple[str, float]], name: str | None, default: float) -> float:
     for key, value in table:
         if name and key.lower() in name.lower():
@@ -112,6 +132,7 @@ def step_s(spec: TrialSpec) -> float:
     fpt = count.hardware_per_token(recipe["seq_len"], plan.checkpoint_every, selective=flops.selective(plan))
     head = 6.0 * count.outside
     body = (fpt - head) * layers / z.layers
+    head *= head_alignment(spec.model_config.get("vocab_size"), spec.model_config.get("hidden_size"))
     rate, cast = linear_rate(spec)
     if rate != 1.0 and not z.experts:  # the decoder linears' share of the layers' products (not attention's)
         lw, aw = sum(count.layer_weights), sum(count.attention_width)
