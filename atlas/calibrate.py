@@ -25,6 +25,8 @@ def knob_effects(pool: list[Sample]) -> dict[tuple, list[tuple]]:
     from trainscout.trial.metrics import median
     groups: dict[tuple, list[Sample]] = defaultdict(list)
     for s in pool:
+        if s.host_bound:  # its time is the host's: no knob's effect on the GPU's
+            continue
         groups[(s.gpu, s.shape, s.world, s.micro)].append(s)
     logs: dict[tuple, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rows in groups.values():
@@ -68,6 +70,8 @@ def calibrate(fam: tuple, n_params: float, arch: str, pool: list[Sample], knobs:
     NEAREST_MODELS nearest shapes, their median ratio, each carried to the configuration by the effects of the knobs
     it differs in (corrected). (ratio, the rows used, the level); None for an empty pool."""
     from trainscout.trial.metrics import median
+    gpu_bound = [s for s in pool if not s.host_bound]
+    pool = gpu_bound or pool  # a host-bound row's ratio is the host's, not the GPU's: only where nothing else is
     for level in range(len(LEVELS)):
         same = [s for s in pool if s.fam[level] == fam[level]]
         if not same:

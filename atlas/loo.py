@@ -23,7 +23,7 @@ def leave_one_out(pool: list[Sample], hold: str) -> list[dict]:
         if got is None:
             continue
         ratio, used, level = got
-        tps = s.tokens_per_step / (s.roofline_s * ratio)
+        tps = s.tokens_per_step / s.predicted_s(ratio)
         mem = fitted = None
         if s.peak:
             cal = memory_calibration(s.fam, s.n_params, s.arch, rest)

@@ -116,7 +116,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         same_count = [s for s in on_kind if s.world == r["gpus"]]
         ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind,
                                        settings(r["config"], Plan.from_dict(r["plan"])), effects)
-        step = r.pop("_roofline_s") * ratio
+        step = max(r.pop("_roofline_s") * ratio, r.pop("_host_s"))  # never under the host's floor (Sample.predicted_s)
         tps = r["tokens_per_step"] / step
         fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (trial/mfu.py)
         r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),
@@ -178,7 +178,8 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                 continue  # sharding over one rank: offload is one GPU's saver
             if any(all(spec.config.get(k) == v for k, v in f.items()) for f in avoid):
                 continue  # its numerics change failed the quality gate on this model (_clear could not undo it)
-            fitting.append((dtypes.lowers_state(spec.plan), steptime.step_s(spec), rank, extra, spec, mem))
+            fitting.append((dtypes.lowers_state(spec.plan), max(steptime.step_s(spec), steptime.host_s(spec)), rank,
+                            extra, spec, mem))
             if not extra:
                 break  # the configuration as measured fits: no saver
         if not fitting:
@@ -199,7 +200,7 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                     "savers_fitting": len(fitting) - (0 if extra else 1),
                     "shards_nothing": bool(memory.shards_nothing(spec)),
                     "_fam": families(spec.config, spec.plan, gpus, kind_of_arch),
-                    "_roofline_s": step})
+                    "_roofline_s": steptime.step_s(spec), "_host_s": steptime.host_s(spec)})
     return out
 
 
@@ -229,7 +230,7 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
     from trainscout.spaces import all_knobs
     knobs = {k.name: k for k in all_knobs()}
     mb = next(k.name for k in knobs.values() if k.micro_batch)
-    smallest, reset = None, set()
+    smallest, reset, host_why = None, set(), None
     for mbs in [d for d in range(min(per_rank, 256), 0, -1) if per_rank % d == 0]:
         while True:
             try:
@@ -248,14 +249,17 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
                 return None, None, str(e), True
         if spec is None:
             continue
-        over_host = memory.host_refusal(spec, host, memory.MARGIN)  # the same at every micro-batch
-        if over_host:
-            return None, None, over_host, False
+        over_host = memory.host_refusal(spec, host, memory.MARGIN)  # grows with the micro-batch where a knob
+        if over_host:  # keeps activations on the host (activation offload): a smaller one may fit
+            host_why = over_host
+            continue
         got = calibration(families(spec.config, spec.plan, gpus, kind_of_arch))
         mem = memory.predict_terms(*memory.terms(spec), got[0] if got else None)
         if mem <= cap and memory.predict(spec) <= cap:
             return spec, mem, None, False
         smallest = (mbs, max(mem, memory.predict(spec)))
+    if smallest is None and host_why:
+        return None, None, host_why, False
     if smallest is None:
         return None, None, "no micro-batch divides the batch", True
     return None, None, f"predicted {smallest[1] / GiB:.1f} GiB at micro-batch {smallest[0]} > {cap / GiB:.1f} GiB", False

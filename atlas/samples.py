@@ -34,6 +34,7 @@ class Sample:
     acts: float
     peak: float | None  # measured peak bytes (the fullest rank), None where not recorded
     mfu: float | None   # recomputed (trainscout.trial.mfu), from the row's derived values
+    host_s: float = 0.0  # steptime.host_s: the host work a step cannot be shorter than (ZeRO-3's hooks)
 
     @functools.cached_property
     def knobs(self) -> dict:
@@ -50,6 +51,16 @@ class Sample:
     @property
     def ratio(self) -> float:
         return self.step_s / self.roofline_s
+
+    @property
+    def host_bound(self) -> bool:
+        """Its measured step is mostly the host's floor (HOST_BOUND of it or more): its ratio tells nothing of the
+        GPU's speed, so it calibrates no other row (calibrate.py)."""
+        return self.host_s >= HOST_BOUND * self.step_s
+
+    def predicted_s(self, ratio: float) -> float:
+        """Its step at a calibrated ratio: the roofline's GPU time times it, never under the host's floor."""
+        return max(self.roofline_s * ratio, self.host_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -75,6 +86,8 @@ def row_id(row: dict) -> str:
     return f"{row['key']}:{row['record'].get('trial_id')}"
 
 
+HOST_BOUND = 0.8  # of a measured step that the host's floor (steptime.host_s) takes, for Sample.host_bound
+
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size", "tie_word_embeddings", "rotary_pct", "use_parallel_residual",
               "head_dim", "num_local_experts", "num_experts", "num_experts_per_tok")
@@ -94,7 +107,7 @@ def features(record) -> dict:
     from trainscout.trial.models import sizes
     spec = memory._with_config(record)
     states, acts = memory.terms(spec)
-    return {"roofline_s": steptime.step_s(spec), "states": states, "acts": acts,
+    return {"roofline_s": steptime.step_s(spec), "host_s": steptime.host_s(spec), "states": states, "acts": acts,
             "n_params": memory._counts(spec.model_config)["N"], "layers": sizes(spec.model_config).layers,
             "arch": spec.model_config.get("model_type"), "family": arch_family(spec.model_config)}
 
@@ -118,5 +131,5 @@ def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
             roofline_s=f["roofline_s"], step_s=m["step_s"],
             tokens_per_step=rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
             states=f["states"], acts=f["acts"], peak=max(peaks) * 2**20 if peaks else None,
-            mfu=row_mfu(row)))
+            mfu=row_mfu(row), host_s=f.get("host_s", 0.0)))
     return out

@@ -61,7 +61,10 @@ def test_every_shipped_row_has_its_schema_provenance_and_hash():
     # MFU recomputed from the model (atlas/mfu.py): the ZeRO-3 record's own figure counted partitioned parameters
     zero3 = [r for r in rows if r["record"]["config"].get("zero_stage") == 3 and r["record"]["world_size"] == 1
              and r["record"]["status"] == "ok"]
-    assert zero3 and all(r["derived"]["mfu"] > 4 * r["derived"]["mfu_recorded"] for r in zero3)
+    early = [r for r in zero3 if r["provenance"]["date"] < "2026-12-06"]
+    assert early and all(r["derived"]["mfu"] > 4 * r["derived"]["mfu_recorded"] for r in early)
+    # the trial counts the whole model since: session 25's ZeRO-3 records carry the recomputed figure
+    assert all(abs(r["derived"]["mfu"] / r["derived"]["mfu_recorded"] - 1) < 1e-6 for r in zero3 if r not in early)
 
 
 def test_a_bare_record_migrates_to_the_current_schema_and_a_newer_one_is_refused():
@@ -178,8 +181,8 @@ def test_leave_one_out_holds_out_the_model_and_is_what_the_docs_print():
 
 
 def test_a_knobs_effect_measured_on_other_models_carries_to_a_model_never_measured():
-    """Issue 47: held out, the H100's eager Pythia-1B rows at micro-batch 4 are calibrated on compiled 1.6B rows of
-    other models (level 5); each such row's ratio is carried back by what compile, the loss kernel, FP8, ... did
+    """Issue 47: held out, the H100's eager Pythia-1B rows at micro-batch 4 are calibrated on other models' rows
+    (compiled 1.6B rows at level 5 until session 25 measured Pythia-160M eager on the H100); each such row's ratio is carried back by what compile, the loss kernel, FP8, ... did
     alone on the other models' rows (knob_effects, any GPU kind, the same GPU count), no longer +22..+80 % off. The
     effects are fit without the held-out model: none of its pairs is among them."""
     from trainscout.atlas.calibrate import knob_effects
@@ -189,8 +192,8 @@ def test_a_knobs_effect_measured_on_other_models_carries_to_a_model_never_measur
     effects = knob_effects(others)
     assert effects and all(n != held.n_params for measured in effects.values() for _, n, _, _ in measured)
     got = {r["id"]: r for r in predict.leave_one_out(pool, "model")}
-    eager = [got[s.id] for s in pool if s.model == "pythia-1b" and s.gpu == "H100"]
-    assert len(eager) == 8 and all(r["level"] == 5 for r in eager)
+    eager = [got[s.id] for s in pool if s.model == "pythia-1b" and s.gpu == "H100" and s.micro == 4]
+    assert len(eager) == 8
     assert all(abs(r["tps_err"]) <= 0.30 for r in eager), [round(r["tps_err"], 3) for r in eager]
     errors = sorted(abs(r["tps_err"]) for r in eager)
     assert errors[len(errors) // 2] <= 0.15

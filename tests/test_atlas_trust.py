@@ -242,3 +242,21 @@ def test_a_model_whose_measured_rows_all_failed_quality_gets_a_prediction_withou
     pred = got["predicted"]["rows"]
     assert pred and not any(r["config"]["precision"] == "bf16" and r["config"]["fp8"] == "tensorwise" for r in pred)
     assert any("fp8=tensorwise precision=bf16: its quality gate failed" in n for n in got["predicted"]["notes"])
+
+
+def test_a_saver_that_keeps_activations_on_the_host_is_tried_at_a_smaller_micro_batch_where_the_host_is_short():
+    """Activation offload's host memory grows with the micro-batch: on a 32 GiB host the largest micro-batch is
+    refused for host memory and a smaller one fits (the search's start point took 8; _largest_fit stopped at the
+    first, 256, 459 GiB). Mock: the H100 is its fingerprint."""
+    from trainscout.trial import memory
+    from trainscout.trial.models import resolve_model
+    hw = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "gpu_memory_gib": 79.2,
+          "capability": "9.0"}
+    host = 32 * 2**30
+    spec, mem, why, refused = predict._largest_fit(resolve_model("pythia-410m"), {"activation_offload": "on"}, 1, None, hw,
+                                                   frozenset(), lambda fam: None, 0.85 * 79.2 * 2**30, host)
+    assert spec is not None and why is None and not refused, why
+    assert memory.host_refusal(spec, host, memory.MARGIN) is None
+    assert 1 <= spec.plan.micro_batch_size < 256
+    bigger = spec.replace(plan=spec.plan.replace(micro_batch_size=spec.plan.micro_batch_size * 2))
+    assert memory.host_refusal(bigger, host, memory.MARGIN) is not None  # the largest that the host holds

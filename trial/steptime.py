@@ -12,6 +12,9 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
   a checkpointed layer's activations as if it kept them, once more for its recomputed forward;
 - launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer;
+- not in step_s but beside it, a host floor (host_s): where the engine's hooks run host work per module and
+  micro-batch (ZeRO-3's parameter fetches), a step is never shorter than that host work (the atlas compares it with
+  the calibrated GPU time);
 - offload (offload_s, per optimizer step, not overlapped with the GPU's work): what an engine keeps in host memory
   (Engine.offloaded) moves over the GPU's PCIe link at pcie_bps, and the CPU's optimizer steps its parameters at
   its engine's host optimizer's rate (HOST_OPTIMIZER_PARAMS_PER_S), which all the box's ranks share; what the knobs' hooks keep on the host
@@ -163,6 +166,26 @@ def step_s(spec: TrialSpec) -> float:
     micro, idle = engine.schedule(plan)
     return plan.grad_accum * (micro + idle) * (compute + traffic + launches) + optimizer_s(spec, held, tbps) + \
         offload_s(spec)
+
+
+def host_s(spec: TrialSpec) -> float:
+    """Seconds per optimizer step of host work the engine's hooks add (Engine.hook_s per module holding parameters,
+    per micro-batch: ZeRO-3's fetch and release), which the GPU's queued work hides until the GPU runs out of it: a
+    floor under the step, not a term of step_s (whose GPU time the atlas calibrates to measured time before it
+    compares: atlas/predict's step = max(step_s x ratio, host_s)). 0.0 where the engine declares none (or on the CPU, where the host
+    does the compute too and the measured rows carry it)."""
+    from . import engines
+    per = engines.get(spec.plan.engine).hook_s(spec.plan)
+    if not per or spec.device != "cuda":
+        return 0.0
+    return spec.plan.grad_accum * per * _param_modules(json.dumps(spec.model_config, sort_keys=True, default=repr))
+
+
+@functools.lru_cache(maxsize=64)
+def _param_modules(key: str) -> int:
+    """Modules that hold parameters of their own (the model on the meta device): what ZeRO-3's hooks fetch."""
+    from .model_tree import _build
+    return sum(1 for m in _build(key, "eager", seq_len=1).modules() if any(True for _ in m.parameters(recurse=False)))
 
 
 def linear_rate(spec: TrialSpec) -> tuple[float, float]:

@@ -201,6 +201,13 @@ class Engine:
         return activations, logits
 
     @classmethod
+    def hook_s(cls, plan: Plan) -> float:
+        """Seconds of host work per module that holds parameters, per micro-batch (its forward and backward), that
+        the engine's own hooks add under the plan: trial/steptime.host_s, a floor under the step where the GPU's
+        share of a micro-batch is shorter. 0.0: none worth counting."""
+        return 0.0
+
+    @classmethod
     def schedule(cls, plan: Plan) -> tuple[int, float]:
         """(micro-batches one micro_step runs through the fullest rank, idle micro-batch slots it waits for the
         other ranks): what trial/steptime.py times a micro_step by (a pipeline's micro-batches and its bubble)."""

@@ -31,6 +31,14 @@ def deepspeed_config(plan, recipe: dict, grad_accum: int) -> dict:
     return cfg
 
 
+# Host seconds of ZeRO-3's parameter hooks per module holding parameters, per micro-batch: one H100 SXM box (16 host
+# cores) ran Pythia-160M (75 such modules) at micro-batch 8 in 0.18 s a micro-batch under stage 3, host-bound (0.068 s
+# under stage 0: the GPU waited), 0.18 / 75 = 2.4 ms; Pythia-1B (99 modules, 0.27 s of GPU work a micro-batch) ran 1.03x
+# stage 0's time: its hooks (0.24 s) hid behind the GPU's work (bench/atlas_gaps_gpu.py part C,
+# bench/data/gpu-2026-12-06-s25/gaps_h100.log). One host: another CPU runs them at its own speed.
+ZERO3_HOOK_S = 2.4e-3
+
+
 @register_engine
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO: the model's transforms first, then deepspeed.initialize, then (compile) engine.compile()."""
@@ -99,6 +107,12 @@ class DeepSpeedEngine(Engine):
                 "gradients": w * N / D if stage >= 2 else w * N,
                 "optimizer": 0 if "offload_optimizer" in zero else (4 * mixed + 8) * N / D,
                 "buffers": w * min(N, DS_BUCKET) + (w * min(N, 5e7) if stage == 3 else 0)}
+
+    @classmethod
+    def hook_s(cls, plan):
+        # stage 3 fetches each module's parameters before its forward and backward and releases them after, in
+        # DeepSpeed's Python hooks, on one GPU as on many
+        return ZERO3_HOOK_S if plan.engine_config.get("stage") == 3 else 0.0
 
     @classmethod
     def offloaded(cls, plan):
