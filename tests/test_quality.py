@@ -146,3 +146,29 @@ def test_a_lean_gate_step_gives_the_same_loss_and_gradients():
     steps = quality.step_changes(lean_grads, grads, layers)
     assert steps["why"] is None and abs(steps["layer_grad_gain"] - 1) < 1e-4, steps
     assert plan.precision == "bf16-mixed"  # the reference the gate would compare against (not run here)
+
+
+def test_a_failed_gates_settings_are_read_one_way_by_the_search_and_the_atlas(corrupt, tmp_path):
+    """One reading of a failed verdict's settings (trial.quality.failed_settings). A real gate step (tiny, CPU) that fails, stored and read back as a search does (search/trainable): the search's
+    reason for not measuring it and the atlas' settings to avoid (atlas/lookup) both come from
+    trial.quality.failed_settings; a passed verdict names none."""
+    from trainscout.atlas.lookup import _failed_settings
+    from trainscout.search.trainable import _failed_gate, _known_gate
+    from trainscout.store import open_store
+    spec = prepare("tiny", {corrupt: True}, device="cpu", steps=1, warmup=0)
+    verdict = quality.one_step(spec, torch.device("cpu"))
+    assert verdict["gate"] == quality.FAILED
+    store = open_store(f"sqlite:///{tmp_path}/r.db")
+    gate, known = _known_gate(store, spec)
+    assert known is None and _failed_gate(spec, known) is None  # no verdict yet: run it
+    store.put_quality(gate, "gate", verdict)
+    _, known = _known_gate(store, spec)
+    settings = quality.failed_settings(known, spec.config)
+    assert set(settings) == set(spec.quality["changes"]) and settings[corrupt] is True
+    why = _failed_gate(spec, known)
+    assert why.startswith("not measured: " + " ".join(f"{k}={v}" for k, v in settings.items()) + " failed the quality "
+                          "gate in an earlier trial (")
+    assert _failed_settings({"quality": verdict}, spec.config) == settings
+    passed = dict(verdict, gate=quality.PASSED)
+    assert quality.failed_settings(passed, spec.config) is None and _failed_gate(spec, passed) is None
+    assert _failed_settings({"quality": passed}, spec.config) is None and _failed_settings({}, spec.config) is None
