@@ -5,14 +5,15 @@
   against 49,152; GPT-2's 50,257 against 50,304), hidden 2048 and 4096, 16,384 tokens: the median of --iters
   CUDA-event-timed passes each, and each vocabulary's time per FLOP against the aligned one's;
 - part B, the same at the model's level: Granite-1.6B (bench/models/granite-1.6b.json, vocabulary 49,155) against
-  the same config.json at 49,152, one trial each (compile per layer, compiled loss, micro-batch 16, bf16-mixed):
+  the same config.json at 49,152, one trial each (compile per layer, compiled loss, micro-batch --b-micro, bf16-mixed):
   printed only, not a record for the atlas (a sibling model that differs in its vocabulary alone would calibrate
   Granite's held-out rows);
 - part C, ZeRO-3 on one GPU, which the atlas measured on one model (Pythia-410M): Pythia-160M and Pythia-1B at
   micro-batch 8, eager, ZeRO stage 0 against 3, one trial each, appended to --out as records (the atlas reads
   them: bench/build_atlas.py takes a .jsonl's "record" lines).
 
-Usage: python bench/atlas_gaps_gpu.py [--parts ABC] [--out FILE.jsonl] [--iters 20]
+Usage: python bench/atlas_gaps_gpu.py [--parts ABC] [--out FILE.jsonl] [--iters 20] [--b-micro 16]
+       [--c-models pythia-160m,pythia-1b]
 Smoke run on the CPU: python bench/atlas_gaps_gpu.py --device cpu --parts AC --tokens 256 --iters 2 --steps 2
 """
 import argparse
@@ -93,7 +94,7 @@ def row(label: str, rec) -> str:
 def part_b(args) -> None:
     with open(os.path.join(HERE, "models", "granite-1.6b.json"), encoding="utf-8") as f:
         base = json.load(f)
-    settings = {"compile": True, "compile_scope": "layers", "loss_kernel": "compiled", "micro_batch_size": 16,
+    settings = {"compile": True, "compile_scope": "layers", "loss_kernel": "compiled", "micro_batch_size": args.b_micro,
                 "precision": "bf16-mixed"}
     if args.device == "cpu":
         settings = {"micro_batch_size": 1}
@@ -116,7 +117,7 @@ def part_c(args) -> None:
     print(f"\n### C. ZeRO-3 on one GPU ({args.device}; records appended to {args.out})\n")
     print("| model | zero_stage | tokens/s | step s | peak GiB |")
     print("|---|---|---|---|---|")
-    models = ("pythia-160m", "pythia-1b") if args.device == "cuda" else ("tiny",)
+    models = tuple(args.c_models.split(",")) if args.device == "cuda" else ("tiny",)
     for model in models:
         for stage in (0, 3):
             settings = {"micro_batch_size": 8 if args.device == "cuda" else 1, "compile": False, "zero_stage": stage,
@@ -138,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--b-micro", type=int, default=16, help="part B's micro-batch (an H100 ran out of memory at 16)")
+    ap.add_argument("--c-models", default="pythia-160m,pythia-1b", help="part C's models, comma-separated")
     args = ap.parse_args(argv)
     if args.device == "cuda":
         import torch
