@@ -116,7 +116,10 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         same_count = [s for s in on_kind if s.world == r["gpus"]]
         ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind,
                                        settings(r["config"], Plan.from_dict(r["plan"])), effects)
-        step = max(r.pop("_roofline_s") * ratio, r.pop("_host_s"))  # never under the host's floor (Sample.predicted_s)
+        gpu_s, host_s = r.pop("_roofline_s") * ratio, r.pop("_host_s")
+        step = max(gpu_s, host_s)  # never under the host's floor (Sample.predicted_s)
+        if host_s > gpu_s:  # said: the step is the engine's host work, not the GPU's (steptime.host_s)
+            r["describe"] += f" [host-bound: the engine's hooks take {host_s:.2f} s a step, the GPU {gpu_s:.2f}]"
         tps = r["tokens_per_step"] / step
         fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (trial/mfu.py)
         r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),

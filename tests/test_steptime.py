@@ -126,3 +126,15 @@ def test_zero3_hooks_are_a_host_floor_under_the_step_not_a_term_added_to_it():
     z3 = next(s for s in pool if s.model == "pythia-410m" and s.config.get("zero_stage") == 3 and s.world == 1)
     assert abs(got[z3.id]["tps_err"]) < 0.30
     assert got[z3.id]["tps_err"] == pytest.approx(z3.step_s / z3.host_s - 1, rel=1e-6)  # predicted at its floor
+
+
+def test_a_prediction_at_the_host_floor_says_so(monkeypatch):
+    """lookup's row says when its step is the engine's host work, not the GPU's (here with the hooks' cost raised to
+    50 ms a module, so that Pythia-70M's ZeRO-3 row sits on its floor). Mock: the H100 is its name."""
+    import trainscout.trial.engines.deepspeed as ds
+    monkeypatch.setattr(ds, "ZERO3_HOOK_S", 0.05)
+    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    rows = predict.predict_model("pythia-70m", "NVIDIA H100 80GB HBM3", 1, pool)["rows"]
+    z3 = [r for r in rows if r["plan"]["engine"] == "deepspeed" and r["plan"]["engine_config"].get("stage") == 3]
+    assert z3 and all("[host-bound: the engine's hooks take" in r["describe"] for r in z3)
+    assert all("host-bound" not in r["describe"] for r in rows if r not in z3)
