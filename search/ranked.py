@@ -4,7 +4,9 @@ search has measured (one searched knob changed), best predicted first, while one
 A neighbour's predicted throughput is the best one's times the effect of its change: the effect measured by the
 search where it holds a pair of trials that differ in that change alone (the geometric mean of such pairs), else
 the ratio of the two configurations' step times predicted by trial/steptime.py. A neighbour that this model
-refuses or the memory model predicts not to fit (predict returns None) is not proposed; ties are broken in a
+refuses or the memory model predicts not to fit (predict returns None) is not proposed; a predicted throughput is
+never above the ceiling of the host's floor (ceiling: tokens per step over steptime.host_s, ZeRO-3's hooks, which
+the step-time ratio does not see); ties are broken in a
 seeded random order. When no neighbour is left within MARGIN the sampler proposes, and a better configuration it
 finds has its own neighbours ranked next.
 """
@@ -32,8 +34,10 @@ def _key(params: dict) -> str:
 class Ranker:
     """Ranks the neighbours of a search's best measured configuration; see the module docstring."""
 
-    def __init__(self, space, predict_s: Callable[[dict], float | None], seed: int = 0):
+    def __init__(self, space, predict_s: Callable[[dict], float | None], seed: int = 0,
+                 ceiling: Callable[[dict], float | None] | None = None):
         self.space, self.predict_s, self.rng = space, predict_s, random.Random(seed)
+        self.ceiling = ceiling  # params -> the most tokens/s the host's floor allows (None: no floor)
         self._predicted: dict[str, float | None] = {}
         self._params: dict[str, dict | None] = {}
 
@@ -97,6 +101,9 @@ class Ranker:
                 if s is None or not base_s:
                     continue
                 effect, source = base_s / s, "predicted step time"
+                top = self.ceiling(p) if self.ceiling else None
+                if top is not None and top < best.value * effect:
+                    effect, source = top / best.value, "the host's floor under its step"
             else:
                 source = "measured change"
             candidates.append((best.value * effect, knob, p, source))

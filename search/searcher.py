@@ -84,7 +84,8 @@ def make_scheduler(steps: int):
 
 def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, seed: int = 0):
     """On a GPU, the ranker of the proposals after the start points (search/ranked.py): a configuration's step
-    time predicted by trial/steptime.py, None where this model refuses it or the trial would not be launched (the
+    time predicted by trial/steptime.py (its throughput capped by the host's floor, steptime.host_s), None where this
+    model refuses it or the trial would not be launched (the
     search's rule, trial.memory.refusal: the GPU's memory + memory.MARGIN and the host's, the capacities the driver
     hands the trials). None on a CPU: the sampler alone."""
     if hw["device"] != "cuda" or not hw.get("gpu_memory_gib"):
@@ -99,7 +100,12 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
         if spec is None or memory.refusal(spec, gpu, host, calibration) is not None:
             return None
         return steptime.step_s(spec)
-    return Ranker(space, predict_s, seed)
+
+    def ceiling(params: dict) -> float | None:
+        spec = spec_at(args, space, hw, params)
+        floor = steptime.host_s(spec) if spec is not None else 0.0
+        return spec.tokens_per_step / floor if floor else None
+    return Ranker(space, predict_s, seed, ceiling)
 
 
 def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] | None = None, seed: int = 0,
