@@ -66,38 +66,6 @@ def test_counted_leaves_host_oom_out():
     assert counted(rows) == 3
 
 
-def test_trial_killed_by_the_memory_monitor_is_host_oom():
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu",
-                        "--steps", "2", "--warmup", "1", "--json"], cwd=ROOT, env=low_memory_env(),
-                       capture_output=True, text=True, timeout=240)
-    rec = json.loads(r.stdout.strip().splitlines()[-1])
-    assert r.returncode == 1, r.stderr[-2000:]
-    assert rec["status"] == "host_oom", rec["error"]
-    assert "memory monitor" in rec["error"] and "\n" not in rec["error"]
-    print(f"trial host_oom in {time.perf_counter() - t0:.1f} s")
-
-
-def test_search_whose_actors_the_memory_monitor_kills_ends_in_one_line(tmp_path):
-    import optuna
-    out = tmp_path / "s"
-    r = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                        "--gpus-per-trial", "2", "--steps", "2", "--warmup", "0", "--timeout", "25", "--trials", "3",
-                        "--out", str(out), "--set", "compile=false", "--set", "zero_stage=0"],
-                       cwd=ROOT, env=low_memory_env(), capture_output=True, text=True, timeout=280)
-    err = [ln for ln in r.stderr.splitlines() if ln.startswith("trainscout:")]
-    assert r.returncode == 1, r.stderr[-3000:]
-    assert len(err) == 1 and "memory monitor" in err[0] and "--resume" in err[0], r.stderr[-3000:]
-    assert "Traceback" not in r.stderr
-    store = open_store(f"sqlite:///{out}/results.db")
-    rows = store.trials(store.searches()[-1])
-    assert rows and all(t["status"] == "host_oom" for t in rows), rows
-    assert store.measurements() == []  # nothing stored as the configuration's outcome
-    for s in optuna.study.get_all_study_summaries(f"sqlite:///{out}/results.db"):
-        study = optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{out}/results.db")
-        assert all(t.state != optuna.trial.TrialState.RUNNING for t in study.trials)
-
-
 # --- 2. --address where something that is not Ray listens -----------------------------------------------------------
 def _listener(answer: bytes | None):
     """A TCP listener on 127.0.0.1 that accepts and says nothing (None) or sends `answer`; its port."""
@@ -298,11 +266,13 @@ def test_stale_build_locks_are_old_and_held_by_no_process(tmp_path):
     assert [p for p, _ in found] == [os.path.realpath(old)] and found[0][1] >= 1199
 
 
-def test_a_zero_trial_waiting_on_a_stale_build_lock_names_it(tmp_path, ray_local, monkeypatch, capsys):
+def test_a_zero_trial_waiting_on_a_stale_build_lock_names_it(tmp_path, ray_local, monkeypatch, capsys,
+                                                            memory_monitor_runs):
     """The trial command in this process on the session's Ray (a subprocess's own interpreter and Ray cost 10-20 s
     of the suite's 2 cores): its ranks get the TORCH_EXTENSIONS_DIR a command started with it would give them
     (runner._CACHES, read at import), in a group of their own, killed at the limit. 30 s: on a busy 2-core box the
-    ranks reached DeepSpeed's build, and its lock, 17-19 s after they were placed (py-spy)."""
+    ranks reached DeepSpeed's build, and its lock, 17-19 s after they were placed (py-spy); the error names the
+    stale lock wherever they were. Section 1's memory-monitor runs (memory_monitor_runs) run meanwhile."""
     from trainscout.cli.main import main
     from trainscout.trial import runner
     lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"  # what DeepSpeed builds first on the CPU
@@ -317,3 +287,62 @@ def test_a_zero_trial_waiting_on_a_stale_build_lock_names_it(tmp_path, ray_local
     rec = json.loads(out.strip().splitlines()[-1])
     assert rc == 1 and rec["status"] == "timeout" and "stale build lock" in rec["error"], rec["error"]
     assert str(lock) in rec["error"]
+
+
+# --- 1 (the real runs). Both commands start in memory_monitor_runs, which section 5's trial asks for: they run while
+# its ranks wait out their 30 s limit on the stale lock (its CPU mostly idle; one after another, after it, they took 17 s
+# of this file's 70 on 2 cores)
+@pytest.fixture(scope="module")
+def memory_monitor_runs(tmp_path_factory):
+    """A trial and a search, each a subprocess whose Ray's memory monitor kills its workers (low_memory_env), started
+    at once, their output into files (no pipe to fill while nothing reads it): {"trial": Popen, "search": (Popen, out
+    folder), "t0": when they started}; read(Popen) -> (stdout, stderr) once it ended; ended by their PIDs."""
+    root = tmp_path_factory.mktemp("monitor")
+    out = root / "s"
+
+    def start(*args):
+        name = args[0]
+        return subprocess.Popen([sys.executable, "-m", "trainscout.cli", *args], cwd=ROOT, env=low_memory_env(),
+                                stdout=open(root / f"{name}.out", "w"), stderr=open(root / f"{name}.err", "w"))
+    runs = {"t0": time.perf_counter(),
+            "trial": start("trial", "--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--json"),
+            "search": (start("search", "--model", "tiny", "--device", "cpu", "--gpus-per-trial", "2", "--steps", "2",
+                             "--warmup", "0", "--timeout", "25", "--trials", "3", "--out", str(out), "--set",
+                             "compile=false", "--set", "zero_stage=0"), out)}
+    def read(p, timeout):
+        p.wait(timeout=timeout)
+        name = p.args[3]
+        return (root / f"{name}.out").read_text(), (root / f"{name}.err").read_text()
+    runs["read"] = read
+    yield runs
+    for p in (runs["trial"], runs["search"][0]):
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_trial_killed_by_the_memory_monitor_is_host_oom(memory_monitor_runs):
+    p = memory_monitor_runs["trial"]
+    stdout, stderr = memory_monitor_runs["read"](p, 240)
+    rec = json.loads(stdout.strip().splitlines()[-1])
+    assert p.returncode == 1, stderr[-2000:]
+    assert rec["status"] == "host_oom", rec["error"]
+    assert "memory monitor" in rec["error"] and "\n" not in rec["error"]
+    print(f"trial host_oom within {time.perf_counter() - memory_monitor_runs['t0']:.1f} s")
+
+
+def test_search_whose_actors_the_memory_monitor_kills_ends_in_one_line(memory_monitor_runs):
+    import optuna
+    p, out = memory_monitor_runs["search"]
+    stdout, stderr = memory_monitor_runs["read"](p, 280)
+    err = [ln for ln in stderr.splitlines() if ln.startswith("trainscout:")]
+    assert p.returncode == 1, stderr[-3000:]
+    assert len(err) == 1 and "memory monitor" in err[0] and "--resume" in err[0], stderr[-3000:]
+    assert "Traceback" not in stderr
+    store = open_store(f"sqlite:///{out}/results.db")
+    rows = store.trials(store.searches()[-1])
+    assert rows and all(t["status"] == "host_oom" for t in rows), rows
+    assert store.measurements() == []  # nothing stored as the configuration's outcome
+    for s in optuna.study.get_all_study_summaries(f"sqlite:///{out}/results.db"):
+        study = optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{out}/results.db")
+        assert all(t.state != optuna.trial.TrialState.RUNNING for t in study.trials)
