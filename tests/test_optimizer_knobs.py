@@ -211,13 +211,28 @@ TRIALS = {
 }
 
 
+def trial_spec(case):
+    """The real trials of this file, by name (tests/prewarm.py compiles their graphs ahead, in processes of its own):
+    a case of TRIALS, "gated" (precision=bf16 on one rank, its quality gate) or "zero" (8-bit states forced under
+    ZeRO-2)."""
+    from trainscout.trial import prepare
+    if case == "gated":
+        return prepare("tiny", {"micro_batch_size": 2, "precision": "bf16"}, device="cpu", workers=1, steps=2,
+                       warmup=1, global_batch=4, measure_accum=2)
+    if case == "zero":
+        spec = prepare("tiny", {"micro_batch_size": 2, "zero_stage": 2}, device="cpu", workers=2, steps=2, warmup=1,
+                       global_batch=8, measure_accum=2)
+        spec.plan.knobs["optimizer_state"] = "8bit"
+        return spec
+    return prepare("tiny", {"precision": "fp32", "micro_batch_size": 4, **TRIALS[case][0]}, device="cpu", workers=2,
+                   steps=2, warmup=1, global_batch=32, measure_accum=2)
+
+
 @pytest.mark.parametrize("case", sorted(TRIALS))
 def test_a_real_trial_trains_what_the_optimizer_knobs_say(case):
-    from trainscout.trial import execute, prepare
+    from trainscout.trial import execute
     settings, states, weights = TRIALS[case]
-    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 4, **settings}, device="cpu", workers=2, steps=2,
-                   warmup=1, global_batch=32, measure_accum=2)
-    rec = execute(spec, timeout=300)
+    rec = execute(trial_spec(case), timeout=300)
     assert rec.ok, rec.error
     seen = rec.metrics["dtypes"]
     assert seen["weights"] == seen["gradients"] == weights
@@ -226,10 +241,8 @@ def test_a_real_trial_trains_what_the_optimizer_knobs_say(case):
 
 
 def test_precision_bf16_is_gated_against_bf16_mixed_in_a_real_trial():
-    from trainscout.trial import execute, prepare
-    spec = prepare("tiny", {"micro_batch_size": 2, "precision": "bf16"}, device="cpu", workers=1, steps=2, warmup=1,
-                   global_batch=4, measure_accum=2)
-    rec = execute(spec, timeout=300)
+    from trainscout.trial import execute
+    rec = execute(trial_spec("gated"), timeout=300)
     assert rec.ok, rec.error
     q = rec.metrics["quality"]
     assert q["reference"] == {"precision": "bf16-mixed"} and q["gate"] == "passed" and q["loss_rel_diff"] < 0.01
@@ -242,11 +255,8 @@ def test_precision_bf16_is_gated_against_bf16_mixed_in_a_real_trial():
 def test_why_zero_is_refused_torchao_keeps_fp32_states_for_deepspeeds_partitions():
     """The plan the refusal keeps out, forced past it: under ZeRO-2 the client AdamW8bit steps DeepSpeed's flat fp32
     partitions with fp32 states, and trial.dtypes fails the trial instead of recording 8-bit states."""
-    from trainscout.trial import execute, prepare
-    spec = prepare("tiny", {"micro_batch_size": 2, "zero_stage": 2}, device="cpu", workers=2, steps=2, warmup=1,
-                   global_batch=8, measure_accum=2)
-    spec.plan.knobs["optimizer_state"] = "8bit"
-    rec = execute(spec, timeout=400)
+    from trainscout.trial import execute
+    rec = execute(trial_spec("zero"), timeout=400)
     assert not rec.ok and "DtypeMismatch" in rec.error and "8bit optimizer states" in rec.error
     assert "optimizer in float32" in rec.error
 

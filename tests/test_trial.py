@@ -14,10 +14,15 @@ pytestmark = pytest.mark.timeout(600)
 TINY_PARAMS = sum(p.numel() for p in build_model(resolve_model("tiny").config, "sdpa", 64).parameters())
 
 
-def run(settings, fault=None, timeout=300, **kw):
+def spec_of(settings, fault=None, **kw):
+    """The trial run() measures (tests/prewarm.py compiles the graphs of ENGINES' specs ahead, in processes of its
+    own)."""
     kw = {"workers": 2, "steps": 2, "warmup": 1, "global_batch": 32, "measure_accum": 2, **kw}
-    spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": 4, **settings}, device="cpu", fault=fault, **kw)
-    return execute(spec, timeout=timeout)
+    return prepare("tiny", {"precision": "fp32", "micro_batch_size": 4, **settings}, device="cpu", fault=fault, **kw)
+
+
+def run(settings, fault=None, timeout=300, **kw):
+    return execute(spec_of(settings, fault, **kw), timeout=timeout)
 
 
 # Every engine and knob path once (the exports' fixture in test_analysis.py also measures DDP, ZeRO-2 + optimizer
