@@ -37,9 +37,11 @@ def run(cmd, **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_a_trial_split_over_two_nodes_says_so_and_one_without_room_is_unscheduled(ray_cluster, tmp_path):
+def test_a_trial_split_over_two_nodes_says_so_and_one_without_room_is_unscheduled(ray_cluster, tmp_path,
+                                                                                 token_head_starting):
     """Other jobs hold 1.5 of each CPU node's 2 CPUs: a 2-rank trial (half a CPU a rank) fits only split over both
-    nodes; one that must stay on one node (--one-node, a search's default) never gets its resources."""
+    nodes; one that must stay on one node (--one-node, a search's default) never gets its resources. (The token
+    head of test_a_cluster_that_refuses_the_driver_is_said_in_one_line starts meanwhile: token_head_starting.)"""
     from trainscout.analysis.table import load_resolved
     from trainscout.trial.records import Record
     addr, send = ray_cluster["address"], ray_cluster["send"]
@@ -134,24 +136,27 @@ def test_nodes_of_different_kinds_are_an_error_naming_them():
     assert hardware_of(facts[:1] * 2, "cuda", 16, False, "x")["gpu_count"] == 16  # split: the cluster's
 
 
-@pytest.fixture
-def token_head():
+@pytest.fixture(scope="module")
+def token_head_starting():
     """A head started by hand as the README says (loopback, its own temp dir) with token authentication on, its
-    token given; its processes stopped by their PIDs (`ray stop` would kill every Ray process of the machine)."""
+    token given: `ray start` launched when this module's first test starts (6 s of start-up, done while that test's
+    trials wait on the cluster; token_head waits for it); its processes stopped by their PIDs (`ray stop` would kill
+    every Ray process of the machine)."""
     import psutil
     temp = tempfile.mkdtemp(prefix="ts-head-", dir="/tmp")
     port = _free_port()
     token = "the-head-" + os.urandom(8).hex()
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token,
                RAY_USAGE_STATS_ENABLED="0")
-    started = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
-                              "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", temp,
-                              "--include-dashboard", "false", "--num-cpus", "1"], env=env, capture_output=True,
-                             text=True, timeout=300)
+    started = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
+                                "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", temp,
+                                "--include-dashboard", "false", "--num-cpus", "1"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     try:
-        assert started.returncode == 0, started.stderr[-2000:]
-        yield {"address": f"127.0.0.1:{port}", "token": token}
+        yield {"address": f"127.0.0.1:{port}", "token": token, "started": started}
     finally:
+        if started.poll() is None:
+            started.communicate(timeout=300)
         mine = [p for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])]
         for p in list(mine):  # and its workers
             try:
@@ -164,9 +169,28 @@ def token_head():
                     getattr(p, sig)()
                 except psutil.NoSuchProcess:
                     pass
-            mine = psutil.wait_procs(mine, timeout=grace)[1]
+            deadline = time.time() + grace  # ended: gone, or a zombie its parent (not this process) has yet to reap
+            while mine and time.time() < deadline:
+                mine = [p for p in mine if _running(p)]
+                time.sleep(0.1)
         import shutil
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _running(p) -> bool:
+    import psutil
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def token_head(token_head_starting):
+    started = token_head_starting["started"]
+    out, err = started.communicate(timeout=300)
+    assert started.returncode == 0, err[-2000:]
+    return {k: token_head_starting[k] for k in ("address", "token")}
 
 
 def test_a_cluster_that_refuses_the_driver_is_said_in_one_line(token_head, tmp_path):

@@ -939,15 +939,31 @@ SUBPROCESS_CASES = ["space-payload-os-system", "space-huge-10mb", "space-yaml-un
                     "flags-storage-no-driver", "flags-model-unknown", "flags-trial-zero-stage-4"]
 
 
+@pytest.fixture(scope="module")
+def r7_real_commands(tmp_path_factory):
+    """Every SUBPROCESS_CASES command started at once, each in a folder of its own (one after another, each mostly
+    its interpreter's imports, they took 9 s on 2 cores): {name: Popen}; ended by their PIDs."""
+    procs = {}
+    for name in SUBPROCESS_CASES:
+        _, argv, _, content = next(c for c in CASES if c[0] == name)
+        argv, env = materialize(tmp_path_factory.mktemp("r7"), argv, content)
+        procs[name] = subprocess.Popen([sys.executable, "-m", "trainscout.cli", *argv], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ, **env))
+    yield procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 @pytest.mark.parametrize("name", SUBPROCESS_CASES)
-def test_r7_real_command_exits_2_without_traceback(tmp_path, name):
-    _, argv, field, content = next(c for c in CASES if c[0] == name)
-    argv, env = materialize(tmp_path, argv, content)
-    res = subprocess.run([sys.executable, "-m", "trainscout.cli", *argv], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env=dict(os.environ, **env))
-    err = res.stderr.strip()
-    assert res.returncode == 2 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err, err
-    assert res.stdout == "" and not os.path.exists(MARKER)
+def test_r7_real_command_exits_2_without_traceback(r7_real_commands, name):
+    field = next(c for c in CASES if c[0] == name)[2]
+    p = r7_real_commands[name]
+    stdout, stderr = p.communicate(timeout=120)
+    err = stderr.strip()
+    assert p.returncode == 2 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err, err
+    assert stdout == "" and not os.path.exists(MARKER)
 
 
 # --- R9: the store fails while a search runs (issue 30) -------------------------------------------------------------
