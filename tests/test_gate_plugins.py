@@ -98,13 +98,41 @@ GATE = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def gate_plugins(tmp_path):
-    fake_dist(tmp_path, "ts-gate-knobs", "ts_gate_knobs", PLUGIN)
-    return with_path(tmp_path)
+@pytest.fixture(scope="module")
+def gate_plugins(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gate-plugins")
+    fake_dist(folder, "ts-gate-knobs", "ts_gate_knobs", PLUGIN)
+    return with_path(folder)
 
 
-def test_a_knob_that_zeroes_halves_or_freezes_gradients_fails_the_one_step_gate(gate_plugins):
+@pytest.fixture(scope="module")
+def zeroed_search(gate_plugins, tmp_path_factory):
+    """The one-trial search of test_verify_quality_exits_1_on_a_failed_verdict, started when this module's first
+    test starts (that test's gate commands run meanwhile; one after the other they took 3.5 s more): (Popen, out,
+    read() -> (stdout, stderr) once it ended, from files: no pipe to fill while nothing reads it)."""
+    root = tmp_path_factory.mktemp("zeroed-search")
+    out = root / "zeroed"
+    fixed = {"grad_zero": "all", "compile": "false", "zero_stage": 0, "fsdp": "off", "loss_kernel": "eager",
+             "pipeline_stages": 1}
+    from trainscout.spaces import all_knobs
+    pinned = {k.name: k.default for k in all_knobs()} | {"grad_half": "off", "freeze_first": "off"} | fixed
+    space = root / "space.yaml"  # every knob pinned but the micro-batch
+    space.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in pinned.items()) + "micro_batch_size: [4, 2]\n")
+    p = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
+                          "--gpus-per-trial", "1", "--steps", "2", "--warmup", "1", "--trials", "2", "--out", str(out),
+                          "--space", str(space), "--seed", "0"], stdout=open(root / "out", "w"),
+                         stderr=open(root / "err", "w"), env=gate_plugins)
+
+    def read():
+        p.wait(timeout=600)
+        return (root / "out").read_text(), (root / "err").read_text()
+    yield p, out, read
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_a_knob_that_zeroes_halves_or_freezes_gradients_fails_the_one_step_gate(gate_plugins, zeroed_search):
     res = subprocess.run([sys.executable, "-c", GATE], capture_output=True, text=True, timeout=600, env=gate_plugins)
     assert res.returncode == 0, res.stderr[-3000:]
     got = {next(iter(q["settings"])): q for q in map(json.loads, res.stdout.strip().splitlines())}
@@ -125,25 +153,16 @@ def test_a_knob_that_zeroes_halves_or_freezes_gradients_fails_the_one_step_gate(
     assert abs(fp32["grad_gain"] - 1) < 0.1 and fp32["grad_cosine"] > 0.99, fp32
 
 
-def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, tmp_path):
+def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search):
     """A one-trial CPU search of tiny with every gradient zeroed (the gate fails it, the trial is still measured),
     then `verify --quality 24`: the candidate stays at its first loss while the reference learns, the verdict is
     failed and the command exits 1 (it exited 0). The search's second draw (micro-batch 2, the same change) is not
     run: its gate failed, and a configuration that trains another model is never the best."""
-    out = tmp_path / "zeroed"
-    fixed = {"grad_zero": "all", "compile": "false", "zero_stage": 0, "fsdp": "off", "loss_kernel": "eager",
-             "pipeline_stages": 1}
-    from trainscout.spaces import all_knobs
-    pinned = {k.name: k.default for k in all_knobs()} | {"grad_half": "off", "freeze_first": "off"} | fixed
-    space = tmp_path / "space.yaml"  # every knob pinned but the micro-batch
-    space.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in pinned.items()) + "micro_batch_size: [4, 2]\n")
-    search = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                             "--gpus-per-trial", "1", "--steps", "2", "--warmup", "1", "--trials", "2", "--out", str(out),
-                             "--space", str(space), "--seed", "0"],
-                            capture_output=True, text=True, timeout=600, env=gate_plugins)
-    assert search.returncode == 0, search.stderr[-3000:]
-    assert "quality: failed" in search.stdout and "gradient is 0x the reference's" in search.stdout, search.stdout
-    assert "not measured: grad_zero=all failed the quality gate in an earlier trial" in search.stdout, search.stdout
+    search, out, read = zeroed_search  # (started with the module: it runs during the gate test above)
+    stdout, stderr = read()
+    assert search.returncode == 0, stderr[-3000:]
+    assert "quality: failed" in stdout and "gradient is 0x the reference's" in stdout, stdout
+    assert "not measured: grad_zero=all failed the quality gate in an earlier trial" in stdout, stdout
     # one verification (two 24-step trainings), read twice: its lines and exit code, and the record it wrote to the
     # folder (verify-quality-KEY.json: the dict --json prints; `verify --quality --json` is tests/test_quality.py's).
     # A second run with --json trained both again for the same record (a third of this test's time)
