@@ -63,7 +63,32 @@ def test_the_plugin_is_not_installed_in_the_running_environment(plugin_env):
     assert "trainscout_example_knob" not in sys.modules
 
 
-def test_plugin_knob_is_listed_sampled_and_applied(plugin_env):
+@pytest.fixture(scope="module")
+def plugin_search(plugin_env, tmp_path_factory):
+    """The search of test_a_real_search_samples_the_plugin_knob (the file's last test), started when
+    test_plugin_knob_is_listed_sampled_and_applied starts: it runs while that test's commands and the broken plugins'
+    run (after them, alone, it took 17.5 s): (Popen, out, read() -> stderr once it ended, from a file)."""
+    root = tmp_path_factory.mktemp("plugin-search")
+    out = root / "plug"
+    fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
+             "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1,
+             "optimizer_state": "fp32"}  # torchao's low-bit states compile their step: 49 s here on a cold cache
+    sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
+    p = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
+                          "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "2", "--seed", "0",
+                          "--global-batch", "16", "--out", str(out), *sets], stdout=subprocess.DEVNULL,
+                         stderr=open(root / "err", "w"), env=plugin_env)
+
+    def read():
+        p.wait(timeout=600)
+        return (root / "err").read_text()
+    yield p, out, read
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_plugin_knob_is_listed_sampled_and_applied(plugin_env, plugin_search):
     # the two commands at once (their interpreters' imports are most of each)
     knobs = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "knobs", "--json"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=plugin_env)
@@ -82,32 +107,6 @@ def test_plugin_knob_is_listed_sampled_and_applied(plugin_env):
     assert res["wrapped"] == {"False": ["GPTNeoXMLP"], "True": ["CheckpointWrapper"]}
     order = res["order"]
     assert order.index("mlp_checkpointing") > order.index("loss_kernel") and order.index("mlp_checkpointing") < order.index("compile_scope")
-
-
-def test_a_real_search_samples_the_plugin_knob(plugin_env, tmp_path):
-    """`trainscout search` (Ray Tune + Optuna, tiny model on 2 gloo workers) with everything fixed but the plugins'
-    knobs: every trial's configuration carries them, every trial ran (the model transform included), and the stored
-    plans set the worker environment and the plugin setting they ask for. Ray's workers find the plugin through the
-    driver's PYTHONPATH, as they would through a venv it was installed into."""
-    out = tmp_path / "plug"
-    fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
-             "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1,
-             "optimizer_state": "fp32"}  # torchao's low-bit states compile their step: 49 s here on a cold cache
-    sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
-    res = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                          "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "2", "--seed", "0",
-                          "--global-batch", "16", "--out", str(out), *sets], capture_output=True, text=True, timeout=600,
-                         env=plugin_env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    from trainscout.analysis.table import store_of
-    store = store_of(str(out))
-    trials = store.trials("plug")
-    assert len(trials) == 2 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
-    assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] in ("ok", "stopped") for t in trials)
-    for rec in store.measurements():
-        want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec.config["cuda_alloc_conf"] != "default" else {}
-        assert rec.plan.env == want
-        assert rec.plan.knobs == ({"mlp_checkpointing": True} if rec.config["mlp_checkpointing"] else {})
 
 
 # --- broken plugins (issue 30) -----------------------------------------------------------------------------------
@@ -200,3 +199,22 @@ def test_a_plugin_transform_that_raises_fails_naming_the_plugin(broken_env):
     assert res.stdout.strip() == ("the knob plugin ts-bad-transform (entry point bad_transform = bad_transform) failed "
                                   "in the transform of bad_transform (ValueError: cannot swap these modules): fix it, "
                                   "uninstall it, or set bad_transform=off"), res.stdout
+
+
+def test_a_real_search_samples_the_plugin_knob(plugin_search):
+    """`trainscout search` (Ray Tune + Optuna, tiny model on 2 gloo workers) with everything fixed but the plugins'
+    knobs: every trial's configuration carries them, every trial ran (the model transform included), and the stored
+    plans set the worker environment and the plugin setting they ask for. Ray's workers find the plugin through the
+    driver's PYTHONPATH, as they would through a venv it was installed into."""
+    p, out, read = plugin_search
+    stderr = read()
+    assert p.returncode == 0, stderr[-3000:]
+    from trainscout.analysis.table import store_of
+    store = store_of(str(out))
+    trials = store.trials("plug")
+    assert len(trials) == 2 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
+    assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] in ("ok", "stopped") for t in trials)
+    for rec in store.measurements():
+        want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec.config["cuda_alloc_conf"] != "default" else {}
+        assert rec.plan.env == want
+        assert rec.plan.knobs == ({"mlp_checkpointing": True} if rec.config["mlp_checkpointing"] else {})
