@@ -151,6 +151,20 @@ def test_a_failing_heartbeat_is_said(tmp_path, capsys):
     assert err[0].startswith("trainscout: warning: the heartbeat of lease claim:k failed (") and "no such table" in err[0]
 
 
+def _writable(path) -> bool:
+    """Whether a write transaction on the SQLite file starts within a second (no other process holds its lock)."""
+    import sqlite3
+    c = sqlite3.connect(str(path), timeout=1.0)
+    try:
+        c.execute("BEGIN IMMEDIATE")
+        c.rollback()
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        c.close()
+
+
 def test_a_driver_paused_past_its_lease_stops_in_one_line_when_it_wakes(tmp_path):
     """A real search (subprocess, CPU) stopped with SIGSTOP while a trial runs; its lease expires, another driver
     takes it and settles the study; SIGCONT: the first stops with the one line, exit 1, nothing of the study
@@ -180,8 +194,15 @@ def test_a_driver_paused_past_its_lease_stops_in_one_line_when_it_wakes(tmp_path
                 pass
             time.sleep(0.3)
         assert p.poll() is None and name, open(tmp_path / "err").read()[-3000:]
-        os.kill(p.pid, signal.SIGSTOP)
-        stopped = True
+        for _ in range(20):  # paused outside a write: stopped inside SQLite's write lock, it would block every writer
+            os.kill(p.pid, signal.SIGSTOP)  # (the lease's takeover is what this tests, not a lock held while paused)
+            stopped = True
+            if _writable(out / "results.db"):
+                break
+            os.kill(p.pid, signal.SIGCONT)
+            stopped = False
+            time.sleep(0.2)
+        assert stopped
         time.sleep(lease_s + 1.5)
         second = Store(url).hold_search(name, "--resume")  # the second driver: taken after the expiry
         assert second.taken_over["pid"] == p.pid
