@@ -14,6 +14,19 @@ def _distance(n: float, arch: str, s: Sample) -> float:
     return abs(math.log(n / s.n_params)) + (0.0 if arch == s.arch else 1.0)
 
 
+def _one_change(a: dict, b: dict) -> bool:
+    """Whether exactly one knob set in both differs (families.changes would find one): the pairs knob_effects
+    keeps, found without building the changes of the many that differ in more."""
+    found = False
+    for k, v in a.items():
+        w = b.get(k)
+        if v != w and v is not None and w is not None:
+            if found:
+                return False
+            found = True
+    return found
+
+
 def knob_effects(pool: list[Sample]) -> dict[tuple, list[tuple]]:
     """What one knob alone does to the measured/roofline ratio, wherever it was measured: for (knob, value, other)
     the median of log(ratio at value / ratio at other) over the pool's pairs of rows that differ in that knob only
@@ -32,6 +45,8 @@ def knob_effects(pool: list[Sample]) -> dict[tuple, list[tuple]]:
     for rows in groups.values():
         for i, x in enumerate(rows):
             for y in rows[i + 1:]:
+                if not _one_change(x.knobs, y.knobs):
+                    continue
                 there, back = changes(x.knobs, y.knobs), changes(y.knobs, x.knobs)
                 if len(there) == 1:
                     where, d = (x.world, x.n_params, x.arch), math.log(x.ratio / y.ratio)

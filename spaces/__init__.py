@@ -41,9 +41,23 @@ def _load() -> None:
         _loaded = True
 
 
+_ORDER: dict[tuple, list] = {}  # the registry's knobs (their identities, in registration order) -> their order
+
+
 def all_knobs() -> list[Knob]:
-    """Every registered knob, in the order they are applied and sampled (requirements first)."""
+    """Every registered knob, in the order they are applied and sampled (requirements first). The order is
+    computed once per registry content (a plugin or a test's knob registered or removed: computed again)."""
     _load()
+    key = tuple(map(id, REGISTRY.values()))
+    got = _ORDER.get(key)
+    if got is None:
+        if len(_ORDER) > 64:
+            _ORDER.clear()
+        got = _ORDER[key] = _ordered()
+    return list(got)
+
+
+def _ordered() -> list[Knob]:
     done: list[Knob] = []
     pending = sorted(REGISTRY.values(), key=lambda k: k.name)
     while pending:
