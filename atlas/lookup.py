@@ -329,7 +329,9 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
     if not any(r.get("best") for g in got["groups"] for r in g["rows"]):
         kind = gpu or _default_kind(atlas, out["notes"])
         _known_gpu(kind)
-        failed = [r["failed_settings"] for g in got["groups"] for r in g["rows"] if r.get("failed_settings")]
+        # a quality verdict is the model's numerics, on any GPU kind: what failed on one is avoided on all
+        anywhere = got if gpu is None else measured(atlas, target, None, gpus, global_batch, prices, top)
+        failed = [r["failed_settings"] for g in anywhere["groups"] for r in g["rows"] if r.get("failed_settings")]
         out["predicted"] = predicted(atlas, target, kind, gpus or 1, global_batch, prices, gpu_memory_gib,
                                      host_memory_gib, avoid=failed)
     if want:

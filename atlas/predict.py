@@ -153,14 +153,18 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
-    source = sorted((s for s in at if s.shape in near), key=lambda s: (-(s.mfu or 0), s.id))
+    # the configurations measured on the nearest shapes, then the GPU kind's best by MFU on any model (a neighbour
+    # measured only in a bench's plain configurations must not hide what runs fastest here), CANDIDATES of each
     picked, seen = [], set()
-    for s in source:
-        if s.fam[0] not in seen:
-            seen.add(s.fam[0])
-            picked.append(s)
-        if len(picked) == CANDIDATES:
-            break
+    for group in ([s for s in at if s.shape in near], [s for s in at if s.shape not in near]):
+        took = 0
+        for s in sorted(group, key=lambda s: (-(s.mfu or 0), s.id)):
+            if took == CANDIDATES:
+                break
+            if s.fam[0] not in seen:
+                seen.add(s.fam[0])
+                picked.append(s)
+                took += 1
     host = hw["host_memory_gib"] * GiB
     out = []
     for s in picked:
@@ -189,8 +193,9 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
             if why:
                 notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
             continue
-        # fp32 states kept (a saver that lowers them only where none else fits), fastest predicted, the savers' order
-        _, step, _, extra, spec, mem = min(fitting, key=lambda f: f[:3])
+        # fp32 states kept (a saver that lowers them only where none else fits within dtypes.KEEP_STATE_COST),
+        # fastest predicted, the savers' order
+        _, step, _, extra, spec, mem = dtypes.prefer(fitting)
         fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
         host_need = memory.host_need(memory.host_peak(spec))
         offload = f" [needs {host_need / GiB:.0f} GiB of host memory]" if any(

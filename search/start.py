@@ -122,7 +122,7 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
         if got is None or memory.shards_nothing(got[0]):  # sharding over one rank
             continue
         (spec, refused), label = got, " ".join(f"{k}={fmt(v)}" for k, v in saver.items())
-        if refused is None:  # savers that keep fp32 states first (dtypes.lowers_state)
+        if refused is None:  # savers that keep fp32 states first, within a cost (dtypes.prefer)
             fitting.append((dtypes.lowers_state(spec.plan), speed(dict(point, **saver)), len(fitting), label, saver))
         else:  # why (the host's without its components), and the GPU's prediction where it fits
             gib = refused[1].get("predicted_gib", math.inf)
@@ -130,11 +130,11 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
             tried.append(f"{label}: {fit}" + re.sub(r" \([^()]*\)$", "", refused[0]).replace("; ", " and "))
     over = f"at micro-batch {min(sizes)} ({first[1][0]})"
     if fitting:
-        fitting.sort(key=lambda f: f[:3])  # fp32 states kept, fastest predicted, the savers' rank order
-        best = fitting[0]
+        best = dtypes.prefer(fitting)  # fp32 states kept within a cost, fastest predicted, the savers' rank order
         if notes is not None:
             why = ("; predicted step of each saver that fits: " + ", ".join(
-                f"{label} {t:.3g} s" for _, t, _, label, _ in fitting) + ", the fastest taken") if len(fitting) > 1 else ""
+                f"{label} {t:.3g} s" for _, t, _, label, _ in fitting) + ", the fastest taken (one keeping fp32 states "
+                f"first, within {dtypes.KEEP_STATE_COST:g}x of it)") if len(fitting) > 1 else ""
             notes.append(f"the defaults do not fit {over}{why}: the start point adds {best[3]}")
         return dict(point, **best[4])
     if notes is not None:
