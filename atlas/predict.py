@@ -185,8 +185,8 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                 continue  # sharding over one rank: offload is one GPU's saver
             if any(all(spec.config.get(k) == v for k, v in f.items()) for f in avoid):
                 continue  # its numerics change failed the quality gate on this model (_clear could not undo it)
-            fitting.append((dtypes.lowers_state(spec.plan), max(steptime.step_s(spec), steptime.host_s(spec)), rank,
-                            extra, spec, mem))
+            gpu_s, host_s = steptime.step_s(spec), steptime.host_s(spec)
+            fitting.append((dtypes.lowers_state(spec.plan), max(gpu_s, host_s), rank, extra, spec, mem, gpu_s, host_s))
             if not extra:
                 break  # the configuration as measured fits: no saver
         if not fitting:
@@ -195,7 +195,7 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
             continue
         # fp32 states kept (a saver that lowers them only where none else fits within dtypes.KEEP_STATE_COST),
         # fastest predicted, the savers' order
-        _, step, _, extra, spec, mem = dtypes.prefer(fitting)
+        _, _, _, extra, spec, mem, gpu_s, host_s = dtypes.prefer(fitting)
         fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
         host_need = memory.host_need(memory.host_peak(spec))
         offload = f" [needs {host_need / GiB:.0f} GiB of host memory]" if any(
@@ -208,7 +208,7 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                     "savers_fitting": len(fitting) - (0 if extra else 1),
                     "shards_nothing": bool(memory.shards_nothing(spec)),
                     "_fam": families(spec.config, spec.plan, gpus, kind_of_arch),
-                    "_roofline_s": steptime.step_s(spec), "_host_s": steptime.host_s(spec)})
+                    "_roofline_s": gpu_s, "_host_s": host_s})
     return out
 
 

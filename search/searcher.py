@@ -88,21 +88,30 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
     model refuses it or the trial would not be launched (the
     search's rule, trial.memory.refusal: the GPU's memory + memory.MARGIN and the host's, the capacities the driver
     hands the trials). None on a CPU: the sampler alone."""
-    if hw["device"] != "cuda" or not hw.get("gpu_memory_gib"):
-        return None
     from trainscout.trial import memory, steptime
 
-    from .ranked import Ranker
-    gpu, host = memory.gpu_capacity(hw), memory.host_capacity(hw)
+    from .ranked import Ranker, _key
+    gpu = memory.gpu_capacity(hw)
+    if gpu is None:
+        return None
+    host = memory.host_capacity(hw)
+    specs: dict[str, object] = {}
+
+    def at(params: dict):
+        """spec_at of params, prepared once for predict_s and ceiling alike."""
+        key = _key(params)
+        if key not in specs:
+            specs[key] = spec_at(args, space, hw, params)
+        return specs[key]
 
     def predict_s(params: dict) -> float | None:
-        spec = spec_at(args, space, hw, params)
+        spec = at(params)
         if spec is None or memory.refusal(spec, gpu, host, calibration) is not None:
             return None
         return steptime.step_s(spec)
 
     def ceiling(params: dict) -> float | None:
-        spec = spec_at(args, space, hw, params)
+        spec = at(params)
         floor = steptime.host_s(spec) if spec is not None else 0.0
         return spec.tokens_per_step / floor if floor else None
     return Ranker(space, predict_s, seed, ceiling)
