@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .families import LEVELS, _memory_level_names, changes
+from .families import LEVELS, _memory_level_names, changes, differing
 from .samples import Sample
 
 NEAREST_MODELS = 2  # model shapes whose rows calibrate a prediction
@@ -12,19 +12,6 @@ NEAREST_MODELS = 2  # model shapes whose rows calibrate a prediction
 
 def _distance(n: float, arch: str, s: Sample) -> float:
     return abs(math.log(n / s.n_params)) + (0.0 if arch == s.arch else 1.0)
-
-
-def _one_change(a: dict, b: dict) -> bool:
-    """Whether exactly one knob set in both differs (families.changes would find one): the pairs knob_effects
-    keeps, found without building the changes of the many that differ in more."""
-    found = False
-    for k, v in a.items():
-        w = b.get(k)
-        if v != w and v is not None and w is not None:
-            if found:
-                return False
-            found = True
-    return found
 
 
 def knob_effects(pool: list[Sample]) -> dict[tuple, list[tuple]]:
@@ -45,7 +32,7 @@ def knob_effects(pool: list[Sample]) -> dict[tuple, list[tuple]]:
     for rows in groups.values():
         for i, x in enumerate(rows):
             for y in rows[i + 1:]:
-                if not _one_change(x.knobs, y.knobs):
+                if len(differing(x.knobs, y.knobs)) != 1:  # the pairs kept, found before building changes
                     continue
                 there, back = changes(x.knobs, y.knobs), changes(y.knobs, x.knobs)
                 if len(there) == 1:

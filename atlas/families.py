@@ -117,18 +117,21 @@ def settings(config: dict, plan: Plan | None = None) -> dict:
     return out
 
 
+def differing(to: dict, other: dict) -> list[str]:
+    """The knobs set (not None) in both settings whose values differ."""
+    return [k for k, v in to.items() if v is not None and (w := other.get(k)) is not None and v != w]
+
+
 def changes(to: dict, other: dict) -> list[tuple]:
     """The knob changes from settings other to settings to: (knob, its value in to, in other, the knobs it makes
-    act or not: ((knob, value in to, value in other), ...)) for each knob set in both that differs."""
+    act or not: ((knob, value in to, value in other), ...)) for each knob set in both that differs (differing)."""
     from trainscout.spaces import all_knobs
     needs = {k.name: set(k.requires) for k in all_knobs()}
     out = []
-    for k, v in to.items():
-        w = other.get(k)
-        if v != w and v is not None and w is not None:
-            kids = tuple((c, to.get(c), other.get(c)) for c in sorted(to) if k in needs.get(c, ())
-                         and to.get(c) != other.get(c) and (to.get(c) is None or other.get(c) is None))
-            out.append((k, v, w, kids))
+    for k in differing(to, other):
+        kids = tuple((c, to.get(c), other.get(c)) for c in sorted(to) if k in needs.get(c, ())
+                     and to.get(c) != other.get(c) and (to.get(c) is None or other.get(c) is None))
+        out.append((k, to[k], other[k], kids))
     return out
 
 

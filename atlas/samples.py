@@ -10,6 +10,8 @@ from trainscout.trial.metrics import gpu_kind  # a GPU kind from a GPU's name
 
 from .families import arch_family, families, plan_of, settings
 
+HOST_BOUND = 0.8  # of a measured step that the host's floor (steptime.host_s) takes, for Sample.host_bound
+
 
 @dataclass
 class Sample:
@@ -85,8 +87,6 @@ def row_id(row: dict) -> str:
     """A row's identity in model.json: its key and its trial."""
     return f"{row['key']}:{row['record'].get('trial_id')}"
 
-
-HOST_BOUND = 0.8  # of a measured step that the host's floor (steptime.host_s) takes, for Sample.host_bound
 
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size", "tie_word_embeddings", "rotary_pct", "use_parallel_residual",

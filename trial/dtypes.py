@@ -103,6 +103,7 @@ def prefer(fitting: list[tuple]):
 def lowers_state(plan) -> bool:
     """Whether the plan keeps the master weights or the optimizer's states below fp32 (precision=bf16, 8-bit or 4-bit
     AdamW states): a memory saver that does is taken only where none that keeps them fits within KEEP_STATE_COST of
-    its speed (prefer: search.start.fits, the atlas), as it trains other numbers than the recipe's fp32 masters (DeepSpeed's or FSDP2's 16-bit compute keeps them)."""
+    its speed (prefer: search.start.fits, the atlas), as it trains other numbers than the recipe's fp32 masters
+    (DeepSpeed's or FSDP2's 16-bit compute keeps them)."""
     return any(d != "float32" for d in expected(plan).values())
 

@@ -172,8 +172,8 @@ def host_s(spec: TrialSpec) -> float:
     """Seconds per optimizer step of host work the engine's hooks add (Engine.hook_s per module holding parameters,
     per micro-batch: ZeRO-3's fetch and release), which the GPU's queued work hides until the GPU runs out of it: a
     floor under the step, not a term of step_s (whose GPU time the atlas calibrates to measured time before it
-    compares: atlas/predict's step = max(step_s x ratio, host_s)). 0.0 where the engine declares none (or on the CPU, where the host
-    does the compute too and the measured rows carry it)."""
+    compares: atlas/predict's step = max(step_s x ratio, host_s)). 0.0 where the engine declares none (or on the
+    CPU, where the host does the compute too and the measured rows carry it)."""
     from . import engines
     per = engines.get(spec.plan.engine).hook_s(spec.plan)
     if not per or spec.device != "cuda":
