@@ -12,9 +12,12 @@
   micro-batch 8, eager, ZeRO stage 0 against 3, one trial each, appended to --out as records (the atlas reads
   them: bench/build_atlas.py takes a .jsonl's "record" lines).
 
-Usage: python bench/atlas_gaps_gpu.py [--parts ABC] [--out FILE.jsonl] [--iters 20] [--b-micro 16]
+- part D, the loss kernels' memory traffic (eager, compiled, fused_linear) over the head's GEMMs alone: the bytes per
+  token and vocabulary entry that loss_kernel's `logits_bytes` declares (printed, not records).
+
+Usage: python bench/atlas_gaps_gpu.py [--parts ABCD] [--out FILE.jsonl] [--iters 20] [--b-micro 16]
        [--c-models pythia-160m,pythia-1b]
-Smoke run on the CPU: python bench/atlas_gaps_gpu.py --device cpu --parts AC --tokens 256 --iters 2 --steps 2
+Smoke run on the CPU: python bench/atlas_gaps_gpu.py --device cpu --parts ACD --tokens 256 --iters 2 --steps 2
 """
 import argparse
 import json
@@ -130,6 +133,98 @@ def part_c(args) -> None:
                     f.write(json.dumps({"settings": settings, "record": rec.to_dict()}, default=str) + "\n")
 
 
+LOSS_SHAPES = ((768, 50304), (2048, 50304), (2048, 128256))  # (hidden, vocab): Pythia-160M's and 1B's head, Llama-3's
+
+
+def _timed(torch, fn, iters: int, device: str) -> float:
+    """Median milliseconds of fn() over iters calls, after 3 warm-up calls (CUDA events on the GPU)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def part_d(args) -> None:
+    """The loss kernels' memory traffic: the head's three GEMMs alone (backward from a fixed 16-bit gradient) against
+    the head with transformers' causal-LM loss (ForCausalLMLoss, what a trial's model calls) run eager, compiled by
+    torch.compile (loss_kernel=compiled) and liger's fused linear cross-entropy (fused_linear, where installed); the
+    time over the GEMMs' at the GPU's memory bandwidth (trial/steptime.GPU_HBM_TBPS), per token and vocabulary entry:
+    the bytes loss_kernel's `logits_bytes` declares."""
+    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from trainscout.trial import steptime
+    dev = args.device
+    tbps = steptime._lookup(steptime.GPU_HBM_TBPS, torch.cuda.get_device_name() if dev == "cuda" else None,
+                            steptime.DEFAULT_TBPS)
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        LigerFusedLinearCrossEntropyLoss = None
+    compiled = torch.compile(ForCausalLMLoss)
+    print(f"\n### D. the loss kernels' traffic, {args.tokens} tokens, bf16 ({dev}, {tbps} TB/s)\n")
+    print("| hidden | vocab | kernel | ms (median) | ms over the GEMMs | bytes per token and vocabulary entry |")
+    print("|---|---|---|---|---|---|")
+    for hidden, vocab in LOSS_SHAPES:
+        if dev != "cuda":
+            hidden, vocab = hidden // 8, vocab // 64
+        g = torch.Generator(device=dev).manual_seed(0)
+        dt = torch.bfloat16
+        x = torch.randn(1, args.tokens, hidden, device=dev, dtype=dt, generator=g, requires_grad=True)
+        w = (torch.randn(vocab, hidden, device=dev, dtype=dt, generator=g) * hidden ** -0.5).requires_grad_()
+        y = torch.randint(0, vocab, (1, args.tokens), device=dev, generator=g)
+        grad = torch.randn(1, args.tokens, vocab, device=dev, dtype=dt, generator=g) * 1e-4
+
+        def clear():
+            x.grad = w.grad = None
+
+        def gemms():
+            (x @ w.t()).backward(grad)
+            clear()
+
+        def hf(loss_fn):
+            def run():
+                loss_fn(x @ w.t(), y, vocab).backward()
+                clear()
+            return run
+
+        def fused():
+            LigerFusedLinearCrossEntropyLoss()(w, x[0, :-1], y[0, 1:]).backward()
+            clear()
+        cases = [("gemms", gemms), ("eager", hf(ForCausalLMLoss)), ("compiled", hf(compiled))]
+        if LigerFusedLinearCrossEntropyLoss is not None and dev == "cuda":
+            cases.append(("fused_linear", fused))
+        base = None
+        for name, fn in cases:
+            try:
+                ms = _timed(torch, fn, args.iters, dev)
+            except Exception as e:  # noqa: BLE001 - a kernel this box cannot run: say so, go on
+                print(f"| {hidden} | {vocab} | {name} | {type(e).__name__}: {str(e)[:120]} | | |")
+                continue
+            base = ms if name == "gemms" else base
+            over = ms - base
+            per = over * 1e-3 * tbps * 1e12 / (args.tokens * vocab)
+            print(f"| {hidden} | {vocab} | {name} | {ms:.3f} | {over:.3f} | {per:.1f} |" if name != "gemms" else
+                  f"| {hidden} | {vocab} | {name} | {ms:.3f} | - | - |")
+            sys.stdout.flush()
+        del x, w, y, grad
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="ABC")
@@ -146,7 +241,7 @@ def main(argv=None) -> int:
         import torch
         print(torch.cuda.get_device_name(), torch.__version__)
     for p in args.parts:
-        {"A": part_a, "B": part_b, "C": part_c}[p](args)
+        {"A": part_a, "B": part_b, "C": part_c, "D": part_d}[p](args)
     return 0
 
 

@@ -42,7 +42,6 @@ def cmd_knobs(a) -> int:
         if width is None:
             print(row + r["description"])
             continue
-        import textwrap
         text = " ".join([f"{c}: {r[c]}." for c in below if r[c] != "-"] + [r["description"]])
         lines = textwrap.wrap(text, max(20, width - indent), break_on_hyphens=False) or [""]
         if indent == left:
