@@ -324,9 +324,12 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
            "measured": got["groups"], "notes": got["notes"], "predicted": None,
            "atlas": {"layers": [{"name": layer.name, "kind": layer.kind, "rows": len(layer.rows),
                                  "refused": len(layer.refused)} for layer in atlas.layers]}}
-    # a measured row is an answer where one is the best (a failed quality verdict never is): else a prediction too,
-    # without the settings that failed on this model
-    if not any(r.get("best") for g in got["groups"] for r in g["rows"]):
+    # a measured row is an answer where one is the best (a failed quality verdict never is) at the global batch
+    # asked (a bench's 16 sequences per step do not answer the recipe's 1,024): else a prediction too, without the
+    # settings that failed on this model
+    from trainscout.trial.models import PYTHIA_RECIPE
+    batch = global_batch or PYTHIA_RECIPE.global_batch
+    if not any(r.get("best") and g["global_batch"] == batch for g in got["groups"] for r in g["rows"]):
         kind = gpu or _default_kind(atlas, out["notes"])
         _known_gpu(kind)
         # a quality verdict is the model's numerics, on any GPU kind: what failed on one is avoided on all

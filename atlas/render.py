@@ -104,6 +104,11 @@ def render_summary(answers: list[dict]) -> str:
     lines = [head]
     for a in answers:
         rows = [r for g in a["measured"] for r in g["rows"]]
+        aside = None
+        if rows and (a.get("predicted") or {}).get("rows"):  # measured at another global batch only: predicted too
+            r = next((r for r in rows if r.get("best")), rows[0])
+            aside, rows = (f"measured {_num(r['tokens_per_s'])} tokens/s at {r['global_batch']:,} sequences per step "
+                           f"({r['describe']})"), []
         if rows:
             r = next((r for r in rows if r.get("best")), rows[0])
             lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
@@ -121,6 +126,6 @@ def render_summary(answers: list[dict]) -> str:
                          f"{_pct(r['error']['tokens_per_s']['worst'])} worst)")
         else:
             lines.append(f"{a['model']:14} {'PREDICTED':9} does not fit up to 8 GPUs")
-        for note in p.get("notes", [])[:1]:
+        for note in ([aside] if aside else []) + p.get("notes", [])[:1]:
             lines.append(f"{'':25}note: {note}")
     return "\n".join(lines)

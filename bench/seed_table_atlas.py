@@ -26,6 +26,9 @@ def row(atlas, model: str, gpu: str, host_gib: float) -> str:
     if best is None and measured:
         r = measured[0]
         failed = f"; measured {r['tokens_per_s']:,.0f} ({r['describe']}) failed its quality verdict"
+    elif best is not None and got["predicted"] and got["predicted"].get("rows"):  # measured at another batch only
+        failed = f"; measured {best['tokens_per_s']:,.0f} ({best['describe']})"
+        best = None
     if best is None and got["predicted"] and got["predicted"].get("rows"):
         best, status = got["predicted"]["rows"][0], "PREDICTED"
     name = got["model"]

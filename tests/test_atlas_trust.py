@@ -215,6 +215,19 @@ def test_lookup_db_shows_mfu_for_a_store(tmp_path, capsys):
     assert rows and all(r["mfu"] is not None for r in rows)
 
 
+def test_a_model_measured_only_at_another_global_batch_is_predicted_for_the_one_asked():
+    """Pythia-160M's only H100 rows are a bench's (16 sequences per step, eager): they do not answer the recipe's
+    1,024, so lookup predicts too, and the one-line summary (the seed table's) gives the prediction with the
+    measurement beside it; at the bench's own batch the measurement is the answer."""
+    atlas = db.load()
+    got = lookup.lookup(atlas, "pythia-160m", gpu="H100", gpus=1)
+    assert {g["global_batch"] for g in got["measured"]} == {16} and got["predicted"]["rows"]
+    line = lookup.render_summary([got])
+    assert "PREDICTED" in line and "measured 235,186 tokens/s at 16 sequences per step" in line
+    at16 = lookup.lookup(atlas, "pythia-160m", gpu="H100", gpus=1, global_batch=16)
+    assert at16["predicted"] is None and "measured" in lookup.render_summary([at16]).split("\n")[1]
+
+
 def test_a_prediction_never_ranks_sharding_over_one_gpu_first():
     got = lookup.lookup(db.load(), "pythia-12b", gpu="H200", gpus=1)
     rows = got["predicted"]["rows"]
