@@ -59,6 +59,9 @@ FOLDERS = {
         "command": "bash bench/search_vs_handset_gpu.sh 6m /tmp/sl (the hand-set trials after the search)"},
     "grid-h200": {"command": "bash bench/grid_gpu.sh pythia-160m bench/spaces/h200-small.yaml bench/data/grid-h200 "
                              "bench/data/grid-h200-160m.csv"},
+    "gpu-2026-12-06-s25/gaps_h100.jsonl": {"command": "python bench/atlas_gaps_gpu.py --parts ACB --out gaps_h100.jsonl"},
+    "gpu-2026-12-06-s26/gaps_h100.jsonl": {
+        "command": "python bench/atlas_gaps_gpu.py --parts DC --c-models pythia-410m --out gaps_h100.jsonl"},
     "gpu-2026-12-01-s9/seed": {"notes": ["run by python bench/seed_table.py --out runs/seed-table"]},
     "gpu-2026-11-30-s4/gpus": {"notes": ["run by bench/search_scaling.sh (GPUS=1 and GPUS=2)"]},
     "gpu-2026-12-01-s7": {"notes": ["run by bench/hf_verify_gpu.sh"]},

@@ -7,13 +7,14 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   head's at a measured fraction of it where the vocabulary is not a multiple of 8: HEAD_UNALIGNED)
   (metrics.GPU_BF16_TFLOPS); a dense model's decoder linears at `linear_rate` times it where a knob set in the plan
   declares one (fp8: an FP8 GPU's dense FP8 peak is twice its bf16 one; the head and attention's products stay); fp32 at half of it with tf32 and 1/16 without (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
-- memory traffic: the bytes the memory model holds for it (memory.components: activations and logits, which the
-  knobs adjust, e.g. loss_kernel=compiled keeps no fp32 logits), written once and read once, and read and written
-  once more by eager elementwise kernels that compiled layers fuse, at the GPU's memory bandwidth (GPU_HBM_TBPS);
-  a checkpointed layer's activations as if it kept them, once more for its recomputed forward;
+- memory traffic, at the GPU's memory bandwidth (GPU_HBM_TBPS): the activations the memory model holds for it
+  (memory.components, which the knobs adjust), written once and read once, and read and written once more by eager
+  elementwise kernels that compiled layers fuse; a checkpointed layer's activations as if it kept them, once more
+  for its recomputed forward; the logits' bytes per token and vocabulary entry that the loss's kernel declares
+  (logits_bytes: loss_kernel's, measured: eager 52, compiled 9);
 - launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer;
-- not in step_s but beside it, a host floor (host_s): where the engine's hooks run host work per module and
-  micro-batch (ZeRO-3's parameter fetches), a step is never shorter than that host work (the atlas compares it with
+- not in step_s but beside it, a host floor (host_s): where the engine's hooks run host work per micro-batch and
+  per module (ZeRO-3's parameter fetches), a step is never shorter than that host work (the atlas compares it with
   the calibrated GPU time);
 - offload (offload_s, per optimizer step, not overlapped with the GPU's work): what an engine keeps in host memory
   (Engine.offloaded) moves over the GPU's PCIe link at pcie_bps, and the CPU's optimizer steps its parameters at
@@ -54,6 +55,7 @@ GPU_HBM_TBPS: list[tuple[str, float]] = [
 ]
 DEFAULT_TFLOPS, DEFAULT_TBPS = 989.0, 3.35  # an unknown GPU: the ratios between configurations are what counts
 PASSES_EAGER, PASSES_COMPILED = 4, 2  # traffic over the held bytes: write + read, + an eager kernel's own pass
+LOGITS_BYTES = 52.0  # the logits' bytes per token and vocabulary entry where no knob declares them (an eager loss)
 LAUNCH_S = 5e-6  # one kernel launch
 KERNELS_EAGER, KERNELS_COMPILED = 40, 10  # per layer, forward and backward
 FP32_RATE = {True: 0.5, False: 1 / 16}  # of the bf16 peak, by tf32
@@ -147,20 +149,15 @@ def step_s(spec: TrialSpec) -> float:
         edges = _linear_edges(json.dumps(spec.model_config, sort_keys=True, default=repr)) * layers / z.layers
         compute += tokens * edges * cast * (1.0 + again_fwd) * (1 if plan.compile else 2) / (tbps * 1e12)
     held = memory.components(spec)
-    in_acts, in_logits = engine.in_flight(plan, 1.0, 1.0)  # what the peak holds over one micro-batch's
+    in_acts = engine.in_flight(plan, 1.0, 1.0)[0]  # what the peak holds over one micro-batch's
     passes = PASSES_COMPILED if plan.compile else PASSES_EAGER
     every = plan.checkpoint_every
     # a checkpointed layer still writes and reads its activations (in its recomputed forward, once more): the bytes
     # its forward produces move, not the input it keeps
     made = (memory.components(spec.replace(plan=plan.replace(checkpoint_every=0)))["activations"] if every else
             held["activations"]) / in_acts
-    logits = held["logits"] / in_logits
     again = -(-layers // every) / layers if every else 0.0
-    traffic = (made * (passes + again) + logits * PASSES_EAGER) / (tbps * 1e12)
-    # a compiled or fused loss: its logits in fused kernels; the model compiled whole fuses it too (loss_kernel's
-    # declaration: "no change" there)
-    if plan.loss_kernel != "eager" or (plan.compile and plan.compile_scope == "model"):
-        traffic -= logits * (PASSES_EAGER - PASSES_COMPILED) / (tbps * 1e12)
+    traffic = (made * (passes + again) + tokens * z.vocab * logits_bytes(spec)) / (tbps * 1e12)
     launches = layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
     # a pipeline's micro_step runs its micro-batches through the rank and waits out the bubble (Engine.schedule)
     micro, idle = engine.schedule(plan)
@@ -169,16 +166,17 @@ def step_s(spec: TrialSpec) -> float:
 
 
 def host_s(spec: TrialSpec) -> float:
-    """Seconds per optimizer step of host work the engine's hooks add (Engine.hook_s per module holding parameters,
-    per micro-batch: ZeRO-3's fetch and release), which the GPU's queued work hides until the GPU runs out of it: a
-    floor under the step, not a term of step_s (whose GPU time the atlas calibrates to measured time before it
-    compares: atlas/predict's step = max(step_s x ratio, host_s)). 0.0 where the engine declares none (or on the
-    CPU, where the host does the compute too and the measured rows carry it)."""
+    """Seconds per optimizer step of host work the engine's hooks add (Engine.hook_s: a fixed part and a part per
+    module holding parameters, per micro-batch: ZeRO-3's fetch and release), which the GPU's queued work hides until
+    the GPU runs out of it: a floor under the step, not a term of step_s (whose GPU time the atlas calibrates to
+    measured time before it compares: atlas/predict's step = max(step_s x ratio, host_s)). 0.0 where the engine
+    declares none (or on the CPU, where the host does the compute too and the measured rows carry it)."""
     from . import engines
-    per = engines.get(spec.plan.engine).hook_s(spec.plan)
-    if not per or spec.device != "cuda":
+    fixed, per = engines.get(spec.plan.engine).hook_s(spec.plan)
+    if not (fixed or per) or spec.device != "cuda":
         return 0.0
-    return spec.plan.grad_accum * per * _param_modules(json.dumps(spec.model_config, sort_keys=True, default=repr))
+    modules = _param_modules(json.dumps(spec.model_config, sort_keys=True, default=repr)) if per else 0
+    return spec.plan.grad_accum * (fixed + per * modules)
 
 
 @functools.lru_cache(maxsize=64)
@@ -186,6 +184,22 @@ def _param_modules(key: str) -> int:
     """Modules that hold parameters of their own (the model on the meta device): what ZeRO-3's hooks fetch."""
     from .model_tree import _build
     return sum(1 for m in _build(key, "eager", seq_len=1).modules() if any(True for _ in m.parameters(recurse=False)))
+
+
+def logits_bytes(spec: TrialSpec) -> float:
+    """Bytes the head's logits move per token and vocabulary entry under spec's plan: the `logits_bytes` (by value) a
+    knob set in the plan declares (loss_kernel's); the model compiled whole fuses its loss as a compiled one does
+    (its "compiled" figure where the loss would run eager). LOGITS_BYTES where no knob declares one."""
+    from trainscout.spaces import all_knobs
+    plan = spec.plan
+    for k in all_knobs():
+        declared = getattr(k, "logits_bytes", None)
+        value = plan.knobs.get(k.name, getattr(plan, k.name, k.default))  # a Plan field (loss_kernel) or a plugin's
+        if declared and value in declared:
+            if plan.compile and plan.compile_scope == "model" and "compiled" in declared:
+                return min(declared[value], declared["compiled"])
+            return declared[value]
+    return LOGITS_BYTES
 
 
 def linear_rate(spec: TrialSpec) -> tuple[float, float]:

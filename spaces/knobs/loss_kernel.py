@@ -23,6 +23,16 @@ class LossKernel(Knob):
     # (seq x vocab x 4 bytes per sequence: 26 GB at Pythia-160M micro-batch 64) and reads them several times;
     # torchtitan compiles its loss for the same reason. The model compiled whole already fuses it (no change).
 
+    # The bytes the head's logits move per token and vocabulary entry, at the GPU's memory bandwidth (the roofline's
+    # unit, trial/steptime.py; the model compiled whole counts as compiled): measured over the head's three GEMMs alone
+    # with transformers' causal-LM loss, 16,384 tokens, bf16, one H100 SXM (python bench/atlas_gaps_gpu.py --parts D,
+    # bench/data/gpu-2026-12-06-s26/gaps_h100.log): eager 54.7, 52.7 and 50.4 at hidden 768 and 2048 with vocabulary
+    # 50,304 and at 2048 with 128,256 (its fp32 copy, log-softmax, the NLL's fp32 gradient and the cast back, each a
+    # pass of their own); compiled 8.7, 10.1 and 8.3. fused_linear is not measured: liger's chunks, counted as each
+    # kernel reading its inputs and writing its outputs once (the product 2, its in-place loss and gradient 2 + 2, the
+    # two backward products 4): 10.
+    logits_bytes = {"eager": 52.0, "compiled": 9.0, "fused_linear": 10.0}
+
     # fused_linear: the logits are most of the activation memory at a large vocabulary (Llama-3's 128,256 at
     # micro-batch 16, seq 2048: 16.8 GB in fp32 alone); liger computes them chunk by chunk, with the gradients of the
     # hidden states and the head in the same pass, and never keeps them.

@@ -201,11 +201,11 @@ class Engine:
         return activations, logits
 
     @classmethod
-    def hook_s(cls, plan: Plan) -> float:
-        """Seconds of host work per module that holds parameters, per micro-batch (its forward and backward), that
-        the engine's own hooks add under the plan: trial/steptime.host_s, a floor under the step where the GPU's
-        share of a micro-batch is shorter. 0.0: none worth counting."""
-        return 0.0
+    def hook_s(cls, plan: Plan) -> tuple[float, float]:
+        """Seconds of host work per micro-batch (its forward and backward) that the engine's own hooks add under the
+        plan, as (a fixed part, a part per module that holds parameters): trial/steptime.host_s, a floor under the
+        step where the GPU's share of a micro-batch is shorter. (0.0, 0.0): none worth counting."""
+        return 0.0, 0.0
 
     @classmethod
     def schedule(cls, plan: Plan) -> tuple[int, float]:

@@ -31,12 +31,15 @@ def deepspeed_config(plan, recipe: dict, grad_accum: int) -> dict:
     return cfg
 
 
-# Host seconds of ZeRO-3's parameter hooks per module holding parameters, per micro-batch: one H100 SXM box (16 host
-# cores) ran Pythia-160M (75 such modules) at micro-batch 8 in 0.18 s a micro-batch under stage 3, host-bound (0.068 s
-# under stage 0: the GPU waited), 0.18 / 75 = 2.4 ms; Pythia-1B (99 modules, 0.27 s of GPU work a micro-batch) ran 1.03x
-# stage 0's time: its hooks (0.24 s) hid behind the GPU's work (bench/atlas_gaps_gpu.py part C,
-# bench/data/gpu-2026-12-06-s25/gaps_h100.log). One host: another CPU runs them at its own speed.
-ZERO3_HOOK_S = 2.4e-3
+# Host seconds of ZeRO-3's parameter hooks per micro-batch (its forward and backward): a fixed part and a part per
+# module holding parameters, read off one H100 SXM box (16 host cores) at micro-batch 8, 2 micro-batches a step, where
+# stage 3 is host-bound (bench/atlas_gaps_gpu.py part C): Pythia-160M (75 such modules) 0.196 s a micro-batch under
+# stage 3 against 0.070 s under stage 0 (data/gpu-2026-12-06-s25/gaps_h100.log), Pythia-410M (147) 0.227 s against
+# 0.153 (data/gpu-2026-12-06-s26/gaps_h100.log): 0.43 ms a module over a fixed 0.164 s. Per micro-batch, not per
+# step: the H200 box's Pythia-410M ran 128 micro-batches a step at 0.249 s each. Pythia-1B (99 modules, 0.27 s of GPU
+# work a micro-batch) ran 1.03x stage 0's time: its hooks hid behind the GPU. One host: another CPU runs them at its
+# own speed.
+ZERO3_HOOK_BASE_S, ZERO3_HOOK_S = 0.164, 4.3e-4
 
 
 @register_engine
@@ -112,7 +115,7 @@ class DeepSpeedEngine(Engine):
     def hook_s(cls, plan):
         # stage 3 fetches each module's parameters before its forward and backward and releases them after, in
         # DeepSpeed's Python hooks, on one GPU as on many
-        return ZERO3_HOOK_S if plan.engine_config.get("stage") == 3 else 0.0
+        return (ZERO3_HOOK_BASE_S, ZERO3_HOOK_S) if plan.engine_config.get("stage") == 3 else (0.0, 0.0)
 
     @classmethod
     def offloaded(cls, plan):
