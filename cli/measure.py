@@ -53,7 +53,6 @@ def cmd_knobs(a) -> int:
             print(" " * indent + line)
     if not a.quiet:
         hint = "Set a knob with --set NAME=VALUE. A knob with requirements may only leave its default when they hold."
-        import textwrap
         print("\n" + ("\n".join(textwrap.wrap(hint, width)) if width else hint))
     return 0
 
