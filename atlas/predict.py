@@ -155,8 +155,10 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
     # the configurations measured on the nearest shapes, then the GPU kind's best by MFU on any model (a neighbour
     # measured only in a bench's plain configurations must not hide what runs fastest here), CANDIDATES of each
+    # (a row whose quality gate failed calibrates speeds, but its configuration trains another model: not offered)
     picked, seen = [], set()
-    for group in ([s for s in at if s.shape in near], [s for s in at if s.shape not in near]):
+    ok = [s for s in at if not s.gate_failed]
+    for group in ([s for s in ok if s.shape in near], [s for s in ok if s.shape not in near]):
         took = 0
         for s in sorted(group, key=lambda s: (-(s.mfu or 0), s.id)):
             if took == CANDIDATES:

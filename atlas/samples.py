@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from trainscout.spaces.plan import Plan
 from trainscout.trial.metrics import gpu_kind  # a GPU kind from a GPU's name
+from trainscout.trial.quality import FAILED
 
 from .families import arch_family, families, plan_of, settings
 
@@ -37,6 +38,7 @@ class Sample:
     peak: float | None  # measured peak bytes (the fullest rank), None where not recorded
     mfu: float | None   # recomputed (trainscout.trial.mfu), from the row's derived values
     host_s: float = 0.0  # steptime.host_s: the host work a step cannot be shorter than (ZeRO-3's hooks)
+    gate_failed: bool = False  # its quality gate failed: a speed still, never a configuration to recommend
 
     @functools.cached_property
     def knobs(self) -> dict:
@@ -131,5 +133,6 @@ def samples(rows: list[dict], feats: dict[str, dict]) -> list[Sample]:
             roofline_s=f["roofline_s"], step_s=m["step_s"],
             tokens_per_step=rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"],
             states=f["states"], acts=f["acts"], peak=max(peaks) * 2**20 if peaks else None,
-            mfu=row_mfu(row), host_s=f.get("host_s", 0.0)))
+            mfu=row_mfu(row), host_s=f.get("host_s", 0.0),
+            gate_failed=(m.get("quality") or {}).get("gate") == FAILED))
     return out

@@ -62,6 +62,10 @@ FOLDERS = {
     "gpu-2026-12-06-s25/gaps_h100.jsonl": {"command": "python bench/atlas_gaps_gpu.py --parts ACB --out gaps_h100.jsonl"},
     "gpu-2026-12-06-s26/gaps_h100.jsonl": {
         "command": "python bench/atlas_gaps_gpu.py --parts DC --c-models pythia-410m --out gaps_h100.jsonl"},
+    "gpu-2026-12-06-s26/l3b/lookup_trials.jsonl": {
+        "command": "trainscout trial --model bench/models/hub/llama-3.2-3b.json --set compile=true --set loss_kernel=LK "
+                   "--set tf32=false --set compile_scope=layers --set fp8=tensorwise --set optimizer_impl=fused "
+                   "--set micro_batch_size=2 --steps 3 --warmup 2 --json (LK: fused_linear, then compiled)"},
     "gpu-2026-12-01-s9/seed": {"notes": ["run by python bench/seed_table.py --out runs/seed-table"]},
     "gpu-2026-11-30-s4/gpus": {"notes": ["run by bench/search_scaling.sh (GPUS=1 and GPUS=2)"]},
     "gpu-2026-12-01-s7": {"notes": ["run by bench/hf_verify_gpu.sh"]},
@@ -84,6 +88,14 @@ def folder_of(rel: str) -> dict:
     return FOLDERS.get(best, {})
 
 
+def _models_dir(args: dict) -> str:
+    """Where bench/ keeps a searched config.json of that file name: bench/models, or its hub/ folder (the Hub's files
+    as published)."""
+    name = os.path.basename(str(args.get("model") or ""))
+    return "bench/models/hub" if os.path.exists(os.path.join(ROOT, "bench", "models", "hub", name)) and not \
+        os.path.exists(os.path.join(ROOT, "bench", "models", name)) else "bench/models"
+
+
 def read_store(path: str) -> tuple[list[tuple[dict, str]], dict[str, str]]:
     """[(record dict with key, its search's command or None)] of a results store, opened read-only and immutable
     (the tracked file is never touched)."""
@@ -99,7 +111,7 @@ def read_store(path: str) -> tuple[list[tuple[dict, str]], dict[str, str]]:
                     "SELECT search, key, cached FROM trainscout_search_trials WHERE key IS NOT NULL "
                     "ORDER BY cached, created_at"):
                 if key not in by_key and search in args:
-                    by_key[key] = search_command(args[search], models_dir="bench/models")
+                    by_key[key] = search_command(args[search], models_dir=_models_dir(args[search]))
     finally:
         con.close()
     return [(dict(json.loads(r), key=k), by_key.get(k)) for k, r in rows], by_key

@@ -228,6 +228,18 @@ def test_a_model_measured_only_at_another_global_batch_is_predicted_for_the_one_
     assert at16["predicted"] is None and "measured" in lookup.render_summary([at16]).split("\n")[1]
 
 
+def test_a_configuration_whose_gate_failed_is_never_offered():
+    """A row whose quality gate failed is a speed (it calibrates) but never a configuration to offer: Llama-3.2-3B's
+    H100 rows (precision=bf16 with FP8, MFU 0.748, every one failed) had become every H100 answer's configuration.
+    Here every H100 row but Pythia-1B's is marked failed: each predicted configuration comes from Pythia-1B's."""
+    import dataclasses
+    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    assert any(s.gate_failed for s in pool if s.model == "llama-3.2-3b")
+    marked = [dataclasses.replace(s, gate_failed=s.gpu == "H100" and s.model != "pythia-1b") for s in pool]
+    rows = predict.predict_model("pythia-1.4b", "NVIDIA H100 80GB HBM3", 1, marked)["rows"]
+    assert rows and {r["from"] for r in rows} == {"pythia-1b"}
+
+
 def test_a_prediction_never_ranks_sharding_over_one_gpu_first():
     got = lookup.lookup(db.load(), "pythia-12b", gpu="H200", gpus=1)
     rows = got["predicted"]["rows"]

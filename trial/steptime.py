@@ -11,7 +11,8 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
   (memory.components, which the knobs adjust), written once and read once, and read and written once more by eager
   elementwise kernels that compiled layers fuse; a checkpointed layer's activations as if it kept them, once more
   for its recomputed forward; the logits' bytes per token and vocabulary entry that the loss's kernel declares
-  (logits_bytes: loss_kernel's, measured: eager 52, compiled 9);
+  (logits_bytes: loss_kernel's, measured: eager 52, compiled 9.4), or the head as the knob runs it (head_s: liger's
+  chunks); the weights' and gradients' bytes of every micro-batch (weight_bytes: casts and accumulation);
 - launches: a few dozen kernels per layer, forward and backward, of LAUNCH_S each; compiled layers launch fewer;
 - not in step_s but beside it, a host floor (host_s): where the engine's hooks run host work per micro-batch and
   per module (ZeRO-3's parameter fetches), a step is never shorter than that host work (the atlas compares it with
@@ -55,6 +56,7 @@ GPU_HBM_TBPS: list[tuple[str, float]] = [
 ]
 DEFAULT_TFLOPS, DEFAULT_TBPS = 989.0, 3.35  # an unknown GPU: the ratios between configurations are what counts
 PASSES_EAGER, PASSES_COMPILED = 4, 2  # traffic over the held bytes: write + read, + an eager kernel's own pass
+WEIGHT_BYTES = {4: 18.0, 2: 8.0}  # per parameter and micro-batch, by the master weights' bytes (weight_bytes)
 LOGITS_BYTES = 52.0  # the logits' bytes per token and vocabulary entry where no knob declares them (an eager loss)
 LAUNCH_S = 5e-6  # one kernel launch
 KERNELS_EAGER, KERNELS_COMPILED = 40, 10  # per layer, forward and backward
@@ -137,13 +139,13 @@ def step_s(spec: TrialSpec) -> float:
     fpt = count.hardware_per_token(recipe["seq_len"], plan.checkpoint_every, selective=flops.selective(plan))
     head = 6.0 * count.outside
     body = (fpt - head) * layers / z.layers
-    head *= head_alignment(spec.model_config.get("vocab_size"), spec.model_config.get("hidden_size"))
+    align = head_alignment(spec.model_config.get("vocab_size"), spec.model_config.get("hidden_size"))
     rate, cast = linear_rate(spec)
     if rate != 1.0 and not z.experts:  # the decoder linears' share of the layers' products (not attention's)
         lw, aw = sum(count.layer_weights), sum(count.attention_width)
         share = 6.0 * lw / (6.0 * lw + 12.0 * aw * recipe["seq_len"])
         body *= 1.0 - share + share / rate
-    compute = tokens * (body + head) / (tflops * 1e12)
+    compute = tokens * body / (tflops * 1e12) + head_s(spec, tokens, head * align / (tflops * 1e12), tbps)
     if cast and not z.experts:  # the casts into 8 bits: once more for a recomputed forward; eager: unfused, twice
         again_fwd = (-(-layers // plan.checkpoint_every) / layers) * 5 / cast if plan.checkpoint_every else 0.0
         edges = _linear_edges(json.dumps(spec.model_config, sort_keys=True, default=repr)) * layers / z.layers
@@ -157,12 +159,24 @@ def step_s(spec: TrialSpec) -> float:
     made = (memory.components(spec.replace(plan=plan.replace(checkpoint_every=0)))["activations"] if every else
             held["activations"]) / in_acts
     again = -(-layers // every) / layers if every else 0.0
-    traffic = (made * (passes + again) + tokens * z.vocab * logits_bytes(spec)) / (tbps * 1e12)
+    traffic = made * (passes + again) / (tbps * 1e12)
     launches = layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
+    traffic += weight_bytes(spec, layers / z.layers) / (tbps * 1e12)
     # a pipeline's micro_step runs its micro-batches through the rank and waits out the bubble (Engine.schedule)
     micro, idle = engine.schedule(plan)
     return plan.grad_accum * (micro + idle) * (compute + traffic + launches) + optimizer_s(spec, held, tbps) + \
         offload_s(spec)
+
+
+def weight_bytes(spec: TrialSpec, share: float = 1.0) -> float:
+    """Bytes the weights and their gradients move in every micro-batch, whatever its tokens (share: the fraction of
+    the decoder the rank runs): fp32 master weights (bf16-mixed) are cast to 16 bits for the forward (4 read, 2
+    written) and their 16-bit gradients written, read and added into fp32 ones (2 + 2, 4 + 4): WEIGHT_BYTES[4]; 16-bit
+    masters (precision=bf16) only their gradients accumulated (2 written, then 2 + 2 read and 2 written):
+    WEIGHT_BYTES[2]. A micro-batch of few tokens pays it per token most (a 3B model at micro-batch 2)."""
+    from .engines.base import master_bytes
+    n = memory._counts(memory._with_config(spec).model_config)["N"] * share
+    return n * WEIGHT_BYTES.get(master_bytes(spec.plan), WEIGHT_BYTES[4])
 
 
 def host_s(spec: TrialSpec) -> float:
@@ -184,6 +198,23 @@ def _param_modules(key: str) -> int:
     """Modules that hold parameters of their own (the model on the meta device): what ZeRO-3's hooks fetch."""
     from .model_tree import _build
     return sum(1 for m in _build(key, "eager", seq_len=1).modules() if any(True for _ in m.parameters(recurse=False)))
+
+
+def head_s(spec: TrialSpec, tokens: int, product_s: float, tbps: float) -> float:
+    """Seconds of the LM head's products and its loss in one micro-batch of tokens (product_s: the products'
+    seconds per token at the GPU's peak, the vocabulary's alignment counted): where a knob set in the plan declares
+    its own (`head_s`: loss_kernel=fused_linear's chunks), that; else the products and the logits' bytes
+    (logits_bytes) at the GPU's memory bandwidth."""
+    from trainscout.spaces import all_knobs
+    from trainscout.spaces.model_config import sizes
+    plan = spec.plan
+    for k in all_knobs():
+        own = getattr(k, "head_s", None)
+        if own is not None:
+            got = own(plan.knobs.get(k.name, getattr(plan, k.name, k.default)), spec, tokens, product_s, tbps * 1e12)
+            if got is not None:
+                return got
+    return tokens * (product_s + sizes(spec.model_config).vocab * logits_bytes(spec) / (tbps * 1e12))
 
 
 def logits_bytes(spec: TrialSpec) -> float:

@@ -25,17 +25,39 @@ class LossKernel(Knob):
 
     # The bytes the head's logits move per token and vocabulary entry, at the GPU's memory bandwidth (the roofline's
     # unit, trial/steptime.py; the model compiled whole counts as compiled): measured over the head's three GEMMs alone
-    # with transformers' causal-LM loss, 16,384 tokens, bf16, one H100 SXM (python bench/atlas_gaps_gpu.py --parts D,
-    # bench/data/gpu-2026-12-06-s26/gaps_h100.log): eager 54.7, 52.7 and 50.4 at hidden 768 and 2048 with vocabulary
-    # 50,304 and at 2048 with 128,256 (its fp32 copy, log-softmax, the NLL's fp32 gradient and the cast back, each a
-    # pass of their own); compiled 8.7, 10.1 and 8.3. fused_linear is not measured: liger's chunks, counted as each
-    # kernel reading its inputs and writing its outputs once (the product 2, its in-place loss and gradient 2 + 2, the
-    # two backward products 4): 10.
-    logits_bytes = {"eager": 52.0, "compiled": 9.0, "fused_linear": 10.0}
+    # with transformers' causal-LM loss, 16,384 tokens, bf16, one H100 SXM (python bench/atlas_gaps_gpu.py --parts D;
+    # bench/data/gpu-2026-12-06-s26/gaps_h100.log and loss_d_h100.log, two runs) at hidden 768 and 2048 with
+    # vocabulary 50,304 and at 2048 with 128,256: eager 54.7, 52.7, 50.4 and 56.1, 49.6, 51.8 (its fp32 copy,
+    # log-softmax, the NLL's fp32 gradient and the cast back, each a pass of its own); compiled 8.7, 10.1, 8.3 and 8.7,
+    # 12.3, 10.3: the medians. fused_linear: its chunks' loss, counted as each kernel reading its inputs and writing
+    # its outputs once (the product 2, liger's in-place loss and gradient 2 + 2, the two backward products 4); its
+    # chunked products are head_s's (liger measured 35.1, 16.1 and 21.2 over the whole products at the shapes above).
+    logits_bytes = {"eager": 52.0, "compiled": 9.4, "fused_linear": 10.0}
 
     # fused_linear: the logits are most of the activation memory at a large vocabulary (Llama-3's 128,256 at
     # micro-batch 16, seq 2048: 16.8 GB in fp32 alone); liger computes them chunk by chunk, with the gradients of the
     # hidden states and the head in the same pass, and never keeps them.
+
+    def head_s(self, value, spec, tokens, product_s, bytes_per_s):
+        """Seconds of the head and its loss in one micro-batch where liger runs them (fused_linear; None: the
+        step-time model's own, trial/steptime.head_s): chunk by chunk (liger's chunk size), each chunk's three
+        products at the GPU's peak (product_s a token) or, where longer, the weight they read twice and the weight's
+        gradient they add into (16-bit weights read: 2 B each; the gradient accumulated in fp32 under fp32 masters,
+        read and written: 8 B, else 4 B), then its logits' loss (logits_bytes); fp32 masters are cast to 16 bits once
+        (4 B read, 2 written). Against bench/atlas_gaps_gpu.py part D on an H100 (16,384 tokens, bf16 weights), over
+        the whole products' time: 2.19x at hidden 768 and vocabulary 50,304 (measured 2.65x), 1.25x at 2048 and
+        50,304 (1.27x), 1.24x at 2048 and 128,256 (1.36x): at few tokens a chunk reads the whole weight for a
+        few rows (Llama-3.2-3B at micro-batch 2: 32 chunks of 128 tokens, memory-bound)."""
+        if value != "fused_linear":
+            return None
+        z = sizes(spec.model_config)
+        chunk = _chunk(tokens, z.vocab, z.hidden)
+        chunks = -(-tokens // chunk)
+        w = z.vocab * z.hidden
+        acc = 8 if spec.plan.master_dtype == "float32" else 4
+        per = max(chunk * product_s, w * (2 * 2 + acc) / bytes_per_s) + \
+            chunk * z.vocab * self.logits_bytes["fused_linear"] / bytes_per_s
+        return chunks * per + (w * 6 / bytes_per_s if acc == 8 else 0.0)
 
     def check(self, value, cfg, ctx):
         if value != "fused_linear":
@@ -75,8 +97,13 @@ class LossKernel(Knob):
             terms["logits"] -= 8 * b * s * V
         elif plan.loss_kernel == "fused_linear":  # one chunk of logits (fp32 and 16-bit) and the head's fp32 grad
             h = sizes(spec.model_config).hidden
-            chunk = min(b * s, 2 ** max(0, (-(-b * s // -(-V // h)) - 1).bit_length()))  # liger's chunk size
+            chunk = _chunk(b * s, V, h)
             terms["logits"] = 6 * chunk * V + 4 * V * h
+
+
+def _chunk(tokens: int, vocab: int, hidden: int) -> int:
+    """liger's chunk of tokens: the power of two at or over tokens / ceil(vocab / hidden), at most tokens."""
+    return min(tokens, 2 ** max(0, (-(-tokens // -(-vocab // hidden)) - 1).bit_length()))
 
 
 def _fused_linear_forward(model, fused=None):
