@@ -66,6 +66,10 @@ FOLDERS = {
         "command": "trainscout trial --model bench/models/hub/llama-3.2-3b.json --set compile=true --set loss_kernel=LK "
                    "--set tf32=false --set compile_scope=layers --set fp8=tensorwise --set optimizer_impl=fused "
                    "--set micro_batch_size=2 --steps 3 --warmup 2 --json (LK: fused_linear, then compiled)"},
+    "gpu-2026-12-06-s26/lookup_first/trials.jsonl": {
+        "command": "trainscout trial --model bench/models/hub/MODEL.json --set compile=true --set loss_kernel=compiled "
+                   "--set precision=bf16 --set compile_scope=layers --set fp8=tensorwise --set micro_batch_size=MB "
+                   "--steps 3 --warmup 2 --json (MODEL:MB smollm2-1.7b:16, qwen2.5-1.5b:8: lookup's first answers)"},
     "gpu-2026-12-01-s9/seed": {"notes": ["run by python bench/seed_table.py --out runs/seed-table"]},
     "gpu-2026-11-30-s4/gpus": {"notes": ["run by bench/search_scaling.sh (GPUS=1 and GPUS=2)"]},
     "gpu-2026-12-01-s7": {"notes": ["run by bench/hf_verify_gpu.sh"]},

@@ -220,6 +220,7 @@ def test_a_driver_paused_past_its_lease_stops_in_one_line_when_it_wakes(tmp_path
         text = open(tmp_path / "err").read()
         lines = [ln for ln in text.splitlines() if ln.startswith("trainscout:")]
         assert rc == 1, text[-3000:]
+        assert len(lines) == 1, text[-3000:]
         assert lines == [f"trainscout: error: search {name}: another driver (host {claims.HOST}, pid {os.getpid()}) "
                          f"took over this search's lease after {lines[0].split(' after ')[1].split(' s ')[0]} s "
                          "without a heartbeat: this one stops; its trials are theirs"], text[-3000:]
