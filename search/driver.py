@@ -220,8 +220,15 @@ def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, strea
     except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
         why = guard.failure_of(e)
         if why is None and keeper.lost() is None:
-            raise
-        store_failed(why or keeper.lost())
+            # a driver woken after another took its lease over: Optuna refuses its stale write to a trial the
+            # successor settled (UpdateFinishedTrialError, from a write the lease's guard does not see): the one line
+            from trainscout.store import claims
+            lease = claims.driving(name)
+            if lease is None or (line := lease.check()) is None:
+                raise
+            lease_lost(line)
+        else:
+            store_failed(why or keeper.lost())
         summary = None
     try:
         if lease_failure():  # another driver took this search over: what the store holds is theirs now
