@@ -104,13 +104,12 @@ def render_summary(answers: list[dict]) -> str:
     lines = [head]
     for a in answers:
         rows = [r for g in a["measured"] for r in g["rows"]]
+        r = next((r for r in rows if r.get("best")), rows[0]) if rows else None
         aside = None
-        if rows and (a.get("predicted") or {}).get("rows"):  # measured at another global batch only: predicted too
-            r = next((r for r in rows if r.get("best")), rows[0])
-            aside, rows = (f"measured {_num(r['tokens_per_s'])} tokens/s at {r['global_batch']:,} sequences per step "
-                           f"({r['describe']})"), []
-        if rows:
-            r = next((r for r in rows if r.get("best")), rows[0])
+        if r and (a.get("predicted") or {}).get("rows"):  # measured at another global batch only: predicted too
+            aside, r = (f"measured {_num(r['tokens_per_s'])} tokens/s at {r['global_batch']:,} sequences per step "
+                        f"({r['describe']})"), None
+        if r:
             lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
             lines.append(f"{a['model']:14} {'measured':9} {_num(r['tokens_per_s']):>9} {_num(r['mfu'], '{:.3f}'):>6} "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8} {_num(r['projected_days'], '{:.1f}'):>7} "

@@ -30,6 +30,27 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCABS = {2048: (49152, 49155, 49156, 49160, 49216, 100352), 4096: (50304, 50257, 32000, 32001)}
 
 
+def _timed(torch, fn, iters: int, device: str) -> float:
+    """Median milliseconds of fn() over iters calls, after 3 warm-up calls (CUDA events on the GPU)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def head_ms(torch, hidden: int, vocab: int, tokens: int, iters: int, device: str) -> float:
     """Median milliseconds of the head's forward and backward (logits, fp32 cross-entropy, both gradients)."""
     g = torch.Generator(device=device).manual_seed(0)
@@ -42,23 +63,7 @@ def head_ms(torch, hidden: int, vocab: int, tokens: int, iters: int, device: str
         loss = torch.nn.functional.cross_entropy((x @ w.t()).float(), y)
         loss.backward()
         x.grad = w.grad = None
-    for _ in range(3):
-        once()
-    times = []
-    for _ in range(iters):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            once()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            once()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+    return _timed(torch, once, iters, device)
 
 
 def part_a(args) -> None:
@@ -134,27 +139,6 @@ def part_c(args) -> None:
 
 
 LOSS_SHAPES = ((768, 50304), (2048, 50304), (2048, 128256))  # (hidden, vocab): Pythia-160M's and 1B's head, Llama-3's
-
-
-def _timed(torch, fn, iters: int, device: str) -> float:
-    """Median milliseconds of fn() over iters calls, after 3 warm-up calls (CUDA events on the GPU)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def part_d(args) -> None:

@@ -22,12 +22,12 @@ def row(atlas, model: str, gpu: str, host_gib: float) -> str:
     got = lookup(atlas, model, gpu=gpu, gpus=1, host_memory_gib=host_gib)
     measured = next((g["rows"] for g in got["measured"] if g["rows"]), [])
     best = next((r for r in measured if r.get("best")), None)  # a failed quality verdict is never the best
-    status, failed = "measured", ""
+    status, beside = "measured", ""
     if best is None and measured:
         r = measured[0]
-        failed = f"; measured {r['tokens_per_s']:,.0f} ({r['describe']}) failed its quality verdict"
+        beside = f"; measured {r['tokens_per_s']:,.0f} ({r['describe']}) failed its quality verdict"
     elif best is not None and got["predicted"] and got["predicted"].get("rows"):  # measured at another batch only
-        failed = f"; measured {best['tokens_per_s']:,.0f} ({best['describe']})"
+        beside = f"; measured {best['tokens_per_s']:,.0f} ({best['describe']})"
         best = None
     if best is None and got["predicted"] and got["predicted"].get("rows"):
         best, status = got["predicted"]["rows"][0], "PREDICTED"
@@ -40,7 +40,7 @@ def row(atlas, model: str, gpu: str, host_gib: float) -> str:
     mfu = f"{best['mfu']:.3f}" if best.get("mfu") else "-"
     rent = f"${best['rent_usd']:,.0f}" if best.get("rent_usd") else "-"
     return (f"| {name} | {status} {best['tokens_per_s']:,.0f} | {mfu} | {best['projected_days']:,.1f} | {rent} | "
-            f"{best['describe']}{q}{failed} |")
+            f"{best['describe']}{q}{beside} |")
 
 
 def main() -> int:

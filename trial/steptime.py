@@ -160,8 +160,8 @@ def step_s(spec: TrialSpec) -> float:
             held["activations"]) / in_acts
     again = -(-layers // every) / layers if every else 0.0
     traffic = made * (passes + again) / (tbps * 1e12)
+    traffic += weight_bytes(spec, layers / z.layers) / (tbps * 1e12)  # every micro-batch's, whatever its tokens
     launches = layers * (KERNELS_COMPILED if plan.compile else KERNELS_EAGER) * LAUNCH_S
-    traffic += weight_bytes(spec, layers / z.layers) / (tbps * 1e12)
     # a pipeline's micro_step runs its micro-batches through the rank and waits out the bubble (Engine.schedule)
     micro, idle = engine.schedule(plan)
     return plan.grad_accum * (micro + idle) * (compute + traffic + launches) + optimizer_s(spec, held, tbps) + \
@@ -207,13 +207,10 @@ def head_s(spec: TrialSpec, tokens: int, product_s: float, tbps: float) -> float
     (logits_bytes) at the GPU's memory bandwidth."""
     from trainscout.spaces import all_knobs
     from trainscout.spaces.model_config import sizes
-    plan = spec.plan
     for k in all_knobs():
         own = getattr(k, "head_s", None)
-        if own is not None:
-            got = own(plan.knobs.get(k.name, getattr(plan, k.name, k.default)), spec, tokens, product_s, tbps * 1e12)
-            if got is not None:
-                return got
+        if own is not None and (got := own(_value(spec.plan, k), spec, tokens, product_s, tbps * 1e12)) is not None:
+            return got
     return tokens * (product_s + sizes(spec.model_config).vocab * logits_bytes(spec) / (tbps * 1e12))
 
 
@@ -225,12 +222,16 @@ def logits_bytes(spec: TrialSpec) -> float:
     plan = spec.plan
     for k in all_knobs():
         declared = getattr(k, "logits_bytes", None)
-        value = plan.knobs.get(k.name, getattr(plan, k.name, k.default))  # a Plan field (loss_kernel) or a plugin's
-        if declared and value in declared:
+        if declared and (value := _value(plan, k)) in declared:
             if plan.compile and plan.compile_scope == "model" and "compiled" in declared:
                 return min(declared[value], declared["compiled"])
             return declared[value]
     return LOGITS_BYTES
+
+
+def _value(plan, knob):
+    """knob's setting in plan: its `knobs` entry, else the Plan field of its name (loss_kernel), else its default."""
+    return plan.knobs.get(knob.name, getattr(plan, knob.name, knob.default))
 
 
 def linear_rate(spec: TrialSpec) -> tuple[float, float]:
