@@ -52,7 +52,12 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and exit code 2."""
+    """argparse with one-line errors (no usage block) and exit code 2, and no prefix matching of long flags (a
+    prefix would be read as whichever flag it starts, e.g. --gpu as --gpus-per-trial)."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kw)
 
     def error(self, message):
         """Raise the usage error as a ConfigError naming the flag (main prints it as one line, exit 2)."""

@@ -120,6 +120,17 @@ def test_quiet_and_verbose_together_are_refused(capsys):
     one_line_error(capsys, "--quiet")
 
 
+@pytest.mark.parametrize("argv, given", [
+    (["search", "--gpus-per", "1", "--model", "tiny", "--device", "cpu"], "--gpus-per 1"),
+    (["trial", "--work", "2", "--model", "tiny"], "--work 2"),
+    (["--vers"], "--vers"),
+])
+def test_a_prefix_of_a_flag_is_refused_not_read_as_that_flag(capsys, argv, given):
+    """argparse's prefix matching is off: a flag's prefix is an unknown flag, not the flag it starts."""
+    assert main(argv) == 2
+    assert f"unrecognized arguments: {given}" in one_line_error(capsys, "arguments")
+
+
 def finished_search(tmp_path) -> str:
     """A saved search whose 4 trials are done (a resume runs nothing, starts no Ray): 3 out of memory, 1 crashed
     (trials refused or pruned before running would not count toward --trials)."""
