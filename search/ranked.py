@@ -31,6 +31,16 @@ def _key(params: dict) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
+def _by_knob(trial):
+    """A copy of an Optuna trial whose parameters are named by knob (search.space.knob_params)."""
+    import copy
+
+    from .space import knob_params
+    out = copy.copy(trial)
+    out.params = knob_params(trial.params)
+    return out
+
+
 class Ranker:
     """Ranks the neighbours of a search's best measured configuration; see the module docstring."""
 
@@ -42,15 +52,16 @@ class Ranker:
         self._params: dict[str, dict | None] = {}
 
     def params(self, point: dict) -> dict | None:
-        """The parameters the sampler would hold for point (its knobs that apply), None where point is incomplete."""
-        import optuna
+        """The parameters the sampler would hold for point (its knobs that apply, by knob name), None where point is
+        incomplete or refused by the rules."""
+        from trainscout.spaces import ConfigError
+
+        from .space import knob_params
         k = _key(point)
         if k not in self._params:
-            fixed = optuna.trial.FixedTrial(point)
             try:
-                self.space.sample(fixed)
-                self._params[k] = dict(fixed.params)
-            except ValueError:  # a knob that applies here has no value in point
+                self._params[k] = knob_params(self.space.params_of(point))
+            except ConfigError:  # a knob that applies here has no value in point, or the rules refuse one
                 self._params[k] = None
         return self._params[k]
 
@@ -81,6 +92,9 @@ class Ranker:
         timeout: FAIL; pruned: PRUNED) taken too, others pending. wide: any neighbour, however slow its prediction
         (the sampler's draws keep being refused: WIDEN)."""
         import optuna
+
+        from .space import knob_params
+        trials = [t if t.params == knob_params(t.params) else _by_knob(t) for t in trials]
         done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
         feasible = [t for t in done if t.value > 0]
         if not feasible:

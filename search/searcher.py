@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from trainscout.trial.status import Status
 
 from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
+from .space import knob_params
 from .start import spec_at
 from .trainable import FREE_RUN, METRIC
 
@@ -174,7 +175,7 @@ def recover_interrupted(ostorage, name: str, store: Store, cut: list | None = No
             continue
         if cut is not None:
             start = t.datetime_start
-            cut.append({"number": t.number, "params": dict(t.params), "steps": len(t.intermediate_values),
+            cut.append({"number": t.number, "params": knob_params(t.params), "steps": len(t.intermediate_values),
                         "seconds": (datetime.datetime.now() - start).total_seconds() if start else None})
         if t.intermediate_values:
             ostorage.set_trial_user_attr(tid, "status", str(Status.STOPPED))

@@ -11,6 +11,7 @@ Knobs it does not name are searched over their whole domain, when their requirem
 """
 from __future__ import annotations
 
+import json
 import os
 
 import yaml
@@ -50,11 +51,18 @@ def load_space_file(path: str) -> dict:
 
 
 class Space:
-    """Fixed knobs and narrowed domains over the registered knobs; samples with Optuna define-by-run."""
+    """Fixed knobs and narrowed domains over the registered knobs; samples with Optuna define-by-run, valid by
+    construction where it knows its context (Space.build): a knob is offered only the values its declared rules allow
+    beside the values already drawn (see `sample`)."""
 
-    def __init__(self, fixed: dict, domains: dict):
+    def __init__(self, fixed: dict, domains: dict, ctx: Context | None = None):
         self.fixed = fixed        # knob -> parsed value
         self.domains = domains    # knob -> tuple of parsed values
+        self.ctx = ctx            # what the rules are checked against (None: every domain value offered)
+        self._allowed: dict[str, tuple[tuple, dict]] = {}
+
+    def __getstate__(self):  # the cache of allowed values stays in the process that built it
+        return dict(self.__dict__, _allowed={})
 
     @classmethod
     def build(cls, raw: dict, sets: dict, ctx: Context) -> "Space":
@@ -76,7 +84,7 @@ class Space:
             else:
                 fixed[name] = knob.parse(_scalar(name, value))
         resolve(fixed, ctx)  # the fixed knobs must be valid together before anything is searched around them
-        return cls(fixed, cls._feasible(ctx, fixed, domains))
+        return cls(fixed, cls._feasible(ctx, fixed, domains), ctx)
 
     @staticmethod
     def _feasible(ctx: Context, fixed: dict, domains: dict) -> dict:
@@ -103,21 +111,97 @@ class Space:
         return out
 
     def sample(self, trial) -> dict:
-        """Define-by-run: a knob is sampled only when its requirements hold; otherwise it keeps its default."""
+        """Define-by-run: a knob is sampled only when its requirements hold (otherwise it keeps its default), and
+        only over the values its rules allow beside those drawn before it (`allowed`, in all_knobs() order: each
+        value checked by spaces.resolve with the knobs not yet drawn at their defaults, so the last draw is a valid
+        configuration). A knob whose allowed values are fewer than its domain is suggested under a name that
+        carries them (param_name): an Optuna distribution keeps its choices under one name."""
+        return self._walk(lambda name, choices: trial.suggest_categorical(name, list(choices)))[0]
+
+    def params_of(self, point: dict) -> dict:
+        """The Optuna parameters (param_name -> value) that make `sample` return `point`'s values: what a start
+        point is enqueued as (point_of says when it is refused)."""
+        return self.point_of(point)[1]
+
+    def point_of(self, point: dict) -> tuple[dict, dict]:
+        """(the configuration `sample` returns for point's values, its Optuna parameters). ConfigError (the rule's
+        reason) where point holds a value the rules refuse beside the values drawn before it, or lacks one that a
+        knob it applies to needs."""
+        def given(name: str, choices: tuple):
+            knob = name.split("|", 1)[0]
+            if knob not in point:
+                raise ConfigError(knob, f"{knob}: the point has no value for it")
+            if point[knob] not in choices:
+                raise self._refused(knob, point[knob])
+            return point[knob]
+        cfg, params = self._walk(given)
+        for knob, value in point.items():  # a value the rules left no choice for
+            if knob in self.domains and cfg.get(knob) != value and get(knob).applies(cfg):
+                raise self._refused(knob, value)
+        return cfg, params
+
+    def _refused(self, knob: str, value) -> ConfigError:
+        return ConfigError(knob, self.refused_why(knob, value) or f"{knob}={fmt(value)} is not in the space's domain")
+
+    def _walk(self, choose) -> tuple[dict, dict]:
+        """(configuration, the parameters chosen by name): choose(param name, allowed values) picks each searched
+        knob's value."""
         cfg: dict = {}
+        params: dict = {}
+        self._why = {}
         for k in all_knobs():
             if k.name in self.fixed:
                 cfg[k.name] = self.fixed[k.name]
             elif not k.applies(cfg):
                 cfg[k.name] = k.default
             else:
-                choices = self.domains.get(k.name, k.choices)
-                cfg[k.name] = trial.suggest_categorical(k.name, list(choices)) if len(choices) > 1 else choices[0]
-        return cfg
+                choices = tuple(self.domains.get(k.name, k.choices))
+                allowed = self.allowed(k.name, choices, cfg) if len(choices) > 1 else choices
+                if len(allowed) == 1:
+                    cfg[k.name] = allowed[0]
+                    continue
+                name = param_name(k.name, allowed, choices)
+                cfg[k.name] = params[name] = choose(name, allowed)
+        return cfg, params
+
+    def allowed(self, name: str, choices: tuple, cfg: dict) -> tuple:
+        """The values of knob `name` that the rules allow beside cfg (the values drawn before it; the knobs after it
+        at their defaults): all of `choices` without a context, or where the rules allow none of them (the draw is
+        then refused as invalid, with the rule's reason)."""
+        if self.ctx is None:
+            return choices
+        key = json.dumps([name, cfg], sort_keys=True, default=str)
+        if key not in self._allowed:
+            ok, why = [], {}
+            for v in choices:
+                try:
+                    resolve({**cfg, name: v}, self.ctx)
+                    ok.append(v)
+                except ConfigError as e:
+                    why[fmt(v)] = str(e)
+            self._allowed[key] = (tuple(ok) or choices, why)
+        got, why = self._allowed[key]
+        self._why.update({(name, v): w for v, w in why.items()})
+        return got
+
+    def refused_why(self, name: str, value) -> str | None:
+        """Why the last walk did not offer knob `name` the value (the rule's error), None where it did."""
+        return getattr(self, "_why", {}).get((name, fmt(value)))
 
     def describe(self) -> dict:
         return {"fixed": {k: fmt(v) for k, v in self.fixed.items()},
                 "searched": {k: [fmt(v) for v in vs] for k, vs in self.domains.items()}}
+
+
+def param_name(knob: str, allowed: tuple, choices: tuple) -> str:
+    """The Optuna parameter a knob is drawn under: its name where every value of its domain is allowed, else its
+    name with the allowed values (`optimizer_state|fp32,bf16`), whose choices stay the same whatever else is drawn."""
+    return knob if tuple(allowed) == tuple(choices) else f"{knob}|{','.join(fmt(v) for v in allowed)}"
+
+
+def knob_params(params: dict) -> dict:
+    """Optuna parameters by knob name (a conditional parameter's name less its allowed values)."""
+    return {name.split("|", 1)[0]: v for name, v in params.items()}
 
 
 def _scalar(name: str, value):

@@ -41,13 +41,16 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     sizes = space.domains.get(mb)
     if sizes is None:  # fixed: the defaults as they are
         point = defaults if spec_at(args, space, hw, defaults) is not None else None
-    elif gpu and "max" in sizes:  # probed in the trial, from the memory model's estimate up
-        point = {**defaults, mb: "max"}
-    else:
-        point = _largest_fit(args, space, hw, calibration, defaults)
+    else:  # on a GPU probed in the trial, from the memory model's estimate up, where the rules allow it (a saver
+        # DeepSpeed runs refuses a probe): else the largest the memory model predicts to fit
+        point = {**defaults, mb: "max"} if gpu and "max" in sizes else None
+        if point is None or spec_at(args, space, hw, point) is None:
+            point = _largest_fit(args, space, hw, calibration, defaults)
     if point is None:
         return []
-    return [applicable(point), *(started(args, space, hw, point) if gpu else [])]
+    # each passes the rules the sampler's draws pass (Space.point_of): a start point is a draw like the others
+    return [p for p in [applicable(point), *(started(args, space, hw, point) if gpu else [])]
+            if spec_at(args, space, hw, p) is not None]
 
 
 def applicable(point: dict) -> dict:
@@ -194,7 +197,7 @@ def complete(space: Space, point: dict) -> dict:
     """The point with every searched knob that applies to it: one it lacks (a record that predates the knob, or a
     requirement another value of the point releases) takes the knob's default, which is what such a record ran, or
     the domain's first value where the space leaves the default out. Sampling a point without a knob it applies to
-    would stop the search (Optuna's FixedTrial has no value to give)."""
+    would stop the search (no value to give it)."""
     out = dict(point)
     for k in all_knobs():
         dom = space.domains.get(k.name)
@@ -206,9 +209,8 @@ def complete(space: Space, point: dict) -> dict:
 def spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -> TrialSpec | None:
     """The trial a start point means, as the sampler would build it, with `override` set over it (None: this model
     refuses it)."""
-    import optuna
     try:
-        settings = dict(space.sample(optuna.trial.FixedTrial(complete(space, point))), **override)
+        settings = dict(space.point_of(complete(space, point))[0], **override)
         return prepare(args.model, settings, workers=args.gpus_per_trial, hw=hw, **args.recipe)
     except ConfigError:
         return None

@@ -25,6 +25,7 @@ from trainscout.trial.status import NOT_MEASURED, Status
 from .halt import store_failed, store_failure
 from .outcomes import INFEASIBLE, NUMBERS, TUNE_ID, optuna_state, outcome_attrs, set_constraint
 from .ranked import WIDEN
+from .space import knob_params
 from .trainable import FREE, FREE_RUN, METRIC
 
 if TYPE_CHECKING:
@@ -49,8 +50,8 @@ class DistinctSearcher(Searcher):
         # NopPruner: early stopping is Tune's scheduler (ASHA), which ends a trial; the study only records it
         self.study = optuna.create_study(storage=storage, sampler=sampler, pruner=optuna.pruners.NopPruner(),
                                          study_name=name, load_if_exists=True, direction="maximize")
-        for point in start or []:
-            self.study.enqueue_trial(point)
+        for point in start or []:  # each by the parameter names the space draws it under (valid: start.py checked)
+            self.study.enqueue_trial(space.params_of(point))
         # the objective's name, for optuna-dashboard ("Objective 0" before) and any tool reading the study
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -134,7 +135,7 @@ class DistinctSearcher(Searcher):
             if not any(t.state == optuna.trial.TrialState.WAITING for t in trials):  # start points first
                 proposal = self.ranker.propose(trials, wide=self.free_run >= WIDEN)
                 if proposal is not None:
-                    self.study.enqueue_trial(proposal[0], user_attrs={"ranked": proposal[1]})
+                    self.study.enqueue_trial(self.space.params_of(proposal[0]), user_attrs={"ranked": proposal[1]})
         config, drawn = self._ask(trial_id)
         others = [t for t in self.study.get_trials(deepcopy=False) if t.number != drawn.number and (
             t.state in MEASURED or t.user_attrs.get("status") in INFEASIBLE)]  # those FAIL ran (or were refused)
@@ -159,7 +160,7 @@ class DistinctSearcher(Searcher):
             self.drawn[trial_id] = self.study.ask()
         trial = self.drawn[trial_id]
         config = self.space.sample(trial)
-        config = {**trial.params, **config}  # the suggested values first, as OptunaSearch ordered them
+        config = {**knob_params(trial.params), **config}  # the suggested values first, as OptunaSearch ordered them
         trial.set_user_attr(TUNE_ID, trial_id)
         NUMBERS[trial_id] = trial.number
         return config, trial
