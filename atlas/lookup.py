@@ -110,11 +110,10 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
     "notes": [...]}."""
     from trainscout.trial.metrics import median
     from trainscout.trial.models import PYTHIA_RECIPE
-    kind = predict.gpu_kind(gpu) if gpu else None
     mine = [r for r in atlas.rows if same_model(target, r["record"])]
-    if gpu:
-        mine = [r for r in mine if predict.gpu_kind(r["provenance"].get("gpu")) == (kind or gpu)
-                or (kind is None and gpu.lower() in str(r["provenance"].get("gpu")).lower())]
+    if gpu:  # a kind's rows, or a GPU that is no kind by its exact name (asked_gpu): never another GPU's
+        want = (predict.gpu_kind(gpu) or gpu).lower()
+        mine = [r for r in mine if str(_row_kind(r)).lower() == want]
     if gpus:
         mine = [r for r in mine if (r["record"].get("world_size") or 1) == gpus]
     notes = []
@@ -128,8 +127,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
     groups = {}
     for r in at:
         rec = r["record"]
-        g = (predict.gpu_kind(r["provenance"].get("gpu")) or r["provenance"].get("gpu"), rec.get("world_size") or 1,
-             rec["recipe"]["global_batch"])
+        g = (_row_kind(r), rec.get("world_size") or 1, rec["recipe"]["global_batch"])
         groups.setdefault(g, []).append(r)
     out = []
     for (kind_, n, batch), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
@@ -299,15 +297,28 @@ def _features(atlas) -> dict:
     return feats
 
 
+def _row_kind(row: dict) -> str | None:
+    """The GPU kind a row was measured on (trial.gpus: exact identity), or its GPU's own name where that is no kind."""
+    return predict.gpu_kind(row["provenance"].get("gpu")) or row["provenance"].get("gpu")
+
+
+def asked_gpu(atlas, gpu: str) -> str:
+    """--gpu as the kind it names (trial.gpus.asked_kind), or the exact name of a GPU measured in the atlas that is
+    no kind; ConfigError naming --gpu and the known kinds for anything else."""
+    from trainscout.trial import gpus
+    others = tuple(sorted({str(_row_kind(r)) for r in atlas.rows if not predict.gpu_kind(r["provenance"].get("gpu"))
+                           and r["provenance"].get("gpu")}))
+    return gpus.asked_kind(gpu, "--gpu", others)
+
+
 def _known_gpu(gpu: str) -> None:
-    """Refuse (ConfigError on --gpu) a prediction for a GPU whose peak TFLOP/s or memory bandwidth is not known here:
-    the roofline would take the H100's datasheet numbers for it (a T4 predicted as an H100)."""
-    from trainscout.trial import metrics, steptime
-    if metrics.gpu_peak_tflops(gpu) is None or steptime._lookup(steptime.GPU_HBM_TBPS, gpu, None) is None:
-        known = ", ".join(k for k, _ in metrics.GPU_BF16_TFLOPS)
-        raise ConfigError("--gpu", f"--gpu {gpu}: not measured in the atlas, and its peak TFLOP/s and memory bandwidth "
-                                   f"are not known here (a prediction would use the H100's): give a known kind ({known}) "
-                                   "or --db with its measurements")
+    """Refuse (ConfigError on --gpu) a prediction for a GPU that is no kind with datasheet figures here (a GPU
+    measured in a --db store by its own name): the roofline would take another GPU's peak and bandwidth for it."""
+    from trainscout.trial import gpus
+    if gpus.kind_of(gpu) is None:
+        raise ConfigError("--gpu", f"--gpu {gpu}: its measurements do not answer this, and its peak TFLOP/s and memory "
+                                   "bandwidth are not known here (a prediction would use another GPU's): give a known "
+                                   f"kind ({gpus.known_kinds()}) or --db with its measurements")
 
 
 def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, global_batch: int | None = None,
@@ -319,8 +330,10 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
     target = target_of(model)
     prices = _prices()
     want = parse_budget(budget)
+    asked = gpu
+    gpu = asked_gpu(atlas, gpu) if gpu else None
     got = measured(atlas, target, gpu, gpus, global_batch, prices, top)
-    out = {"model": target["name"], "path": target["path"], "gpu": gpu, "gpus": gpus, "global_batch": global_batch,
+    out = {"model": target["name"], "path": target["path"], "gpu": asked, "gpus": gpus, "global_batch": global_batch,
            "measured": got["groups"], "notes": got["notes"], "predicted": None,
            "atlas": {"layers": [{"name": layer.name, "kind": layer.kind, "rows": len(layer.rows),
                                  "refused": len(layer.refused)} for layer in atlas.layers]}}

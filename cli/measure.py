@@ -160,16 +160,14 @@ def print_trial(r, verbose: bool = False) -> None:
         print(f"{k:9}{v}")
 
 
-def _calibration_pairs(memory, records, a) -> list:
-    """estimate --calibrate's (record, peak) pairs: the store's measured GPU peaks, of --gpu's kind where given
-    ("H200" is "NVIDIA H200"; an exact name matched nothing and the calibration was dropped without a word).
-    ConfigError (exit 2) where fewer than the fit's 3 are left, naming the GPUs the store has."""
+def _calibration_pairs(memory, records, a, gpu: str | None) -> list:
+    """estimate --calibrate's (record, peak) pairs: the store's measured GPU peaks, of the GPU kind asked where given
+    (gpu: asked_kind's answer, "H200" is "NVIDIA H200"; a GPU that is no kind by its exact name). ConfigError (exit 2)
+    where fewer than the fit's 3 are left, naming the GPUs the store has."""
     from trainscout.trial.metrics import gpu_kind
     pairs = memory.calibration_pairs(records, None)
-    if a.gpu:
-        want = gpu_kind(a.gpu)
-        pairs = [(r, p) for r, p in pairs if r.m.get("gpu") == a.gpu
-                 or (want is not None and gpu_kind(r.m.get("gpu")) == want)]
+    if gpu:
+        pairs = [(r, p) for r, p in pairs if (gpu_kind(r.m.get("gpu")) or str(r.m.get("gpu"))).lower() == gpu.lower()]
     if len(pairs) < 3:
         have = sorted({str(r.m.get("gpu")) for r, _ in memory.calibration_pairs(records, None)})
         raise ConfigError("--calibrate", f"--calibrate {a.calibrate}: {len(pairs)} measured GPU peak(s)"
@@ -190,15 +188,23 @@ def cmd_estimate(a) -> int:
     from trainscout.trial.metrics import gpu_facts
     # the GPU box estimated for, not this machine: --gpu's compute capability where it is known (fp8 needs 8.9),
     # else a Hopper's, and every package a knob runs on (liger-kernel for the fused linear loss, torchao for fp8)
-    facts = gpu_facts(a.gpu) if a.gpu else None
+    records = None
+    if a.calibrate:
+        from trainscout.analysis.table import store_of
+        records = store_of(a.calibrate, create=False).measurements()
+    kind = None
+    if a.gpu:  # a kind by exact identity, or with --calibrate a GPU of that store that is no kind, by its name
+        from trainscout.trial.gpus import asked_kind
+        kind = asked_kind(a.gpu, "--gpu", tuple(sorted({str(r.m.get("gpu")) for r in records or []
+                                                        if r.m.get("gpu") and not gpu_facts(r.m.get("gpu"))})))
+    facts = gpu_facts(kind) if kind else None
     assumed = None if facts else "compute capability 9.0 (give --gpu NAME for another)"
     hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu, "capability": facts[1] if facts else "9.0"}
     installed = frozenset(p for k in all_knobs() for p in k.packages)
     spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, installed=installed, **recipe_kwargs(a))
     cal = None
     if a.calibrate:
-        from trainscout.analysis.table import store_of
-        cal = memory.fit(_calibration_pairs(memory, store_of(a.calibrate, create=False).measurements(), a))
+        cal = memory.fit(_calibration_pairs(memory, records, a, kind))
     comp = memory.components(spec)
     total = memory.predict(spec, cal)
     host = memory.host_peak(spec)

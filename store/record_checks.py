@@ -51,11 +51,11 @@ def provenance_mismatch(row: dict) -> str | None:
 
 def beyond_peak(rec: dict) -> str | None:
     """tokens/s that no device computes: tokens/s x FLOPs per token (trial.flops.count of the record's model config
-    at its sequence length) above its GPUs' peak (trial.metrics.gpu_peak_tflops x ranks; a GPU not in that table:
-    the fastest one there) or, on a CPU, above HOST_PEAK_FLOPS."""
+    at its sequence length) above its GPUs' peak (trial.gpus.gpu_peak_tflops x ranks; a GPU that is no kind there:
+    the fastest kind) or, on a CPU, above HOST_PEAK_FLOPS."""
     if rec.get("status") != Status.OK or not rec.get("model_config"):
         return None
-    from trainscout.trial import flops, metrics
+    from trainscout.trial import flops, gpus, metrics
     m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
     try:
         per_token = flops.count(rec["model_config"]).per_token(recipe["seq_len"])
@@ -66,7 +66,7 @@ def beyond_peak(rec: dict) -> str | None:
         gpu = (rec.get("hardware") or {}).get("gpu")
         peak = metrics.gpu_peak_tflops(gpu)
         what = f"{ranks} x {gpu}" if peak else f"{ranks} x the fastest GPU trainscout knows ({gpu!r} is not listed)"
-        limit = (peak or max(t for _, t in metrics.GPU_BF16_TFLOPS)) * 1e12 * ranks
+        limit = (peak or max(k.bf16_tflops for k in gpus.KINDS)) * 1e12 * ranks
     else:
         limit, what = HOST_PEAK_FLOPS, "a CPU host (trainscout's generous ceiling, store/contrib.HOST_PEAK_FLOPS)"
     rate = m["tokens_per_s"] * per_token

@@ -1,4 +1,4 @@
-"""MFU, peak rates, memory and capability of common GPUs, and the projection of a full training run.
+"""MFU (with the GPU kinds' peaks of trial/gpus.py), and the projection of a full training run.
 
 FLOPs per token are counted from the model's modules (trial/flops.py, convention flops.CONVENTION). The dense
 count of the first records, 6·N over every parameter (embeddings included) + 12·L·d·s (PaLM appendix B, the
@@ -7,50 +7,8 @@ with them and to label the figures stored under it.
 """
 from __future__ import annotations
 
-# Dense bf16 tensor-core peak per GPU in TFLOP/s (vendor datasheets, without sparsity). Matched against
-# torch.cuda.get_device_name() in order: the first substring found wins. Unknown GPU -> None (MFU null).
-GPU_BF16_TFLOPS: list[tuple[str, float]] = [
-    ("GH200", 989.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H800", 989.0),
-    ("B200", 2250.0), ("B100", 1750.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0),
-    ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0), ("A6000", 155.0), ("RTX 6000 Ada", 364.0),
-    ("RTX 4090", 165.0), ("RTX 3090", 71.0), ("V100", 125.0),  # V100 has no bf16: fp16 tensor-core peak
-]
-
-
-def gpu_peak_tflops(device_name: str | None) -> float | None:
-    """Dense bf16 peak TFLOP/s of a GPU by device name (first GPU_BF16_TFLOPS substring found); None if unknown."""
-    if not device_name:
-        return None
-    for key, tflops in GPU_BF16_TFLOPS:
-        if key.lower() in device_name.lower():
-            return tflops
-    return None
-
-
-# GPU memory (GiB, as torch reports it) and compute capability, from datasheets: what a prediction for a GPU kind
-# never measured assumes; a measured kind uses its records' own figures. Matched like GPU_BF16_TFLOPS.
-GPUS: list[tuple[str, float, str]] = [
-    ("GH200", 94.5, "9.0"), ("H200", 139.8, "9.0"), ("H100 NVL", 87.5, "9.0"), ("H100", 79.1, "9.0"),
-    ("H800", 79.1, "9.0"), ("B200", 178.4, "10.0"), ("B100", 178.4, "10.0"), ("A100-SXM4-40GB", 39.4, "8.0"),
-    ("A100 40GB", 39.4, "8.0"), ("A100", 79.1, "8.0"), ("A800", 79.1, "8.0"), ("L40S", 44.4, "8.9"),
-    ("L40", 44.4, "8.9"), ("L4", 22.0, "8.9"), ("A10G", 22.0, "8.6"), ("A10", 22.0, "8.6"),
-    ("RTX 6000 Ada", 47.5, "8.9"), ("A6000", 47.5, "8.6"), ("RTX 4090", 23.6, "8.9"), ("RTX 3090", 23.6, "8.6"),
-    ("V100", 31.7, "7.0"),
-]
-
-
-def gpu_kind(name: str | None) -> str | None:
-    """The kind of a GPU name ("NVIDIA H200" -> "H200"): the first GPUS entry found in it, case-insensitive."""
-    for key, _, _ in GPUS:
-        if name and key.lower() in name.lower():
-            return key
-    return None
-
-
-def gpu_facts(name: str) -> tuple[float, str] | None:
-    """(memory GiB, capability) of a GPU kind from GPUS; None for one not listed."""
-    kind = gpu_kind(name)
-    return next(((mem, cap) for key, mem, cap in GPUS if key == kind), None)
+# a GPU kind by exact identity and its datasheet figures (trial/gpus.py), importable from here
+from .gpus import gpu_facts, gpu_kind, gpu_peak_tflops  # noqa: F401
 
 
 def dense_flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:

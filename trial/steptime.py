@@ -5,7 +5,7 @@ Per micro-batch of b·s tokens, summed over the step's micro-batches (the plan's
 - compute: the FLOPs of its tokens with one forward again for each checkpointed layer (flops.Count's
   hardware_per_token: MFU's count, a mixture of experts' active parameters), at the GPU's dense bf16 peak (the LM
   head's at a measured fraction of it where the vocabulary is not a multiple of 8: HEAD_UNALIGNED)
-  (metrics.GPU_BF16_TFLOPS); a dense model's decoder linears at `linear_rate` times it where a knob set in the plan
+  (gpus.KINDS); a dense model's decoder linears at `linear_rate` times it where a knob set in the plan
   declares one (fp8: an FP8 GPU's dense FP8 peak is twice its bf16 one; the head and attention's products stay); fp32 at half of it with tf32 and 1/16 without (H100 datasheet: 495 dense tf32, 67 fp32, against 989 bf16 TFLOP/s);
 - memory traffic, at the GPU's memory bandwidth (GPU_HBM_TBPS): the activations the memory model holds for it
   (memory.components, which the knobs adjust), written once and read once, and read and written once more by eager
@@ -42,18 +42,13 @@ import functools
 import json
 from typing import TYPE_CHECKING
 
-from . import flops, memory, metrics
+from . import flops, gpus, memory, metrics
 
 if TYPE_CHECKING:
     from .records import TrialSpec
 
-# Memory bandwidth per GPU in TB/s (vendor datasheets), matched like metrics.GPU_BF16_TFLOPS.
-GPU_HBM_TBPS: list[tuple[str, float]] = [
-    ("GH200", 4.0), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35), ("H800", 3.35),
-    ("B200", 8.0), ("B100", 8.0), ("A100", 2.0), ("A800", 2.0), ("L40S", 0.864), ("L40", 0.864), ("L4", 0.3),
-    ("A10G", 0.6), ("A10", 0.6), ("A6000", 0.768), ("RTX 6000 Ada", 0.96), ("RTX 4090", 1.0), ("RTX 3090", 0.94),
-    ("V100", 0.9),
-]
+# Memory bandwidth per GPU kind in TB/s (the datasheets' figures of trial/gpus.py).
+GPU_HBM_TBPS: dict[str, float] = {k.name: k.hbm_tbps for k in gpus.KINDS}
 DEFAULT_TFLOPS, DEFAULT_TBPS = 989.0, 3.35  # an unknown GPU: the ratios between configurations are what counts
 PASSES_EAGER, PASSES_COMPILED = 4, 2  # traffic over the held bytes: write + read, + an eager kernel's own pass
 WEIGHT_BYTES = {4: 18.0, 2: 8.0}  # per parameter and micro-batch, by the master weights' bytes (weight_bytes)
@@ -65,10 +60,10 @@ FP32_RATE = {True: 0.5, False: 1 / 16}  # of the bf16 peak, by tf32
 # 25 GB/s is what pinned copies of Gen4 reach (and what a Gen5 GPU behind a Gen4 host gets): a round effective figure.
 PCIE_BPS = 25e9
 # Gen5 GPUs in Gen5 hosts, matched like GPU_HBM_TBPS: activation offload on an H100 SXM moved 2 x 22.0 GB a
-# micro-batch in 0.83 s more than without it (53 GB/s, bench/data/gpu-2026-12-06-s23/probe_act.log); the H200, GH200
-# and the Blackwells are counted as it, unmeasured.
-GPU_PCIE_BPS: list[tuple[str, float]] = [("H100", 50e9), ("H200", 50e9), ("H800", 50e9), ("B200", 50e9),
-                                         ("B100", 50e9)]
+# micro-batch in 0.83 s more than without it (53 GB/s, bench/data/gpu-2026-12-06-s23/probe_act.log); the other
+# Hoppers and the Blackwells are counted as it, unmeasured.
+GPU_PCIE_BPS: dict[str, float] = {kind: 50e9 for kind in ("H100", "H100 PCIe", "H100 NVL", "H200", "H200 NVL",
+                                                           "GH200", "H20", "H800", "B200", "B100")}
 # The CPU optimizer's state traffic, bytes/s for the whole host: ZeRO-Offload's CPU-Adam stepped 8 B parameters in
 # 2.4 s on a two-socket Xeon (Ren et al. 2021, table 4), ~3.3e9 parameters/s at CPU_ADAM_BYTES each: ~90 GB/s.
 HOST_MEMORY_BPS = 90e9
@@ -113,11 +108,9 @@ def head_alignment(vocab: int | None, hidden: int | None) -> float:
     return HEAD_UNALIGNED[width][4 if vocab % 4 == 0 else 2 if vocab % 2 == 0 else 1]
 
 
-def _lookup(table: list[tuple[str, float]], name: str | None, default: float) -> float:
-    for key, value in table:
-        if name and key.lower() in name.lower():
-            return value
-    return default
+def _lookup(table: dict[str, float], name: str | None, default: float) -> float:
+    """table's value for the kind of a GPU name (gpus.gpu_kind: exact identity), default for a name no kind."""
+    return table.get(gpus.gpu_kind(name), default)
 
 
 def step_s(spec: TrialSpec) -> float:
