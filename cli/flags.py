@@ -116,6 +116,16 @@ def seed_int(s: str) -> int:
     return v
 
 
+def status_name(s: str) -> str:
+    """An argparse type: one of a trial's statuses (trial.status.Status), any case; another word is refused with the
+    list (a filter by a word no trial has showed "no trials" as if the store held none)."""
+    from trainscout.trial.status import Status
+    names = [x.value for x in Status]
+    if s.strip().lower() not in names:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a trial status: give one of {', '.join(names)}")
+    return s.strip().lower()
+
+
 def input_file(flag: str, path: str | None) -> None:
     """An input file given by a flag: a FIFO, a device or a socket is refused (reading one blocks forever); a
     missing path is left to the reader, which names what it needs."""

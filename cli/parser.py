@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from .flags import (JSON_HELP, MODEL_HELP, SET_HELP, HelpFormatter, Parser, add_recipe_flags, command, duration,
-                    positive_int, positive_seconds, seed_int, verbosity_flags)
+                    positive_int, positive_seconds, seed_int, status_name, verbosity_flags)
 from .lookups import cmd_atlas, cmd_lookup, cmd_report
 from .measure import cmd_estimate, cmd_knobs, cmd_train, cmd_trial, cmd_verify
 from .searches import SEARCH_DEFAULTS, SEARCH_RULES, TRACKERS, cmd_export, cmd_results, cmd_search
@@ -183,7 +183,8 @@ def build_parser() -> Parser:
     r.add_argument("source", help="a search's --out folder or a storage URL")
     r.add_argument("--model", help="only rows whose model contains this (default: all)")
     r.add_argument("--gpu", help="only rows whose GPU name contains this (default: all)")
-    r.add_argument("--status", help="only rows with this status: ok, oom, stopped, ... (default: all)")
+    r.add_argument("--status", type=status_name,
+                   help="only rows with this status: ok, oom, stopped, ... (default: all)")
     r.add_argument("--sort", help="sort by a column, tokens_per_s and mfu highest first (default: the order run)")
     r.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="table (for people), csv, or json (one list of rows, alone on stdout)")

@@ -692,6 +692,18 @@ def test_an_older_store_is_read_as_it_is_and_gains_the_error_column_on_write(tmp
     assert "error" in columns() and {t["trial"]: t for t in store.trials(name)}["new"]["error"] == "refused: fix it"
 
 
+def test_results_refuses_a_status_no_trial_has_and_filters_by_one_in_any_case(tmp_path, capsys):
+    """--status nonsense printed "no trials" (exit 0) as if the store were empty: now refused, naming the statuses."""
+    store = bench_store(tmp_path)
+    statuses = {t["status"] for name in store.searches() for t in store.trials(name)}
+    assert main(["results", str(tmp_path / "bench"), "--status", "nonsense"]) == 2
+    err = one_line_error(capsys, "--status")
+    assert "'nonsense' is not a trial status" in err and "ok, oom, timeout" in err and "host_oom" in err
+    assert main(["results", str(tmp_path / "bench"), "--status", "OK", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert "ok" in statuses and len(statuses) > 1 and rows and {r["status"] for r in rows} == {"ok"}
+
+
 # --- resume: configurations already measured are not drawn again (no Ray, no GPU) ---------------------------------
 def test_a_resumed_search_does_not_draw_a_measured_configuration_again(tmp_path):
     """A resumed sampler starts its seed's draws again (a 4-trial search, killed and resumed, ended with 2 distinct
