@@ -76,6 +76,8 @@ def cmd_search(a) -> int:
 
 
 def _search(a) -> int:
+    if a.dry_run or a.gpu or a.gpus or a.host_memory or a.gpu_memory:
+        return _dry_run(a)
     track = tracking(a.track)
     from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
     from trainscout.store import default_url, open_store
@@ -163,6 +165,45 @@ def _search(a) -> int:
     if summary.get("nothing_measured"):  # no trial ended ok: what was asked (a measurement) was not done
         print(f"trainscout: error: {summary['nothing_measured']}", file=sys.stderr)
         return EXIT_FAILED
+    return 0
+
+
+DRY_RUN_ONLY = ("resume", "out", "storage", "address", "track", "max_concurrent", "time_budget")
+
+
+def _dry_run(a) -> int:
+    """`trainscout search --dry-run --gpu KIND`: what the search would hand to its trials, nothing run or written."""
+    from trainscout.search.args import SearchArgs
+    from trainscout.search.dry_run import dry_run, gpu_box, render
+
+    from .lookups import host_memory
+    from .flags import gpu_memory
+    if not a.dry_run:
+        flag = next(f for f in ("gpu", "gpus", "host_memory", "gpu_memory") if getattr(a, f))
+        raise ConfigError(f"--{flag.replace('_', '-')}", f"--{flag.replace('_', '-')} describes the box of a dry "
+                                                        "run: add --dry-run (a search runs on the GPUs it has)")
+    if not a.gpu:
+        raise ConfigError("--gpu", "--dry-run needs the GPU kind of the box: add --gpu, e.g. --gpu H100")
+    if not a.model:
+        raise ConfigError("--model", "--dry-run needs --model (a name or a config.json)")
+    given = [f for f in DRY_RUN_ONLY if getattr(a, f) not in (None, False, [])]
+    if given:
+        flag = f"--{given[0].replace('_', '-')}"
+        raise ConfigError(flag, f"{flag} does not apply to --dry-run, which runs and writes nothing: leave it out")
+    if a.gpus and a.gpus_per_trial and a.gpus != a.gpus_per_trial:
+        raise ConfigError("--gpus", f"--gpus {a.gpus} and --gpus-per-trial {a.gpus_per_trial} differ: give one")
+    input_file("--model", a.model)
+    input_file("--space", a.space)
+    gpus = a.gpus or a.gpus_per_trial or 1
+    hw = gpu_box(a.gpu, gpus, host_memory(a.host_memory) / 2**30 if a.host_memory else None,
+                 gpu_memory(a.gpu_memory) / 2**30 if a.gpu_memory else None)
+    from trainscout.trial.models import absolute
+    args = SearchArgs(model=absolute(a.model), out="(dry run)", gpus_per_trial=gpus, space=a.space,
+                      sets=parse_sets(a.set) if a.set else {}, seed=a.seed or 0, steps=a.steps or 5,
+                      warmup=a.warmup if a.warmup is not None else 2, recipe={
+                          k: v for k, v in recipe_kwargs(a).items() if v is not None})
+    result = dry_run(args, hw, a.trials or 30)
+    print(json.dumps(result["configs"]) if a.json else render(result))
     return 0
 
 

@@ -91,14 +91,20 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
     else:
         from trainscout.trial.runner import detect_device
         hw = hardware.fingerprint(detect_device(args.device), args.gpus_per_trial)
+    space, base = space_for(args, hw)
+    return space, base, hw
+
+
+def space_for(args: SearchArgs, hw: dict) -> tuple[Space, TrialSpec]:
+    """(the search's space, the trial of its defaults) on the trials' hardware: the defaults' trial validates the
+    model, recipe and worker count; the space file is read once (args.space_content)."""
     workers = args.gpus_per_trial
-    # a trial of the defaults validates the model, recipe and worker count
     base = prepare(args.model, {}, workers=workers, steps=args.steps, warmup=args.warmup, hw=hw, **args.recipe)
     ctx = context(base.model_config, base.recipe["global_batch"], workers, hw)
     if args.space_content is None:
         args.space_content = read_space(args.space) if args.space else {}
         args.space = os.path.abspath(args.space) if args.space else None
-    return Space.build(args.space_content, args.sets, ctx), base, hw
+    return Space.build(args.space_content, args.sets, ctx), base
 
 
 def read_space(path: str) -> dict:

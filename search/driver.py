@@ -22,10 +22,10 @@ from .interrupt import _catch_interrupt, _one_line_logs, _quiet_host_oom, interr
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .nearest import nothing_line
 from .space import Space
-from .start import first_points, start_points, store_points
+from .start import first
 from .summary import clock, summarize
 from .tracking import trackers
-from .trainable import METRIC, TRIAL_ACTOR, _trainable, counted, fault_schedule, space_knobs
+from .trainable import METRIC, TRIAL_ACTOR, _trainable, before_run, counted, fault_schedule, space_knobs
 
 
 def _cancel(tune_trial_id: str, stop: bool = False) -> None:
@@ -307,10 +307,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
     notes: list[str] = []
     ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
-    start = [] if done else first_points(start_points(args, space, hw, calibration, notes), ranker)
-    from trainscout.atlas.db import with_shipped  # the shipped H200 measurements beneath the store's
-    known = [] if done else store_points(args, space, hw, with_shipped(store.measurements()), start)
-    start += [p for p, _ in known]
+    start, atlas, known = [] if done else first(args, space, hw, calibration, ranker, store.measurements(), notes)
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker, target=remaining)
     _SEARCHER[:] = [searcher]
@@ -335,6 +332,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     base["facts"] = model_tree.known()
     if start:
         _warm_first(start[0], base, args.one_node)
+    knob_names = set(base["knob_names"])  # what the searcher asks after its draws keep being refused (study.py)
+    searcher.judge = lambda config: before_run({k: v for k, v in config.items() if k in knob_names}, base)[1]
     from trainscout.trial import memory  # the capacities the trials are judged on (trainable._refusal): the host
     # the driver's (on one box, the common case, the trials' too; on a cluster the nodes' smallest), the GPU's
     host = memory.host_capacity(hw)
@@ -366,9 +365,10 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
           f"store {secrets.masked(url)}", file=stream, flush=True)
     for note in notes:
         print(f"  {note}", file=stream, flush=True)
-    for p, why in known:
-        print(f"  start point from the store ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
-              file=stream, flush=True)
+    for where, points in (("the atlas", atlas), ("the store", known)):
+        for p, why in points:
+            print(f"  start point from {where} ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
+                  file=stream, flush=True)
     with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"), _quiet_host_oom():
         if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
             tuner.fit()

@@ -176,6 +176,7 @@ class Space:
             for v in choices:
                 try:
                     resolve({**cfg, name: v}, self.ctx)
+                    self._ahead(name, {**cfg, name: v})
                     ok.append(v)
                 except ConfigError as e:
                     why[fmt(v)] = str(e)
@@ -183,6 +184,25 @@ class Space:
         got, why = self._allowed[key]
         self._why.update({(name, v): w for v, w in why.items()})
         return got
+
+    def _ahead(self, name: str, cfg: dict) -> None:
+        """ConfigError where a knob drawn after `name` whose domain leaves its default out would have no value the
+        rules allow beside cfg (its default, which the check above assumed, is not one it can be drawn at)."""
+        later = False
+        for k in all_knobs():
+            later = later or k.name == name
+            dom = self.domains.get(k.name, ())
+            if not later or k.name == name or k.name in cfg or len(dom) < 2 or k.default in dom or not k.applies(cfg):
+                continue
+            errors = []
+            for u in dom:
+                try:
+                    resolve({**cfg, k.name: u}, self.ctx)
+                    break
+                except ConfigError as e:
+                    errors.append(e)
+            else:
+                raise errors[0]
 
     def refused_why(self, name: str, value) -> str | None:
         """Why the last walk did not offer knob `name` the value (the rule's error), None where it did."""

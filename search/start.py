@@ -156,9 +156,7 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     has max, as it is this model's) and checked against this model (an invalid one is left out). [(point, why)]."""
     if hw["device"] != "cuda" or not have:
         return []
-    mb = micro_batch().name
-    base = have[0]
-    me = spec_at(args, space, hw, base)
+    me = spec_at(args, space, hw, have[0])
     if me is None:
         return []
     from trainscout.trial.contention import contended  # a shared device's MFU says less of the configuration
@@ -166,31 +164,90 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
     same = [r for r in records if r.ok and r.m.get("mfu") and not contended(r) and r.world_size == args.gpus_per_trial
             and status(r.m)[0] != FAILED
             and (r.hardware or {}).get("gpu") == hw.get("gpu") and r.model != me.model and r.device == "cuda"]
+    best = sorted(same, key=lambda r: -r.m["mfu"])
+    return _into_space(args, space, hw, [(r.config, f"{r.model}'s MFU {r.m['mfu']:.3f} on {hw.get('gpu')}")
+                                         for r in best], have, STORE_POINTS)
+
+
+ATLAS_POINTS = 2  # start points taken from lookup's answer for this model on this GPU kind
+
+
+def atlas_points(args: SearchArgs, space: Space, hw: dict, have: list[dict],
+                 notes: list[str] | None = None) -> list[tuple[dict, str]]:
+    """Start points from the atlas (trainscout lookup's answer for this model on the trials' GPU kind and count):
+    its measured best where it has one, then its predicted best configurations, put into this search's space as
+    store_points puts a stored one and held to the same rules, the first ATLAS_POINTS that are new. A GPU kind or a
+    model the atlas cannot answer for gives none (notes: why). [(point, why)]."""
+    if hw["device"] != "cuda" or not have:
+        return []
+    from trainscout.atlas import db
+    from trainscout.atlas.lookup import lookup
+    from trainscout.trial.metrics import gpu_kind
+    from trainscout.trial import memory
+    kind = gpu_kind(hw.get("gpu"))
+    if kind is None:
+        return []
+    try:
+        answer = lookup(db.load([]), args.model, gpu=kind, gpus=args.gpus_per_trial,
+                        global_batch=args.recipe.get("global_batch"), gpu_memory_gib=hw.get("gpu_memory_gib"),
+                        host_memory_gib=memory.host_capacity(hw) / memory.GiB, top=ATLAS_POINTS)
+    except ConfigError as e:
+        if notes is not None:
+            notes.append(f"no start point from the atlas: {e}")
+        return []
+    rows = [(r, f"lookup's measured best, {r['tokens_per_s']:,.0f} tokens/s") for g in answer["measured"]
+            for r in g["rows"] if r.get("best")]
+    rows += [(r, f"lookup's prediction, {r['tokens_per_s']:,.0f} tokens/s")
+             for r in (answer.get("predicted") or {}).get("rows", [])]
+    return _into_space(args, space, hw, [(r["config"], why) for r, why in rows], have, ATLAS_POINTS)
+
+
+def _into_space(args: SearchArgs, space: Space, hw: dict, configs: list[tuple[dict, str]], have: list[dict],
+                most: int, calibration: dict | None = None) -> list[tuple[dict, str]]:
+    """Configurations measured or predicted elsewhere as start points of this search (store_points' rule: a knob
+    outside the space's domain keeps the first start point's value, the micro-batch probed again where the space has
+    max, a memory saver added where it does not fit, held to the sampler's rules), the first `most` that are new."""
+    mb = micro_batch().name
+    base = have[0]
     out, seen = [], [json.dumps(p, sort_keys=True, default=str) for p in have]
-    for r in sorted(same, key=lambda r: -r.m["mfu"]):
-        point = dict(base)
-        for k, dom in space.domains.items():
-            v = r.config.get(k)
-            if k != mb and v in dom:
-                point[k] = v
-        point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
-        sizes = space.domains.get(mb, ())
-        if "max" not in sizes and r.config.get(mb) in sizes:
-            point[mb] = r.config[mb]  # no probe in this space: the measured one
-        # another model's best may not fit this one: it takes the memory saver this model needs (a 1.6B's
-        # bf16-mixed point probed 8 micro-batches of a 7B on an H100 for nothing); skipped where none fits
-        point = fits(args, space, hw, None, point)
+    sizes = space.domains.get(mb, ())
+    for config, why in configs:
+        # the micro-batch probed again where the space has max (this model's own), else the one measured or
+        # predicted; max where the rules refuse it (a saver DeepSpeed runs), the measured one
+        for size in [m for m in ("max", config.get(mb)) if m in sizes] or [base.get(mb)]:
+            point = _put(args, space, hw, dict(base), config, mb, size, calibration)
+            if point is not None:
+                break
         if point is None:
             continue
-        point = complete(space, applicable(point))
         k = json.dumps(point, sort_keys=True, default=str)
-        if k in seen or spec_at(args, space, hw, point) is None:
+        if k in seen:
             continue
         seen.append(k)
-        out.append((point, f"{r.model}'s MFU {r.m['mfu']:.3f} on {hw.get('gpu')}"))
-        if len(out) == STORE_POINTS:
+        out.append((point, why))
+        if len(out) == most:
             break
     return out
+
+
+def _put(args: SearchArgs, space: Space, hw: dict, point: dict, config: dict, mb: str, size,
+         calibration: dict | None) -> dict | None:
+    """point with config's searched knobs (where the space's domain has the value) and the micro-batch `size`,
+    with the memory saver this model needs where it does not fit; None where none fits or the rules refuse it."""
+    for k, dom in space.domains.items():
+        v = config.get(k)
+        if k != mb and v in dom:
+            point[k] = v
+    point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
+    if size is not None and mb in space.domains:
+        point[mb] = size
+    # another model's best may not fit this one: it takes the memory saver this model needs (a 1.6B's bf16-mixed
+    # point probed 8 micro-batches of a 7B on an H100 for nothing); skipped where none fits
+    point = fits(args, space, hw, calibration, point)
+    if point is None:
+        return None
+    point = complete(space, applicable(point))
+    return point if spec_at(args, space, hw, point) is not None else None
 
 
 def complete(space: Space, point: dict) -> dict:
@@ -233,6 +290,19 @@ def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
         if spec is not None and memory.refusal(spec, gpu, host, calibration, FIT_SHARE) is None:
             return point
     return None
+
+
+def first(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, ranker, records: list,
+          notes: list[str]) -> tuple[list[dict], list[tuple[dict, str]], list[tuple[dict, str]]]:
+    """A new search's start points in the order they run, (all of them, those from the atlas, those from the store):
+    lookup's answer for this model first (atlas_points: a search is never worse than lookup's first answer
+    measured), then the defaults and their start steps (start_points, first_points), then the store's best MFU of
+    other models (store_points, over the shipped measurements too)."""
+    from trainscout.atlas.db import with_shipped
+    own = first_points(start_points(args, space, hw, calibration, notes), ranker)
+    atlas = atlas_points(args, space, hw, own, notes)
+    known = store_points(args, space, hw, with_shipped(records), own + [p for p, _ in atlas])
+    return [p for p, _ in atlas] + own + [p for p, _ in known], atlas, known
 
 
 def first_points(points: list[dict], ranker) -> list[dict]:

@@ -44,9 +44,10 @@ class DistinctSearcher(Searcher):
     target; stopped_why: why the drawing ended before target (FREE_RUN free draws in a row), else None."""
 
     def __init__(self, space: Space, name: str, storage, sampler, start: list[dict] | None = None, seed: int = 0,
-                 ranker=None, target: int | None = None):
+                 ranker=None, target: int | None = None, judge=None):
         super().__init__(metric=METRIC, mode="max")
         self.space, self.ranker, self.target = space, ranker, target
+        self.judge = judge  # config -> None where its trial would run, else why not (a refusal, over memory)
         # NopPruner: early stopping is Tune's scheduler (ASHA), which ends a trial; the study only records it
         self.study = optuna.create_study(storage=storage, sampler=sampler, pruner=optuna.pruners.NopPruner(),
                                          study_name=name, load_if_exists=True, direction="maximize")
@@ -68,12 +69,12 @@ class DistinctSearcher(Searcher):
         """The configuration of Tune's trial trial_id; None (ask again later) or Searcher.FINISHED."""
         if store_failure() is not None:
             return None  # the store failed: nothing more is drawn (the stopper ends the run)
-        if self.target is not None and (self.counted >= self.target or self.free_run >= FREE_RUN):
+        if self.target is not None and self.counted >= self.target:
+            return Searcher.FINISHED
+        if self.free_run >= FREE_RUN and not self._fallback():
             return Searcher.FINISHED
         if self.target is not None and self.counted + len(self.in_flight) >= self.target:
             return None  # the running trials may end the search; ask again when one ends
-        if self.free_run >= FREE_RUN:
-            return Searcher.FINISHED
         try:
             config = self._suggest(trial_id)
             if isinstance(config, dict):
@@ -104,10 +105,6 @@ class DistinctSearcher(Searcher):
             self.in_flight.discard(trial_id)
             if not error and (result or {}).get("status") in FREE:
                 self.free_run += 1
-                if self.free_run == FREE_RUN:
-                    self.stopped_why = (f"stopped drawing: the last {FREE_RUN} draws were refused or pruned before "
-                                        "running (see their reasons in the table): narrow the space with --set "
-                                        "or --space")
             else:
                 self.counted, self.free_run = self.counted + 1, 0
         try:
@@ -152,6 +149,29 @@ class DistinctSearcher(Searcher):
         del self.drawn[trial_id]
         self.study.enqueue_trial(fresh, user_attrs={"explore": f"instead of trial {drawn.number}'s draw"})
         return self._ask(trial_id)[0]
+
+    def _fallback(self) -> bool:
+        """After FREE_RUN draws in a row refused or pruned before running: a configuration the study has not tried
+        that would run (judge: the rules and the memory model) is enqueued, so the search never stops drawing while
+        one is known (True); False where none is found in RANDOM_TRIES random draws (stopped_why says so)."""
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+            return True  # one is queued already
+        if self.judge is not None:
+            tried = {_key(t.params) for t in trials}
+            for _ in range(RANDOM_TRIES):
+                t = self.scratch.ask()
+                config = self.space.sample(t)
+                if _key(t.params) not in tried and self.judge(config) is None:
+                    self.study.enqueue_trial(t.params, user_attrs={"explore": (
+                        f"the last {self.free_run} draws were refused or pruned before running: a random "
+                        "configuration the memory model predicts to fit")})
+                    return True
+                tried.add(_key(t.params))
+        self.stopped_why = (f"stopped drawing: the last {FREE_RUN} draws were refused or pruned before running "
+                            "(see their reasons in the table) and no configuration predicted to fit was found in "
+                            f"{RANDOM_TRIES} random draws: narrow the space with --set or --space")
+        return False
 
     def _ask(self, trial_id: str) -> tuple[dict, optuna.Trial]:
         """Ask the study for Tune's trial trial_id (the trial already asked for it, if any) and sample the space on

@@ -57,6 +57,17 @@ def _refusal(spec, base: dict) -> tuple[str, dict] | None:
     return memory.refusal(spec, mem.get("capacity"), host.get("capacity"), mem.get("calibration"))
 
 
+def before_run(settings: dict, base: dict) -> tuple[str, str | None]:
+    """(status, why) a trial of these settings gets before it runs: invalid where the rules refuse them, pruned
+    where the memory model predicts them over the GPU's or the host's memory (_refusal), else ok: it would run."""
+    try:
+        spec = trial_spec(settings, base)
+    except ConfigError as e:
+        return str(Status.INVALID), str(e)
+    why = _refusal(spec, base)
+    return (str(Status.PRUNED), why[0]) if why else (str(Status.OK), None)
+
+
 def _measure(config: dict, base: dict) -> None:
     from ray import tune
     ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None

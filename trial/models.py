@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -83,12 +84,24 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if not (name_or_path.endswith(".json") or os.sep in name_or_path):
         raise ConfigError("--model", f"unknown model {name_or_path!r}: use one of {', '.join(model_names())} "
                                      "or the path of a config.json")
-    hf = _read_config_json(name_or_path)
-    full = hf.to_dict()
-    name = os.path.splitext(os.path.basename(name_or_path))[0]
-    if name == "config":
-        name = os.path.basename(os.path.dirname(os.path.abspath(name_or_path))) or name
-    return _from_config(name, full)
+    try:  # read once per file content: a search prepares thousands of draws of one model
+        stat = os.stat(name_or_path)
+        key = (os.path.abspath(name_or_path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        key = None
+    if key not in _READ:
+        hf = _read_config_json(name_or_path)
+        full = hf.to_dict()
+        name = os.path.splitext(os.path.basename(name_or_path))[0]
+        if name == "config":
+            name = os.path.basename(os.path.dirname(os.path.abspath(name_or_path))) or name
+        if key is None:
+            return _from_config(name, full)
+        _READ[key] = _from_config(name, full)
+    return copy.deepcopy(_READ[key])
+
+
+_READ: dict[tuple, ModelSpec] = {}  # (path, mtime, size) -> the model it describes
 
 
 # The sizes a config.json must give: transformers' defaults for them describe some other model (Llama's: 7B).

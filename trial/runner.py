@@ -104,8 +104,11 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
 
 def context(model_config: dict, global_batch: int, workers: int, hw: dict,
             installed: frozenset | None = None, seq_len: int = 0) -> Context:
-    """What knobs are checked against: the box (hardware fingerprint and its optional packages, default this
-    one's), the model and the recipe's batch."""
+    """What knobs are checked against: the box (hardware fingerprint and its optional packages: `installed`, else
+    the fingerprint's "installed" where a box not this one is described (search --dry-run), else this one's), the
+    model and the recipe's batch."""
+    if installed is None and hw.get("installed") is not None:
+        installed = frozenset(hw["installed"])
     return Context(world_size=workers, device=hw["device"], num_layers=sizes(model_config).layers,
                    global_batch=global_batch,
                    installed=hardware.installed_optional() if installed is None else installed,
