@@ -1,8 +1,10 @@
 """Build the shipped atlas from every GPU measurement of the project's in bench/data (H200 and H100, dense models and
-mixtures of experts; deterministic: the same bench/data and the same code give byte-identical files).
+mixtures of experts; deterministic: the same bench/data and the same code give the same rows, and on one machine
+byte-identical files; another machine's float sums may differ in their last digits, which --check allows).
 
     python bench/build_atlas.py            # writes atlas/records.jsonl.gz and atlas/model.json, prints what it did
-    python bench/build_atlas.py --check    # rebuild in memory and fail if the shipped files differ (~30-70 s)
+    python bench/build_atlas.py --check    # rebuild in memory and fail if the shipped files differ (~30-70 s;
+                                           # numbers to a relative 1e-9, everything else exactly)
     python bench/build_atlas.py --check --fast  # the records exactly, model.json by a fast path (tests/ runs it)
     python bench/build_atlas.py --table    # the leave-one-out table of the shipped files (docs/BENCHMARKS.md)
 
@@ -232,15 +234,63 @@ def gz_bytes(text: str) -> bytes:
 SAMPLE_EVERY = 10  # --check --fast recomputes the features of every 10th ok row (the model built on the meta device)
 
 
-def _same(a, b, rel: float = 1e-9) -> bool:
-    """JSON values equal, floats to rel (a float printed and read back is the same float; this is for safety)."""
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= rel * max(abs(a), abs(b))
+REL = 1e-9  # numbers of a rebuild against the shipped ones: another machine sums in another order (last digits)
+
+
+def difference(a, b, rel: float = REL, path: str = "") -> str | None:
+    """Where two JSON values differ (a path like features/<id>/acts, "" for the top) and how; None where they are
+    equal: numbers within rel of each other (an int and a float alike), everything else (keys, list lengths,
+    strings, booleans, null) exactly."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    if number(a) and number(b):
+        if abs(a - b) <= rel * max(abs(a), abs(b)):
+            return None
+        return f"{path or 'the top'}: {a!r} against {b!r}"
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k], rel) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
-    return a == b
+        if a.keys() != b.keys():
+            return f"{path or 'the top'}: keys {sorted(set(a) ^ set(b))[:5]} in one only"
+        return next((d for k in a if (d := difference(a[k], b[k], rel, f"{path}/{k}" if path else k))), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path or 'the top'}: {len(a)} items against {len(b)}"
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := difference(x, y, rel, f"{path}[{i}]"))), None)
+    if type(a) is not type(b) or a != b:
+        return f"{path or 'the top'}: {a!r} against {b!r}"
+    return None
+
+
+def _same(a, b, rel: float = REL) -> bool:
+    """JSON values equal: numbers to rel, everything else exactly (difference)."""
+    return difference(a, b, rel) is None
+
+
+def records_differ(path: str, records: bytes) -> bool:
+    """Whether the shipped records file's rows are not the rebuild's, line for line and byte for byte (its gzip
+    container is not compared: another zlib compresses the same text to other bytes)."""
+    if not os.path.exists(path):
+        return True
+    with gzip.open(path, "rb") as f:
+        return f.read() != gzip.decompress(records)
+
+
+def shipped_differences(out: str, records: bytes, model_text: str) -> list[str]:
+    """What differs between the files in out and a rebuild (--check): the records' rows exactly (records_differ);
+    model.json's values by difference (numbers to REL: its floats are sums whose last digits depend on the order
+    the machine added them in, everything else exactly). Empty where they agree."""
+    problems = []
+    path = os.path.join(out, "records.jsonl.gz")
+    if records_differ(path, records):
+        problems.append(f"{path} is not a rebuild of bench/data")
+    path = os.path.join(out, "model.json")
+    if not os.path.exists(path):
+        problems.append(f"{path} is missing")
+    else:
+        with open(path, encoding="utf-8") as f:
+            where = difference(json.load(f), json.loads(model_text))
+        if where:
+            problems.append(f"{path} differs from a rebuild at {where}")
+    return problems
 
 
 def check_fast(rows: list[dict], records: bytes, out: str, log) -> int:
@@ -252,7 +302,7 @@ def check_fast(rows: list[dict], records: bytes, out: str, log) -> int:
     from trainscout.trial.records import Record
     problems = []
     path = os.path.join(out, "records.jsonl.gz")
-    if not os.path.exists(path) or open(path, "rb").read() != records:
+    if records_differ(path, records):
         problems.append(f"{path} is not a rebuild of bench/data")
     with open(os.path.join(out, "model.json"), encoding="utf-8") as f:
         shipped = json.load(f)
@@ -300,8 +350,9 @@ def main(argv=None) -> int:
     model_text = json.dumps(model, sort_keys=True, indent=1, allow_nan=False) + "\n"
     paths = {os.path.join(a.out, "records.jsonl.gz"): records, os.path.join(a.out, "model.json"): model_text.encode()}
     if a.check:
-        differ = [p for p, b in paths.items() if not os.path.exists(p) or open(p, "rb").read() != b]
-        print(f"{'differ: ' + ', '.join(differ) if differ else 'the shipped atlas is up to date'}")
+        differ = shipped_differences(a.out, records, model_text)
+        print("differ: " + "; ".join(differ) if differ else "the shipped atlas is up to date (records exactly; "
+              f"model.json's numbers to a relative {REL:g}, the rest exactly)")
         return 1 if differ else 0
     os.makedirs(a.out, exist_ok=True)
     for path, data in paths.items():

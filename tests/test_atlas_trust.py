@@ -155,6 +155,78 @@ def test_the_shipped_atlas_is_a_rebuild_of_bench_data():
     assert any(predict.arch_family(r["record"].get("model_config")) == predict.MOE for r in rows)
 
 
+def _build_atlas():
+    """bench/build_atlas.py as a module (a script, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_atlas", os.path.join(ROOT, "bench", "build_atlas.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_check_allows_a_float_sum_in_another_order_and_refuses_a_real_difference(tmp_path):
+    """--check compared model.json byte for byte: another machine's sums differ in the last digits of 299 floats
+    while every row is equal. Now: numbers to a relative 1e-9, rows, keys and strings exactly; the records' rows
+    exactly, whatever zlib compressed them. The shipped files against copies of themselves, changed."""
+    import gzip
+    import shutil
+    build = _build_atlas()
+    atlas = os.path.join(ROOT, "atlas")
+    with open(os.path.join(atlas, "model.json"), encoding="utf-8") as f:
+        rebuilt = f.read()
+    with open(os.path.join(atlas, "records.jsonl.gz"), "rb") as f:
+        records = f.read()
+    shipped = json.loads(rebuilt)
+    rid = sorted(shipped["features"])[0]
+
+    def copy_with(change=None, records_text=None) -> str:
+        out = tmp_path / f"copy{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        shutil.copy(os.path.join(atlas, "records.jsonl.gz"), out / "records.jsonl.gz")
+        if records_text is not None:
+            with gzip.open(out / "records.jsonl.gz", "wb", compresslevel=1) as f:
+                f.write(records_text)
+        model = json.loads(rebuilt)
+        if change:
+            change(model)
+        (out / "model.json").write_text(json.dumps(model, sort_keys=True, indent=1) + "\n")
+        return str(out)
+
+    def scale(by):
+        def change(m):
+            m["features"][rid]["acts"] *= by
+        return change
+
+    assert build.shipped_differences(copy_with(), records, rebuilt) == []
+    assert build.shipped_differences(copy_with(scale(1 + 3e-16)), records, rebuilt) == []  # the last digit
+    assert build.shipped_differences(copy_with(scale(1 + 1e-10)), records, rebuilt) == []
+    # the same rows recompressed: other gzip bytes, the same records
+    assert build.shipped_differences(copy_with(records_text=gzip.decompress(records)), records, rebuilt) == []
+    real = build.shipped_differences(copy_with(scale(1 + 1e-6)), records, rebuilt)
+    assert len(real) == 1 and f"features/{rid}/acts" in real[0]
+
+    def renamed(m):
+        m["features"][rid]["arch"] = str(m["features"][rid].get("arch")) + "x"
+    assert "arch" in build.shipped_differences(copy_with(renamed), records, rebuilt)[0]
+
+    def dropped(m):
+        del m["features"][rid]
+    assert "keys" in build.shipped_differences(copy_with(dropped), records, rebuilt)[0]
+    lines = gzip.decompress(records).splitlines(keepends=True)
+    changed = b"".join(lines[1:])  # a row left out
+    assert "records.jsonl.gz is not a rebuild" in build.shipped_differences(copy_with(records_text=changed), records,
+                                                                            rebuilt)[0]
+
+
+def test_difference_compares_numbers_to_a_relative_tolerance_and_the_rest_exactly():
+    difference = _build_atlas().difference
+    assert difference({"a": [1, 2.0, "x", None, True]}, {"a": [1.0, 2.0000000000000004, "x", None, True]}) is None
+    assert difference(1e-300, 0.0) is not None and difference(0.0, 0.0) is None
+    assert difference(True, 1) == "the top: True against 1"  # a boolean is not a number here
+    assert difference("1", 1) is not None and difference([1, 2], [1]) == "the top: 2 items against 1"
+    assert difference({"a": {"b": 1.0}}, {"a": {"b": 1.001}}) == "a/b: 1.0 against 1.001"
+
+
 def test_errors_are_reported_per_gpu_kind_and_family_and_the_docs_print_them():
     model = db.shipped_model()
     by = model["loo_by"]["model"]
