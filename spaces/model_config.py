@@ -55,6 +55,23 @@ def asked_dtype(config: dict) -> str | None:
     return None if v in (None, "float32", "auto") else v
 
 
+# what a config.json's "torch_dtype" (transformers 5: "dtype") may say: a floating dtype transformers' config classes
+# take, by torch's name ("torch.bfloat16" and "auto" they refuse); trainscout builds the plan's master dtype anyway
+DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def dtype_refusal(config: dict) -> str | None:
+    """Why a config's "torch_dtype"/"dtype" is refused, naming the key, its value and the accepted values; None where
+    it is absent, null or one of DTYPES (transformers' own error for float8, int8 or 16 named no field)."""
+    for key in ("torch_dtype", "dtype"):
+        v = config.get(key)
+        if v is None or v in DTYPES:
+            continue
+        return (f"{key}={json.dumps(v)} is not allowed: give one of {', '.join(json.dumps(d) for d in DTYPES)}, "
+                "or leave it out (the precision knob sets the dtype trainscout trains in)")
+    return None
+
+
 def hf_config(config: dict):
     """The transformers config object of a model config dict (ConfigError when transformers cannot read it)."""
     from transformers import AutoConfig

@@ -136,3 +136,26 @@ def test_a_hub_config_json_searched_exported_and_trained_under_bf16_mixed_writes
         with safe_open(str(half / "model.safetensors"), "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("key, value", [("torch_dtype", "float8"), ("torch_dtype", "int8"), ("torch_dtype", 16),
+                                        ("torch_dtype", "garbage"), ("torch_dtype", "torch.bfloat16"),
+                                        ("dtype", ["bfloat16"])])
+def test_an_odd_torch_dtype_is_refused_naming_the_field_and_the_dtypes(tmp_path, capsys, key, value):
+    """transformers' own errors ("module 'torch' has no attribute 'float8'", "'int' object has no attribute
+    'is_floating_point'") named no field: the one line names the file, the key and what it may say."""
+    from trainscout.cli.main import main
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(LLAMA, **{key: value})))
+    assert main(["estimate", "--model", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"{path}: {key}={json.dumps(value)} is not allowed" in err
+    assert 'give one of "bfloat16", "float16", "float32", "float64", or leave it out' in err
+
+
+@pytest.mark.parametrize("value", ["bfloat16", "float16", "float64", None])
+def test_the_dtypes_transformers_builds_in_are_read(tmp_path, value):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(LLAMA, torch_dtype=value)))
+    assert resolve_model(str(path)).config["hidden_size"] == 64

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, replace
 
 from trainscout.spaces import ConfigError
 # a model config's sizes live below trial/ (the knobs read them); Sizes and hf_config re-exported from here
-from trainscout.spaces.model_config import Sizes, hf_config, note_attentions, sizes, sizes_of  # noqa: F401
+from trainscout.spaces.model_config import (Sizes, dtype_refusal, hf_config, note_attentions, sizes,  # noqa: F401
+                                            sizes_of)
 
 # name: (hidden, layers, heads); intermediate = 4 * hidden, vocab 50304, rotary_pct 0.25, parallel residual, untied
 PYTHIA = {
@@ -136,6 +137,9 @@ def _read_config_json(path: str):
         raise ConfigError("--model", f"{path}: model_type {kind!r} is not known to transformers "
                                      f"{transformers.__version__}: give a model type it has, or upgrade it")
     cls = CONFIG_MAPPING[kind]
+    refusal = dtype_refusal(cfg)
+    if refusal:
+        raise ConfigError("--model", f"{path}: {refusal}")
     spelled = {name: (name, cls.attribute_map.get(name, name), *_LEGACY.get(name, ()))
                for name in (*ESSENTIAL, *DEFAULTABLE)}
     for name, keys in spelled.items():  # before transformers reads them, so the error names the file's field
