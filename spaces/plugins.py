@@ -2,8 +2,8 @@
 
 A plugin that fails to import, whose knob collides with a registered name, has no `apply`, changes nothing (no value
 away from its default changes the plan its `apply` writes, and it overrides none of Knob's runtime hooks:
-transform, wrap_step, memory, optimizer), or raises when its domain, default, description, requirements or `apply`
-at its default are read, is left out with one warning naming its package, its entry point and the error; every
+transform, wrap_step, memory, optimizer), requires a knob no one registers or a value outside that knob's domain,
+or raises when its domain, default, description, requirements or `apply` at its default are read, is left out with one warning naming its package, its entry point and the error; every
 other knob works (`trainscout knobs` included: an unguarded `ep.load()` made every command end in the plugin's
 traceback). A plugin knob that raises later, for a value or a model it is given, is named the same way where that
 happens: `parse`, `concrete`, `check`, `apply` as bad input for that knob (`call`), `transform` and `optimizer` as
@@ -45,12 +45,32 @@ def load() -> None:
             continue
         for name in set(REGISTRY) - before:
             ORIGIN[name] = where
-    for name in [n for n in ORIGIN if n in REGISTRY]:  # requirements name registered knobs (a plugin's may not)
-        missing = [r for r in REGISTRY[name].requires if r not in REGISTRY]
-        if missing:
-            where = ORIGIN.pop(name)
-            del REGISTRY[name]
-            _left_out(where, ValueError(f"knob {name!r} requires {', '.join(missing)}, which no knob registers"))
+    left = True
+    while left:  # until none is left out: a plugin knob another plugin's requires may go too
+        left = False
+        for name in [n for n in ORIGIN if n in REGISTRY]:
+            problem = requires_problem(REGISTRY[name])
+            if problem:
+                where = ORIGIN.pop(name)
+                del REGISTRY[name]
+                _left_out(where, ValueError(f"knob {name!r} {problem}"))
+                left = True
+
+
+def requires_problem(knob: Knob) -> str | None:
+    """What is wrong with a knob's requires, against the registered knobs (None: nothing): a knob no one registers, or
+    a value outside that knob's domain (its choices, its default, auto where it takes it), which no configuration
+    has: the knob would never apply, without a word."""
+    for other, allowed in dict(knob.requires).items():
+        if other not in REGISTRY:
+            return f"requires {other}, which no knob registers"
+        them = REGISTRY[other]
+        domain = (*them.choices, them.default, *(("auto",) if them.auto else ()))
+        outside = [v for v in allowed if not any(type(c) is type(v) and c == v for c in domain)]
+        if outside:
+            return (f"requires {other}={'|'.join(fmt(v) for v in outside)}, outside {other}'s domain "
+                    f"{them.domain_text()}")
+    return None
 
 
 def _where(ep) -> str:

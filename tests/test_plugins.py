@@ -122,6 +122,9 @@ class {cls}(Knob):
 {body}
 """
 APPLY = "    def apply(self, plan, value, cfg, ctx):\n        plan.knobs[self.name] = value\n"
+# an apply that changes what a worker reads (its environment): the knob passes every check that does not look at
+# its requires
+APPLY_ENV = "    def apply(self, plan, value, cfg, ctx):\n        plan.env['TS_TEST_KNOB'] = value\n"
 BROKEN = {  # distribution -> (entry point, module source, what its warning says)
     "ts-bad-import": ("bad_import", "import trainscout_no_such_module_x\n", "ModuleNotFoundError"),
     "ts-bad-choices": ("bad_choices", KNOB.format(cls="Ch", name="bad_choices", body=APPLY + textwrap.indent(
@@ -131,6 +134,11 @@ BROKEN = {  # distribution -> (entry point, module source, what its warning says
         "KeyError"),
     "ts-no-apply": ("no_apply", KNOB.format(cls="Na", name="no_apply", body="    pass\n"), "has no apply"),
     "ts-collides": ("collides", KNOB.format(cls="Zs", name="zero_stage", body=APPLY), "registered twice"),
+    # a required value no configuration has: the knob would never apply, without a word
+    "ts-bad-requires": ("bad_requires", KNOB.format(cls="Rq", name="bad_requires", body=APPLY_ENV + (
+        "    requires = {'zero_stage': (3, 7)}\n")), "requires zero_stage=7, outside zero_stage's domain 0|1|2|3"),
+    "ts-requires-none": ("requires_none", KNOB.format(cls="Rn", name="requires_none", body=APPLY_ENV + (
+        "    requires = {'no_such_knob_x': ('on',)}\n")), "requires no_such_knob_x, which no knob registers"),
 }
 WORKS_UNTIL_USED = ("ts-bad-transform", "bad_transform", KNOB.format(cls="Tr", name="bad_transform", body=APPLY + (
     "    stage = 'modules'\n"
@@ -170,7 +178,7 @@ def test_a_broken_plugin_is_named_and_left_out_and_the_rest_works(broken_env):
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     names = {r["name"]: r["module"] for r in json.loads(res.stdout)}
     assert names["zero_stage"] == "trainscout.spaces.knobs.zero_stage" and "bad_transform" in names
-    assert not {"bad_choices", "bad_apply", "no_apply"} & set(names)
+    assert not {"bad_choices", "bad_apply", "no_apply", "bad_requires", "requires_none"} & set(names)
     warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("trainscout: warning: the knob plugin")]
     assert len(warnings) == len(BROKEN), res.stderr
     for dist, (module, _, why) in BROKEN.items():
@@ -179,6 +187,16 @@ def test_a_broken_plugin_is_named_and_left_out_and_the_rest_works(broken_env):
     assert estimating.returncode == 0 and "predicted" in est_out, est_err[-3000:]
     assert "ts-bad-transform (entry point bad_transform = bad_transform)'s memory hook of bad_transform is left out: " \
            "ZeroDivisionError: no estimate" in est_err, est_err
+
+
+def test_every_registered_knob_requires_values_in_the_other_knobs_domain():
+    """The load check plugins are held to, over the built-in knobs: each required knob exists and each required
+    value is in its domain."""
+    from trainscout.spaces import all_knobs
+    from trainscout.spaces.plugins import requires_problem
+    knobs = all_knobs()
+    assert any(k.requires for k in knobs)
+    assert {k.name: requires_problem(k) for k in knobs} == {k.name: None for k in knobs}
 
 
 def test_a_plugin_transform_that_raises_fails_naming_the_plugin(broken_env):
