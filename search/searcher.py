@@ -119,7 +119,7 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
 
 
 def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] | None = None, seed: int = 0,
-                  ranker=None, target: int | None = None):
+                  ranker=None, target: int | None = None, judge=None):
     """Ray Tune's searcher on the Optuna study `name` of ostorage (study.DistinctSearcher, by Optuna's ask/tell),
     handing Tune only configurations the study has not measured nor is measuring; start: the configurations drawn
     first. A resumed sampler starts its seed's draws again (a 4-trial search, killed and resumed, ended with 2
@@ -135,10 +135,11 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
 
     target: the trials this run adds toward --trials (None: until the time budget). Tune asks for trials without a
     count (num_samples=-1) and the searcher ends the run once `target` trials that count have ended: a draw refused
-    or pruned before it runs (FREE) costs no device time and is replaced; FREE_RUN of them in a row end the drawing
-    (stopped_why says so)."""
+    or pruned before it runs (FREE) costs no device time and is replaced; after FREE_RUN of them in a row a random
+    configuration that judge (config -> None where its trial would run, else why not) lets run is drawn next, and
+    the drawing ends only where none is found (stopped_why says so)."""
     from .study import DistinctSearcher  # Ray Tune and Optuna load here, not with this module
-    return DistinctSearcher(space, name, ostorage, sampler, start, seed=seed, ranker=ranker, target=target)
+    return DistinctSearcher(space, name, ostorage, sampler, start, seed=seed, ranker=ranker, target=target, judge=judge)
 
 
 def recover_interrupted(ostorage, name: str, store: Store, cut: list | None = None) -> int:

@@ -1,0 +1,221 @@
+"""A search that stays a search as the space grows: every draw valid by construction (search/space.py), the dry run
+that shows what a search would hand to its trials (search/dry_run.py), start points held to the same rules, and a
+searcher that does not stop drawing while a configuration that fits is known (search/study.py)."""
+import glob
+import json
+import os
+
+import optuna
+import pytest
+
+from trainscout.cli.main import main
+from trainscout.search.args import SearchArgs, space_for
+from trainscout.search.dry_run import dry_run, gpu_box
+from trainscout.search.searcher import make_sampler
+from trainscout.search.space import Space, knob_params
+from trainscout.search.trainable import before_run
+from trainscout.spaces import REGISTRY, ConfigError, Context, Knob, all_knobs, resolve
+
+HUB = os.path.join(os.path.dirname(__file__), "..", "bench", "models", "hub")
+BOXES = [("H100", 1), ("H200", 1), ("H100", 8)]  # the issue's three: one H100, one H200, 8 H100s
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def draws(model: str, kind: str, gpus: int, n: int, seed: int = 0) -> list[str]:
+    """The verdicts of the first n draws of a search's own sampler over the default space on a GPU box, each judged
+    as its trial would judge it before running (no results told: TPE's random start, as a cold search draws)."""
+    args = SearchArgs(model=model, out="unused", gpus_per_trial=gpus)
+    hw = gpu_box(kind, gpus)
+    space, _ = space_for(args, hw)
+    from trainscout.trial import memory
+    base = {"model": model, "workers": gpus, "steps": 5, "warmup": 2, "hardware": hw, "seed": 0, "recipe": {},
+            "host": {"capacity": memory.host_capacity(hw)},
+            "memory": {"capacity": memory.gpu_capacity(hw), "calibration": None}}
+    study = optuna.create_study(sampler=make_sampler(seed, n))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        out.append(before_run(space.sample(trial), base)[0])
+    return out
+
+
+@pytest.mark.parametrize("kind,gpus", BOXES)
+def test_every_draw_of_the_default_space_is_valid_on_hub_models(kind, gpus):
+    """Draws of the default space (24 knobs) for published config.json files, a dense 1B with a 128k vocabulary, a
+    mixture of experts and a 7B, on one H100, one H200 and 8 H100s: none is refused by the knobs' rules (random draws
+    of the same space were 12.5-14.5 % valid); what the memory model prunes is told, not refused."""
+    for name in ("llama-3.2-1b", "olmoe-1b-7b-0924", "mistral-7b-v0.3"):
+        got = draws(os.path.join(HUB, f"{name}.json"), kind, gpus, 12)
+        assert "invalid" not in got and set(got) <= {"ok", "pruned"}, (name, got)
+
+
+@pytest.mark.slow
+def test_every_draw_is_valid_on_every_hub_model_in_a_dry_run():
+    """The issue's whole check: `search --dry-run` of every config.json of bench/models/hub on each box, 200
+    configurations each: at least 99 % of those handed to trials are ok or pruned by memory, none invalid."""
+    total, bad = 0, []
+    for path in sorted(glob.glob(os.path.join(HUB, "*.json"))):
+        for kind, gpus in BOXES:
+            got = dry_run(SearchArgs(model=path, out="unused", gpus_per_trial=gpus), gpu_box(kind, gpus), 200)
+            total += len(got["configs"])
+            bad += [(path, kind, gpus, c["reason"]) for c in got["configs"] if c["verdict"] == "invalid"]
+    assert total and len(bad) <= 0.01 * total and not bad, bad[:5]
+
+
+# --- it grows: ten plugin knobs, each with a rule against another knob ---------------------------------------------
+RULES = [("compile", True), ("activation_checkpointing", "full"), ("precision", "fp32"), ("zero_stage", 1),
+         ("attention", "eager"), ("micro_batch_size", 4), ("loss_kernel", "compiled"), ("test_rule_0", "a"),
+         ("test_rule_3", "b"), ("tf32", False)]
+
+
+def rule_knob(i: int, other: str, bad):
+    class Rule(Knob):
+        """A test plugin knob whose value `a` the rules refuse beside one value of another knob."""
+
+        name = f"test_rule_{i}"
+        default = "off"
+        choices = ("off", "a", "b")
+
+        def check(self, value, cfg, ctx):
+            if value == "a" and cfg.get(other) == bad:
+                raise ConfigError(self.name, f"{self.name}=a refuses {other}={bad}: set one of them otherwise")
+
+        def apply(self, plan, value, cfg, ctx):
+            plan.knobs[self.name] = value
+    return Rule()
+
+
+@pytest.fixture
+def ten_rules():
+    for i, (other, bad) in enumerate(RULES):
+        REGISTRY[f"test_rule_{i}"] = rule_knob(i, other, bad)
+    yield [f"test_rule_{i}" for i in range(len(RULES))]
+    for i in range(len(RULES)):
+        del REGISTRY[f"test_rule_{i}"]
+
+
+def sampled(space: Space, ctx: Context, n: int) -> tuple[int, list[dict]]:
+    """(how many of n draws of a seeded TPE the rules refuse, the draws)."""
+    study = optuna.create_study(sampler=make_sampler(3, n))
+    refused, got = 0, []
+    for _ in range(n):
+        cfg = space.sample(study.ask())
+        got.append(cfg)
+        try:
+            resolve(cfg, ctx)
+        except ConfigError:
+            refused += 1
+    return refused, got
+
+
+def test_ten_plugin_knobs_with_rules_leave_every_draw_valid_and_the_start_point_as_it_was(ten_rules):
+    """Ten plugin knobs, each refusing a value beside another knob's (seven built-ins, two of each other): every draw
+    is still valid (without the rules in the sampler about (2/3)^10 of them would not be: measured below), and the
+    search's first configuration (the defaults) is the same, so its time to the first measurement is as it was."""
+    from trainscout.search.start import space_defaults
+    from trainscout.trial import prepare
+    from trainscout.trial.runner import context
+    spec = prepare("tiny", {}, device="cpu", workers=2)
+    ctx = context(spec.model_config, spec.recipe["global_batch"], 2, {"device": "cpu"})
+    space = Space.build({}, {}, ctx)
+    assert set(ten_rules) <= set(space.domains)
+    refused, got = sampled(space, ctx, 60)
+    assert refused == 0 and {g[k] for g in got for k in ten_rules} == {"off", "a", "b"}
+    blind, _ = sampled(Space(space.fixed, space.domains), ctx, 60)  # the same space without its context
+    assert blind >= 10, blind
+    without = {k: v for k, v in space_defaults(space).items() if k not in ten_rules}
+    REGISTRY_BACKUP = {k: REGISTRY.pop(k) for k in ten_rules}
+    try:
+        plain = Space.build({}, {}, ctx)
+        assert space_defaults(plain) == without
+    finally:
+        REGISTRY.update(REGISTRY_BACKUP)
+
+
+def test_a_conditional_knob_is_drawn_under_a_name_that_carries_its_allowed_values(ten_rules):
+    """A knob whose allowed values depend on what was drawn before is a parameter named for them (Optuna keeps a
+    distribution's choices under one name); knob_params names it by knob again, and a point given by knob name
+    (params_of) is drawn back as it was, or refused with the rule's reason."""
+    from trainscout.trial import prepare
+    from trainscout.trial.runner import context
+    spec = prepare("tiny", {}, device="cpu", workers=2)
+    ctx = context(spec.model_config, spec.recipe["global_batch"], 2, {"device": "cpu"})
+    space = Space.build({}, {}, ctx)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    while space.sample(trial)["compile"] is not True:  # test_rule_0=a refuses compile=true
+        trial = study.ask()
+    cfg = space.sample(trial)
+    assert "test_rule_0|off,b" in trial.params and "test_rule_0" not in trial.params
+    assert knob_params(trial.params)["test_rule_0"] == cfg["test_rule_0"] != "a"
+    point = {k: cfg[k] for k in knob_params(trial.params)}
+    assert space.params_of(point) == trial.params
+    with pytest.raises(ConfigError, match="test_rule_0=a refuses compile=True"):
+        space.params_of(dict(point, test_rule_0="a"))
+
+
+# --- the searcher draws on while a configuration that fits is known ----------------------------------------------
+def test_the_searcher_draws_on_while_a_configuration_that_fits_is_known(tmp_path):
+    """A space of 144 configurations of which the memory model lets one fit: the sampler's draws are pruned, and
+    after FREE_RUN of them in a row the searcher hands out the one that fits (it stopped drawing there, with nothing
+    measured); it stops only once no configuration predicted to fit is left, and says why."""
+    from ray.tune.search import Searcher
+
+    from trainscout.search import service
+    domains = {"micro_batch_size": (1, 2, 4, 8, 16, 32, 64, 128), "activation_checkpointing": ("none", "full", 2),
+               "attention": ("eager", "sdpa"), "compile": (False, True), "tf32": (False, True)}
+    space = Space({k.name: k.default for k in all_knobs() if k.name not in domains}, domains)
+    target = {"micro_batch_size": 32, "activation_checkpointing": 2, "attention": "eager", "compile": False,
+              "tf32": False}
+
+    def judge(config):
+        return None if all(config[k] == v for k, v in target.items()) else "predicted over the GPU's memory"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    searcher = service.make_searcher(space, "s", storage, make_sampler(0, 10), seed=0, target=5, judge=judge)
+    handed = []
+    for i in range(200):
+        config = searcher.suggest(f"t{i}")
+        if config == Searcher.FINISHED:
+            break
+        fits = judge(config) is None
+        handed.append(fits)
+        searcher.on_trial_complete(f"t{i}", {service.METRIC: 100.0 if fits else 0.0,
+                                             "status": "ok" if fits else "pruned"})
+    assert handed.count(True) == 1, handed  # the one that fits, measured once
+    assert config == Searcher.FINISHED and "no configuration predicted to fit" in searcher.stopped_why
+    assert len(handed) - 1 - handed.index(True) == service.FREE_RUN  # then FREE_RUN more draws, all pruned
+
+
+# --- the dry run from the command line ----------------------------------------------------------------------------
+def test_a_dry_run_lists_the_configurations_a_search_would_run(tmp_path, monkeypatch, capsys):
+    """`search --dry-run --gpu H100 --json`: lookup's answer first, then the defaults' start points, then the
+    sampler's draws, each with its verdict and reason; none invalid; nothing written."""
+    monkeypatch.chdir(tmp_path)
+    model = os.path.abspath(os.path.join(HUB, "qwen2.5-0.5b.json"))
+    assert main(["search", "--model", model, "--gpu", "H100", "--dry-run", "--trials", "8", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert len(got) == 8 and all({"config", "verdict", "reason", "source"} <= set(c) for c in got)
+    assert got[0]["source"].startswith("start point from the atlas (lookup's")
+    assert any(c["source"] == "sampler" for c in got) and not any(c["verdict"] == "invalid" for c in got)
+    assert all(c["reason"] for c in got if c["verdict"] == "pruned")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["--gpu", "H100"], "--gpu"),                                     # a dry run's box without --dry-run
+    (["--dry-run"], "--gpu"),                                         # a dry run without its box
+    (["--dry-run", "--gpu", "H999"], "--gpu"),                        # a GPU kind not known
+    (["--dry-run", "--gpu", "H100", "--out", "x"], "--out"),          # a flag that writes
+    (["--dry-run", "--gpu", "H100", "--host-memory", "lots"], "--host-memory"),
+    (["--dry-run", "--gpu", "H100", "--gpus", "0"], "--gpus"),
+    (["--dry-run", "--gpu", "H100", "--set", "zero_stage=7"], "zero_stage"),
+])
+def test_a_dry_run_refuses_bad_input_in_one_line(flags, field, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        code = main(["search", "--model", "pythia-14m", *flags])
+        raise SystemExit(code)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and field in err, err
+    assert os.listdir(tmp_path) == []
