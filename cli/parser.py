@@ -170,6 +170,18 @@ def build_parser() -> Parser:
                         "do so are called best (default: mark)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON at the end, alone on stdout; the "
                                                        "live table and progress go to stderr (default: text)")
+    dry = s.add_argument_group("dry run (no GPU, nothing written)")
+    dry.add_argument("--dry-run", action="store_true",
+                     help="print the configurations the search would hand to its trials, in order (start points, "
+                          "the atlas's and the store's picks, then the sampler's draws), each with its verdict (ok, "
+                          "invalid, pruned) and why; --trials of them; --json: a JSON list")
+    dry.add_argument("--gpu", default=None, help="with --dry-run: the GPU kind of the box, e.g. H100 (required)")
+    dry.add_argument("--gpus", type=positive_int("--gpus"), default=None,
+                     help="with --dry-run: GPUs per trial (default: --gpus-per-trial, else 1)")
+    dry.add_argument("--host-memory", default=None,
+                     help="with --dry-run: the box's host memory, e.g. 256GiB (default: 128 GiB per GPU)")
+    dry.add_argument("--gpu-memory", default=None,
+                     help="with --dry-run: memory per GPU, e.g. 80GiB (default: the GPU kind's datasheet)")
     add_recipe_flags(s)
 
     r = command(sub, "results", "the trials of a store as a table, CSV or JSON",
