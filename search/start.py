@@ -22,8 +22,7 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     """The first trials, on every device, are the strong defaults a person would set by hand: every searched knob at
     its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
     probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
-    CPU the knob's default (auto) or the largest below it that fits the host's memory (a CPU step of a larger one
-    ran past the trial's time limit). On a GPU the knobs' start values follow, step by step (Knob.start: compile on
+    CPU the smallest that fits the host's memory (_largest_fit says why). On a GPU the knobs' start values follow, step by step (Knob.start: compile on
     with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor cores). With two or more trials at
     once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the memory saver of
     the space predicted fastest of those that make them fit (the GPU and the host) is added first (fits), and
@@ -275,15 +274,15 @@ def spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
     """The defaults at the largest micro-batch the memory model predicts to fit FIT_SHARE of the GPU and the host
-    (trial.memory.refusal, fits' rule); on the CPU, the largest no larger than the knob's default (auto) that fits
-    the host's memory (None: none)."""
+    (trial.memory.refusal, fits' rule); on the CPU the smallest that fits the host's memory: a CPU's step is
+    compute-bound at any micro-batch, so a larger one costs its trial's time in proportion and gains little (None:
+    none)."""
     from trainscout.trial import memory
     gpu, host = memory.gpu_capacity(hw), memory.host_capacity(hw)
     mb = micro_batch().name
     sizes = sorted((m for m in space.domains[mb] if m != "max"), reverse=True)
     if gpu is None:
-        auto = spec_at(args, space, hw, {**defaults, mb: min(sizes)}, **{mb: "auto"})
-        sizes = [m for m in sizes if auto is None or m <= auto.micro_batch]
+        sizes = sizes[::-1]
     for mbs in sizes:
         point = {**defaults, mb: mbs}
         spec = spec_at(args, space, hw, point)

@@ -93,6 +93,10 @@ def _measure(config: dict, base: dict) -> None:
                         error=error)
         tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": error, **extra})
         return
+    if why := _too_long(spec, base, store.trials(base["search"])):  # measured here to take longer than its limit
+        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
+        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why})
+        return
     # where a row of an older key scheme holds this configuration, its key (store.Store.stored_key): served from it,
     # and a new measurement of it is that key's sample
     key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions()))
@@ -156,6 +160,28 @@ def _measure(config: dict, base: dict) -> None:
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
                  "note": note, "shared": contended(record)})
+
+
+def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
+    """Why a trial is not launched: its warm-up and timed steps' tokens at the median tokens/s per rank this search
+    measured would take longer than the trial's time limit (build and compile not counted: it errs towards running);
+    None where they would not, or where nothing ran ok yet. A probed micro-batch (max) is judged at its first
+    candidate, the largest."""
+    from statistics import median
+
+    from trainscout.trial.runner import DEFAULT_TIMEOUT
+    rates = [t["tokens_per_s"] / base["workers"] for t in rows if t["status"] == Status.OK and t["tokens_per_s"]]
+    if not rates:
+        return None
+    tokens = (spec.warmup_steps + spec.timed_steps) * spec.measured_accum * spec.plan.micro_batch_size * \
+        spec.recipe["seq_len"]
+    limit = base["timeout"] or DEFAULT_TIMEOUT[spec.device]
+    need = tokens / median(rates)
+    if need <= limit:
+        return None
+    probe = " (micro_batch_size=max, at its first candidate)" if spec.plan.micro_batch_probe else ""
+    return (f"predicted to run past its {limit:.0f} s time limit: its {tokens:,} tokens per rank{probe} take {need:.0f} s "
+            f"at the {median(rates):,.0f} tokens/s per rank this search measured (median of {len(rates)})")
 
 
 def _run_trial(spec, base: dict, trial_id: str):

@@ -220,13 +220,13 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     fits = {m: memory.predict(prepare("pythia-410m", dict(point, micro_batch_size=m), hw=hw)) <= 0.85 * 80 * 2**30
             for m in (4, 8, 16, 32, 64)}
     assert fits[point["micro_batch_size"]] and not any(fits[m] for m in fits if m > point["micro_batch_size"])
-    cpu = dict(hw, device="cpu")  # the CPU: the defaults first too, at the knob's own micro-batch (auto: <= 8)
+    cpu = dict(hw, device="cpu")  # the CPU: the defaults first too, at the smallest micro-batch the host holds
     [on_cpu] = start_points(args, Space(space.fixed, dict(space.domains, micro_batch_size=(1, 2, 4, 8, 16, 32))), cpu,
                             None)
     import psutil
     host_fits = [m for m in (1, 2, 4, 8) if memory.host_refusal(prepare("pythia-410m", dict(point, micro_batch_size=m),
                                                                         hw=cpu), psutil.virtual_memory().total) is None]
-    assert on_cpu == dict(point, micro_batch_size=max(host_fits), compile=False)  # the largest <= 8 the host holds
+    assert on_cpu == dict(point, micro_batch_size=min(host_fits), compile=False)
     # a GPU with FP8 tensor cores (compute capability 9.0) and torchao installed: FP8 matmuls on the compiled point
     pytest.importorskip("torchao")
     from trainscout.trial.runner import context
