@@ -307,7 +307,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
     notes: list[str] = []
     ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
-    start, atlas, known = [] if done else first(args, space, hw, calibration, ranker, store.measurements(), notes)
+    start, atlas, known = ([], [], []) if done else first(args, space, hw, calibration, ranker, store.measurements(),
+                                                         notes)
     searcher = make_searcher(space, name, ostorage, sampler, start, seed=(args.seed + drawn) % SEED_RANGE,
                              ranker=ranker, target=remaining)
     _SEARCHER[:] = [searcher]
