@@ -257,9 +257,15 @@ def cmd_results(a) -> int:
         if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \
                 and (vals == vals.round()).all():
             df[col] = df[col].astype("Int64")
-    for col, want in (("model", a.model), ("gpu", a.gpu), ("status", a.status)):
-        if want:
-            df = df[df[col].astype(str).str.contains(want, case=False, regex=False)]
+    if a.model:  # a part of the model's name (its config.json's file name, or pythia)
+        df = df[df["model"].astype(str).str.contains(a.model, case=False, regex=False)]
+    if a.status:  # one status exactly: oom is not host_oom
+        df = df[df["status"].astype(str).str.lower() == a.status.lower()]
+    if a.gpu:  # one GPU kind exactly (H20 is not H200), or a measured name that is no kind
+        from trainscout.trial.gpus import asked_kind, gpu_kind
+        names = tuple(n for n in df["gpu"].dropna().astype(str).unique())
+        kind = asked_kind(a.gpu, "--gpu", tuple(n for n in names if gpu_kind(n) is None))
+        df = df[df["gpu"].fillna("").astype(str).map(lambda n: gpu_kind(n) == kind or n.lower() == kind.lower())]
     if a.sort:
         if a.sort not in df.columns:
             raise ConfigError("--sort", f"--sort {a.sort}: no such column: use one of {', '.join(df.columns)}")

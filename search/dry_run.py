@@ -21,14 +21,12 @@ def gpu_box(kind: str, gpus: int, host_memory_gib: float | None = None, gpu_memo
     optional package a knob names installed (as lookup assumes of a GPU box); host memory default: lookup's
     assumption per GPU."""
     from trainscout.atlas.predict import HOST_GIB_PER_GPU
-    from trainscout.trial.metrics import gpu_facts, gpu_kind
-    name = gpu_kind(kind)
-    facts = gpu_facts(kind)
-    if name is None or facts is None:
-        raise ConfigError("--gpu", f"--gpu {kind} is not a GPU kind known here: give one lookup knows, e.g. H100")
+    from trainscout.trial.gpus import asked_kind, gpu_facts
+    name = asked_kind(kind)  # one kind exactly, else refused listing the kinds
+    facts = gpu_facts(name)
     if gpus < 1:
         raise ConfigError("--gpus", f"--gpus {gpus} is not allowed: give a positive number of GPUs")
-    return {"device": "cuda", "gpu": kind if gpu_kind(kind) != kind else f"NVIDIA {name}", "gpu_count": gpus,
+    return {"device": "cuda", "gpu": kind if name != kind else f"NVIDIA {name}", "gpu_count": gpus,
             "gpu_memory_gib": gpu_memory_gib or facts[0], "capability": facts[1],
             "host_memory_gib": host_memory_gib or HOST_GIB_PER_GPU * gpus,
             "installed": sorted({p for k in all_knobs() for p in k.packages})}

@@ -702,6 +702,24 @@ def test_results_refuses_a_status_no_trial_has_and_filters_by_one_in_any_case(tm
     assert main(["results", str(tmp_path / "bench"), "--status", "OK", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert "ok" in statuses and len(statuses) > 1 and rows and {r["status"] for r in rows} == {"ok"}
+    name = store.searches()[0]
+    store.add_trial(name, "killed", None, "host_oom", False, 0.0, {}, error="the host's memory monitor")
+    store.add_trial(name, "big", None, "oom", False, 0.0, {}, error="CUDA out of memory")
+    assert main(["results", str(tmp_path / "bench"), "--status", "oom", "--format", "json"]) == 0
+    assert {r["status"] for r in json.loads(capsys.readouterr().out)} == {"oom"}  # oom is not host_oom
+
+
+def test_results_filters_by_one_gpu_kind_exactly(tmp_path, capsys):
+    """--gpu H20 matched the H200's rows (a substring): a kind is one kind exactly, else refused naming the kinds."""
+    bench_store(tmp_path)
+    assert main(["results", str(tmp_path / "bench"), "--gpu", "H200", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and {r["gpu"] for r in rows} == {"NVIDIA H200"}
+    assert main(["results", str(tmp_path / "bench"), "--gpu", "H20", "--format", "json"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.strip() in ("", "[]") and "H200" not in cap.out  # an H20 measured nothing here
+    assert main(["results", str(tmp_path / "bench"), "--gpu", "H2000"]) == 2
+    assert "not known as a GPU kind" in one_line_error(capsys, "--gpu")
 
 
 # --- resume: configurations already measured are not drawn again (no Ray, no GPU) ---------------------------------
