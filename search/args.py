@@ -84,6 +84,9 @@ def validate(args: SearchArgs) -> tuple[Space, TrialSpec, dict]:
         raise ConfigError("--max-concurrent", f"--max-concurrent {args.max_concurrent} is not allowed: give a positive "
                                               "integer, or leave it out for what the cluster holds")
     address = cluster_address(args.address)
+    if not address:  # where this box's trials say what shared their device (a cluster's nodes keep their own)
+        from trainscout.trial.contention import check_registry
+        check_registry()
     if address:  # the hardware of the nodes that run the trials, read on them (attaching; nothing is written)
         from .cluster import cluster_hardware
         hw = cluster_hardware(address, args.device, args.gpus_per_trial, args.one_node,

@@ -184,3 +184,27 @@ def test_the_live_table_marks_a_measurement_beside_other_trials():
                 {"status": "ok", "tokens_per_s": 1000.0, "cached": False, "shared": shared})
     rows = [line.split() for line in stream.getvalue().splitlines() if line.split()[1:2] in (["t0"], ["t1"])]
     assert [r[2] for r in rows] == ["ok~", "ok"], stream.getvalue()
+
+
+def test_a_measurement_whose_contention_is_unknown_is_kept_apart():
+    """The registry could not be read or written during a trial: its record says contention `unknown`, and it was then
+    served to the next search as clean. Unknown is never clean: not served, marked in results."""
+    from trainscout.trial.status import served
+    unknown = {"shared_with": {"unknown": "the registry /x cannot be written (Permission denied)"}}
+    assert contention.contended({"metrics": unknown}) and not served("ok", None, unknown)
+    assert contention.label(unknown) == "unknown trials" and served("ok", None, {"shared_with": {"trials": 0,
+                                                                                                "sharing": 0}})
+
+
+def test_a_search_refuses_to_start_where_the_registry_cannot_be_used(tmp_path, monkeypatch, capsys):
+    """TRAINSCOUT_RUNNING_DIR under a regular file (no folder can be made there, even as root): the search stops in one
+    line naming the variable and the folder, exit 2, before anything is started or written."""
+    from trainscout.cli.main import main
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(contention.DIR_ENV, str(blocker / "running"))
+    out = tmp_path / "out"
+    assert main(["search", "--model", "tiny", "--device", "cpu", "--trials", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and contention.DIR_ENV in err[0] and str(blocker / "running") in err[0], err
+    assert not out.exists()

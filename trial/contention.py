@@ -136,9 +136,10 @@ def merge(ranks: list[dict | None]) -> dict | None:
 
 
 def shared_in(metrics: dict | None) -> dict | None:
-    """metrics["shared_with"] where peers shared its device (contended), else None."""
+    """metrics["shared_with"] where peers shared its device, or where the registry could not tell (unknown: never
+    taken as clean), else None."""
     s = (metrics or {}).get("shared_with") or {}
-    return s if s.get("sharing") else None
+    return s if s.get("sharing") or s.get("unknown") else None
 
 
 def contended(record) -> bool:
@@ -148,13 +149,36 @@ def contended(record) -> bool:
 
 
 def label(metrics: dict | None) -> str | None:
-    """The `shared` column: "3 trials (cpu)" for a contended measurement, else None."""
+    """The `shared` column: "3 trials (cpu)" for a contended measurement, "unknown trials" where the registry could
+    not tell, else None."""
     s = shared_in(metrics)
-    return None if s is None else f"{s['sharing']} trial{'s' if s['sharing'] != 1 else ''} ({','.join(s['devices'])})"
+    if s is None:
+        return None
+    if not s.get("sharing"):
+        return "unknown trials"
+    return f"{s['sharing']} trial{'s' if s['sharing'] != 1 else ''} ({','.join(s['devices'])})"
+
+
+def check_registry() -> None:
+    """ConfigError naming the registry's folder where this process cannot write, list and remove an entry there: every
+    measurement would then say its contention is unknown (kept apart, never served), so a search does not start."""
+    from trainscout.spaces import ConfigError
+    probe = os.path.join(registry(), f".check-{os.getpid()}")
+    try:
+        os.makedirs(registry(), exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("{}")
+        os.listdir(registry())
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(DIR_ENV, f"the running-trials registry {registry()} cannot be used ({e.strerror or e}): "
+                                   f"trainscout could not tell which measurements shared a device; set {DIR_ENV} "
+                                   "to a writable folder, or make this one writable") from None
 
 
 def note(records: list) -> str | None:
     """The summary's line on a search's measurements taken beside other trials, or None where none was."""
     n = sum(1 for r in records if contended(r))
-    return (f"{n} of {len(records)} measurements ran beside other trials on the node (kept apart; not served; marked "
-            "`shared` in results): --max-concurrent 1 to measure alone") if n else None
+    return (f"{n} of {len(records)} measurements ran beside other trials on the node, or where the running-trials "
+            "registry could not tell (kept apart; not served; marked `shared` in results): --max-concurrent 1 to "
+            "measure alone") if n else None
