@@ -151,8 +151,10 @@ def test_an_export_says_how_to_launch_it_and_its_folder_can_move(store_dir, tmp_
             assert str(tmp_path) not in text and str(store_dir) not in text, (f.name, text[:500])
         moved = tmp_path / "moved" / key
         shutil.move(str(out), str(moved))
-        if key == "k1":
-            assert hf.read_arguments(str(moved))["deepspeed"] == str(moved / "deepspeed.json")
+        if key == "k1":  # inline: a stock TrainingArguments(**json) runs from any folder
+            inline = json.loads((moved / "training_args.json").read_text())["deepspeed"]
+            assert inline == json.loads((moved / "deepspeed.json").read_text())
+            assert hf.read_arguments(str(moved))["deepspeed"] == inline
     folder = tmp_path / "moved" / "k0"
     (folder / "ranks.py").write_text(RANKS)
     import socket

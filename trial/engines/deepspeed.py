@@ -129,7 +129,9 @@ class DeepSpeedEngine(Engine):
 
     @classmethod
     def hf_args(cls, rec, paths):
-        return {"deepspeed": paths["deepspeed.json"]}
+        # the config inline (TrainingArguments takes the dict): a path, relative to the export folder, failed a stock
+        # TrainingArguments(**json) run from any other folder; deepspeed.json beside it holds the same for the others
+        return {"deepspeed": cls.files(rec)["deepspeed.json"]}
 
     @classmethod
     def accelerate(cls, rec, paths):
