@@ -98,15 +98,25 @@ def _search(a) -> int:
                                           "with --out, or give its --storage")
         store = Store(storage or default_url(a.resume))
         name = os.path.basename(os.path.abspath(a.resume))
-        saved = store.search_args(name)
+        saved, folder = store.search_args(name), name
+        if saved is None:  # a folder renamed since: its store's one search is the one to continue, under its name
+            names = store.searches()
+            saved = store.search_args(names[0]) if len(names) == 1 else None
+            name = names[0] if saved is not None else name
         if saved is None:
-            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there: start one with --out")
+            recorded = f" (it holds {', '.join(store.searches())}: give --storage and the matching folder name)" \
+                if store.searches() else ""
+            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there{recorded}: start one with "
+                                          "--out")
         given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
                  "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
                  "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
                  "storage": storage, "address": a.address, "quality": a.quality,
                  "max_concurrent": a.max_concurrent, "one_node": a.one_node}
         args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
+        if name != folder:
+            args.name = name
+            notes.append(f"the folder was named {name} when the search started: it continues as {name}")
         for note in notes if not a.quiet else ():
             print(f"resuming {name}: {note}", file=out)
     else:

@@ -874,3 +874,13 @@ def test_time_budgets_in_the_forms_people_type(text, seconds):
 def test_a_time_budget_that_is_not_one_is_refused_naming_the_forms(text, capsys):
     assert main(["search", "--model", "tiny", "--device", "cpu", f"--time-budget={text}"]) == 2
     assert "1h30m" in capsys.readouterr().err
+
+
+def test_a_renamed_search_folder_is_resumed_under_the_search_s_name(tmp_path, capsys):
+    """`--resume` of a folder renamed since the search started said "no search recorded there": its store's one search
+    is the one to continue (here refused for asking fewer trials than it has, the check after it was found)."""
+    bench_store(tmp_path)
+    moved = tmp_path / "renamed"
+    (tmp_path / "bench").rename(moved)
+    assert main(["search", "--resume", str(moved), "--trials", "1"]) == 2
+    assert "is fewer than the search's 4" in one_line_error(capsys, "--trials")
