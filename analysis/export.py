@@ -262,12 +262,14 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
         write("launch.sh", launch_script(rec, how))
         os.chmod(written[-1], 0o755)
     hook = hook_only(rec)
-    provenance = {"model": rec.model, "model_config": rec.model_config, "config": rec.config, "plan": plan.to_dict(),
+    from trainscout.spaces import current
+    config, retired = current(rec.config)  # a first record's settings that are no knob any more: left out, said
+    provenance = {"model": rec.model, "model_config": rec.model_config, "config": config, "plan": plan.to_dict(),
                   "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
                   "started_at": rec.started_at, "hook": hook, "launch": how,
                   "hook_cost": hook_costs(rec, hook, measurements or []),
                   "not_exported": {f: why[f] for f in refused},
-                  "notes": [*plan.notes, *notes, *shared_note(rec)],
+                  "notes": [*plan.notes, *notes, *shared_note(rec), *retired],
                   "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device))),
                   **written_for}  # transformers_version: the one training_args.json was written for
     write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (

@@ -18,8 +18,19 @@ from . import plugins
 from .parallel import ParallelDims, degrees
 from .plan import Context, Plan
 
-__all__ = ["ConfigError", "Context", "Knob", "ParallelDims", "Plan", "REGISTRY", "all_knobs", "get", "memory_savers",
-           "micro_batch", "register", "resolve", "fmt"]
+__all__ = ["ConfigError", "Context", "Knob", "ParallelDims", "Plan", "REGISTRY", "RETIRED", "all_knobs", "current",
+           "get", "memory_savers", "micro_batch", "register", "resolve", "fmt"]
+
+# settings the first records hold that are no knob any more, and why a configuration today runs without them
+RETIRED = {"compile_mode": "torch.compile's mode: every compiled trial ran its default, and `compile` says whether "
+                           "one was compiled"}
+
+
+def current(config: dict) -> tuple[dict, list[str]]:
+    """(a stored configuration without the settings that are no knob any more, a note for each one left out)."""
+    kept = {k: v for k, v in config.items() if k not in RETIRED}
+    return kept, [f"{k}={fmt(v)} left out: {RETIRED[k]}" for k, v in config.items() if k in RETIRED]
+
 
 _loaded = False
 _lock = threading.RLock()
@@ -85,7 +96,8 @@ def get(name: str) -> Knob:
     if name not in REGISTRY:
         near = difflib.get_close_matches(name, REGISTRY, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise ConfigError(name, f"unknown knob {name!r}{hint}: run `trainscout knobs` to list them")
+        raise ConfigError(name, f"unknown knob {name!r}{hint}: run `trainscout knobs` to list them (a plugin's knob "
+                                f"needs its package installed: `trainscout knobs` names the plugins that loaded)")
     return REGISTRY[name]
 
 

@@ -433,3 +433,22 @@ def test_a_failed_quality_verdict_is_named_and_never_best_while_anything_else_ra
     from trainscout.analysis.report.analysis import analyse
     a = analyse(str(out))  # the report agrees: the failed one is ranked last, and its tie line is export's choice
     assert list(a.best["key"]) == [ok.key, fast.key] and a.tie.best.key == ok.key
+
+
+def test_an_export_of_a_first_record_leaves_out_settings_that_are_no_knob_any_more(tmp_path, capsys):
+    """A store of the first records (bench/data/...-s4/kernels) holds compile_mode, no knob today: its export carried
+    it and `trainscout train` refused it as an unknown knob. It is left out of the export's config, with a note."""
+    import shutil
+
+    from trainscout.spaces import current
+    store = tmp_path / "kernels"
+    store.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shutil.copy(os.path.join(root, "bench", "data", "gpu-2026-11-30-s4", "kernels", "results.db"), store)
+    assert main(["export", str(store), "--best", "--format", "hf", "--out", str(tmp_path / "best")]) == 0
+    exported = json.loads((tmp_path / "best" / "trainscout.json").read_text())
+    assert "compile_mode" not in exported["config"]
+    assert any(n.startswith("compile_mode=default left out: ") for n in exported["notes"])
+    from trainscout.spaces import get
+    kept, notes = current({**exported["config"], "compile_mode": "default"})  # what `trainscout train` runs
+    assert [get(k).name for k in kept] == list(kept) and len(notes) == 1  # every one a knob: none unknown

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from trainscout.spaces import ConfigError
 
@@ -78,8 +79,12 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     kw.update({k: v for k, v in recipe.items() if v is not None})
     workers = workers or (exp.get("hardware") or {}).get("world_size") or 1
     from trainscout.trial.models import stored_model
-    spec = prepare(model or stored_model(exp["model"], exp.get("model_config")), exp["config"], device=device, workers=workers, steps=steps, warmup=0,
-                   measure_accum=0, **kw)
+    from trainscout.spaces import current
+    config, retired = current(exp["config"])  # an export written before this release may hold a retired setting
+    for note in retired:
+        print(f"trainscout: note: {note}", file=sys.stderr)
+    spec = prepare(model or stored_model(exp["model"], exp.get("model_config")), config, device=device,
+                   workers=workers, steps=steps, warmup=0, measure_accum=0, **kw)
     from trainscout.trial.models import sizes
     check_data(data, data_dtype, spec.recipe["seq_len"], sizes(spec.model_config).vocab)
     from trainscout.trial.runner import ensure_ray
