@@ -26,6 +26,7 @@ from .resume import LOCK_FILE, folder_free, hold_folder, refuse_existing, resume
 from .searcher import FREE_RUN, TUNE_ID, make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .start import FIT_SHARE, first_points, fits, space_defaults, start_points, store_points
 from .summary import summarize
+from .tracking import check as check_tracking
 from .trainable import METRIC, TRIAL_ACTOR, _stopped_before, _trainable, counted, space_knobs
 
 # run_search, and the names cli/main.py, bench/, atlas/ and the tests import from here
@@ -61,6 +62,9 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False, started: flo
         refuse_existing(store, name, args.out, resume)
     folder_free(args.out)
     if not (resume and store is not None and args.trials is not None and counted(store.trials(name)) >= args.trials):
+        # the trackers' backends (a short timeout) and the Tune folder answer before Ray starts and before anything
+        # is written, so that a refusal leaves no search in --out to block the folder's reuse
+        check_tracking(track or [], args.out)
         # Ray reached (or started) before anything is written: an address where nothing listens is refused here,
         # not after the store, its log and the folder's lock were made (a rerun in that folder was then refused)
         from trainscout.trial.runner import check_resources, cluster_address, ensure_ray

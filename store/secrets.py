@@ -48,8 +48,8 @@ def masked(url: str) -> str:
     """A URL to print: the password, if any, as ***."""
     try:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except (sa.exc.ArgumentError, TypeError, AttributeError):
-        return str(url)
+    except (sa.exc.ArgumentError, TypeError, AttributeError, ValueError):  # no URL SQLAlchemy reads (a bad port)
+        return mask_urls(str(url))
 
 
 _IN_TEXT = re.compile(r"(\b[A-Za-z][\w+.-]*://[^:/@\s'\"]*:)[^@\s'\"]+@")
