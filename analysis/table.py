@@ -33,7 +33,8 @@ def store_of(source: str, create: bool = False) -> Store:
 
 
 def load(source: str) -> pd.DataFrame:
-    """One row per trial (failures included, with their reason): search, status, knobs, metrics, hardware."""
+    """One row per trial (failures included, with their reason), then one per measurement no search of the store ran:
+    search, status, knobs, metrics, hardware."""
     store = store_of(source) if isinstance(source, str) else source
     knobs = [k.name for k in all_knobs()]
     records = {m.key: m for m in store.measurements()}
@@ -55,6 +56,12 @@ def load(source: str) -> pd.DataFrame:
             if t["status"] == Status.STOPPED:
                 row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
             rows.append(dict(row, **_samples(rec, others.get(t["key"]))))
+    listed = {r["key"] for r in rows}
+    # a measurement no search of this store ran (imported, a bench's), by start time: export --best may take it
+    for rec in sorted((r for k, r in records.items() if k not in listed), key=lambda r: (r.started_at or "", r.key)):
+        rows.append(dict(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
+                              cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
+                              config=rec.config, verified=verified.get(rec.key)), **_samples(rec, others.get(rec.key))))
     return typed(pd.DataFrame(rows, columns=columns(knobs)))
 
 
@@ -232,8 +239,8 @@ def dumps(df: pd.DataFrame) -> str:
 
 
 def load_resolved(source) -> pd.DataFrame:
-    """What users see: load()'s rows, one per trial in the order the search recorded them, or, for a store with
-    measurements and no search rows (a benchmark grid, a `results --import`), one row per measurement by start time;
+    """What users see: load()'s rows, one per trial in the order the search recorded them, then one per measurement
+    no search ran (a benchmark grid, a `results --import`) by start time;
     with what each one actually ran: micro_batch (the record's plan, not "max"), grad_accum, wall_s, and gpu_s
     (wall_s x world_size: GPU-seconds, worker-seconds on a CPU; 0 for a trial served from the store or refused before
     running). A trial ASHA stopped leaves no record: its gpu_s is the median of its search's trials that ran to the
@@ -241,17 +248,6 @@ def load_resolved(source) -> pd.DataFrame:
     store = store_of(source) if isinstance(source, str) else source
     records = {m.key: m for m in store.measurements()}
     df = load(store)
-    if df.empty and records:
-        knobs = [k.name for k in all_knobs()]
-        others = samples.summary(store.engine)
-        verified = store.verified()
-        rows = []
-        for rec in sorted(records.values(), key=lambda r: (r.started_at or "", r.key)):
-            rows.append(dict(_row(rec, knobs, search=None, trial=rec.trial_id or rec.key[:12], status=str(rec.status),
-                                  cached=False, error=rec.error, key=rec.key, created_at=rec.started_at,
-                                  config=rec.config, verified=verified.get(rec.key)),
-                             **_samples(rec, others.get(rec.key))))
-        df = typed(pd.DataFrame(rows, columns=df.columns))
     mbs, accum, wall, gpu_s, estimated = [], [], [], [], []
     from trainscout.spaces import micro_batch
     knob = micro_batch().name

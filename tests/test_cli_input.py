@@ -884,3 +884,20 @@ def test_a_renamed_search_folder_is_resumed_under_the_search_s_name(tmp_path, ca
     (tmp_path / "bench").rename(moved)
     assert main(["search", "--resume", str(moved), "--trials", "1"]) == 2
     assert "is fewer than the search's 4" in one_line_error(capsys, "--trials")
+
+
+def test_a_measurement_imported_beside_a_search_is_listed_by_results(tmp_path, capsys):
+    """An imported measurement was hidden from `results` (and the report) in a store with a search, while
+    `export --best` could write it: every measurement is listed, those no search ran without a search name."""
+    store = bench_store(tmp_path)
+    other = Store(f"sqlite:///{os.path.join(ROOT, 'bench', 'data', 'gpu-2026-11-30-s4', 'kernels', 'results.db')}")
+    lines = tmp_path / "pooled.jsonl"
+    other.export_jsonl(str(lines))
+    assert main(["results", str(tmp_path / "bench"), "--import", str(lines)]) in (0, 1)  # 1: some refused, said
+    capsys.readouterr()
+    imported = {m.key for m in store.measurements()} - {t["key"] for n in store.searches() for t in store.trials(n)}
+    assert imported
+    assert main(["results", str(tmp_path / "bench"), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    listed = {r["key"]: r for r in rows}
+    assert imported <= set(listed) and all(listed[k]["search"] is None for k in imported)
