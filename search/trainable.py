@@ -170,7 +170,8 @@ def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
     from statistics import median
 
     from trainscout.trial.runner import DEFAULT_TIMEOUT
-    rates = [t["tokens_per_s"] / base["workers"] for t in rows if t["status"] == Status.OK and t["tokens_per_s"]]
+    rates = [t["tokens_per_s"] / base["workers"] for t in rows
+             if t["status"] == Status.OK and t["tokens_per_s"] and not t["cached"]]  # measured here, not served
     if not rates:
         return None
     tokens = (spec.warmup_steps + spec.timed_steps) * spec.measured_accum * spec.plan.micro_batch_size * \
@@ -179,7 +180,7 @@ def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
     need = tokens / median(rates)
     if need <= limit:
         return None
-    probe = " (micro_batch_size=max, at its first candidate)" if spec.plan.micro_batch_probe else ""
+    probe = " (a probed micro-batch, at its first candidate)" if spec.plan.micro_batch_probe else ""
     return (f"predicted to run past its {limit:.0f} s time limit: its {tokens:,} tokens per rank{probe} take {need:.0f} s "
             f"at the {median(rates):,.0f} tokens/s per rank this search measured (median of {len(rates)})")
 

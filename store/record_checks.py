@@ -167,7 +167,7 @@ def cannot_run(rec: dict) -> str | None:
         return None
     from packaging.version import InvalidVersion, Version
 
-    from trainscout.spaces import all_knobs, resolve
+    from trainscout.spaces import all_knobs, current, resolve
     from trainscout.trial.runner import context
     versions = rec.get("versions") or {}
     for name, low in minimums().items():
@@ -181,15 +181,14 @@ def cannot_run(rec: dict) -> str | None:
         if too_old:
             return f"its versions cannot run it: {name} {have} is older than trainscout supports ({name}>={low})"
     packages = {p for k in all_knobs() for p in k.packages}
-    installed = frozenset(p for p in packages if versions.get(p))
+    # a package its versions do not name at all (a record older than that field) is taken as present: it ran with it
+    installed = frozenset(p for p in packages if versions.get(p) or p not in versions)
     hw = {"device": rec.get("device") or "cpu", "capability": (rec.get("hardware") or {}).get("capability") or ""}
     try:
         ctx = context(rec["model_config"], rec["recipe"]["global_batch"], rec.get("world_size") or 1, hw, installed)
-        resolve(rec["config"], ctx)
+        resolve(current(rec["config"])[0], ctx)  # a first record's retired settings (compile_mode) left out
     except ConfigError as e:
-        unnamed = sorted(p for p in packages - installed if p not in versions)
-        hint = f" (its versions name no {', '.join(unnamed)})" if unnamed and any(p in str(e) for p in unnamed) else ""
-        return f"its versions and GPU cannot run the knobs it claims: {e}{hint}"
+        return f"its versions and GPU cannot run the knobs it claims: {e}"
     return None
 
 

@@ -272,7 +272,8 @@ def _planted(rows: list[dict]) -> tuple[list[dict], dict[int, str]]:
             tokens_per_s=r["record"]["metrics"]["tokens_per_s"] * 2)),
         edit(other, lambda r: r.update(key="c" * 32) or r["record"]["metrics"].update(peak_memory_gib=400.0)),
         edit(other, lambda r: r.update(key="d" * 32) or r["provenance"].update(torch=schema.UNKNOWN)),
-        edit(other, lambda r: r.update(key="e" * 32) or r["record"]["config"].update(fp8="tensorwise")),
+        edit(other, lambda r: r.update(key="e" * 32) or r["record"]["config"].update(fp8="tensorwise")
+             or r["record"]["versions"].update(torchao=None)),  # recorded absent (not named: an older record)
         edit(good, lambda r: r["record"]["metrics"].update(tokens_per_s=r["record"]["metrics"]["tokens_per_s"] * 1.5,
                                                            step_s=r["record"]["metrics"]["step_s"] / 1.5)),
         dict(third, record=dict(third["record"], model="pythia-12b")),  # edited, hash left as exported
@@ -308,19 +309,22 @@ def test_an_import_refuses_each_planted_record_with_its_reason_and_imports_the_r
     assert "conflicting duplicate of the record already stored" in capsys.readouterr().err
 
 
-def test_a_record_measured_with_fp8_shares_only_with_torchao_in_its_versions(tmp_path, capsys):
-    """The project's own fp8 records predate trainscout recording torchao's version: shared, they are refused
-    (the rule), and the same record with torchao named is imported."""
+def test_a_record_measured_with_fp8_shares_unless_its_versions_say_torchao_was_absent(tmp_path, capsys):
+    """The project's own fp8 records predate trainscout recording torchao's version: a version they do not name is
+    taken as present (they ran with it; 42 shipped atlas rows were refused), one they name as None (recorded absent)
+    is refused, and one with torchao's version is imported."""
     lab = store_copy(tmp_path, FP8_STORE)
     share = tmp_path / "fp8.jsonl"
     assert main(["results", lab, "--export", str(share), "--share"]) == 0
     rows = [r for r in rows_of(share) if r["record"]["config"].get("fp8") != "off"]
-    assert rows
-    assert contrib.refusal(rows[0]).startswith("its versions and GPU cannot run the knobs it claims")
-    fixed = json.loads(json.dumps(rows[0]))
-    fixed["record"]["versions"]["torchao"] = "0.18.0"
-    fixed["content_hash"] = schema.content_hash(fixed)
-    assert contrib.refusal(fixed) is None
+    assert rows and "torchao" not in rows[0]["record"]["versions"]
+    assert contrib.refusal(rows[0]) is None
+    for torchao, refused in ((None, True), ("0.18.0", False)):
+        fixed = json.loads(json.dumps(rows[0]))
+        fixed["record"]["versions"]["torchao"] = torchao
+        fixed["content_hash"] = schema.content_hash(fixed)
+        why = contrib.refusal(fixed)
+        assert (why or "").startswith("its versions and GPU cannot run the knobs it claims") == refused, why
 
 
 def test_share_needs_export(tmp_path, capsys):
