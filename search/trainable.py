@@ -174,7 +174,7 @@ def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
              if t["status"] == Status.OK and t["tokens_per_s"] and not t["cached"]]  # measured here, not served
     if not rates:
         return None
-    tokens = (spec.warmup_steps + spec.timed_steps) * spec.measured_accum * spec.plan.micro_batch_size * \
+    tokens = (spec.warmup_steps + spec.timed_steps) * spec.measured_accum * spec.micro_batch * \
         spec.recipe["seq_len"]
     limit = base["timeout"] or DEFAULT_TIMEOUT[spec.device]
     need = tokens / median(rates)
