@@ -219,3 +219,21 @@ def test_a_dry_run_refuses_bad_input_in_one_line(flags, field, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and field in err, err
     assert os.listdir(tmp_path) == []
+
+
+def test_start_points_pass_the_rules_the_draws_pass():
+    """A cold search of a 7B mixture of experts on one H100: the defaults do not fit, and the start point took the
+    saver predicted fastest (ZeRO-2 with CPU offload) with micro_batch_size=max, which DeepSpeed refuses: the search's
+    first trial was invalid. Every start point is now held to the sampler's rules (Space.point_of)."""
+    from trainscout.search.start import first
+    model = os.path.join(HUB, "olmoe-1b-7b-0924.json")
+    args = SearchArgs(model=model, out="unused", gpus_per_trial=1)
+    hw = gpu_box("H100", 1)
+    space, _ = space_for(args, hw)
+    notes = []
+    points, _, _ = first(args, space, hw, None, None, [], notes)
+    assert points, notes
+    for p in points:
+        space.point_of(p)  # ConfigError where a rule refuses it
+        assert before_run(space.point_of(p)[0], {"model": model, "workers": 1, "steps": 5, "warmup": 2,
+                                                   "hardware": hw, "seed": 0, "recipe": {}})[0] != "invalid"
