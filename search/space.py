@@ -19,6 +19,7 @@ import yaml
 from trainscout.spaces import ConfigError, Context, all_knobs, fmt, get, resolve
 
 MAX_SPACE_BYTES = 1 << 20
+CACHED = 100_000  # allowed-value sets a Space keeps (one per knob and the values drawn before it)
 
 
 def load_space_file(path: str) -> dict:
@@ -59,10 +60,11 @@ class Space:
         self.fixed = fixed        # knob -> parsed value
         self.domains = domains    # knob -> tuple of parsed values
         self.ctx = ctx            # what the rules are checked against (None: every domain value offered)
-        self._allowed: dict[str, tuple[tuple, dict]] = {}
+        self._allowed: dict[str, tuple[tuple, dict]] = {}  # (knob, values before it) -> (allowed, why not the rest)
+        self._why: dict[tuple, str] = {}  # (knob, value) -> why the last walk did not offer it
 
     def __getstate__(self):  # the cache of allowed values stays in the process that built it
-        return dict(self.__dict__, _allowed={})
+        return dict(self.__dict__, _allowed={}, _why={})
 
     @classmethod
     def build(cls, raw: dict, sets: dict, ctx: Context) -> "Space":
@@ -172,6 +174,8 @@ class Space:
             return choices
         key = json.dumps([name, cfg], sort_keys=True, default=str)
         if key not in self._allowed:
+            if len(self._allowed) > CACHED:
+                self._allowed.clear()
             ok, why = [], {}
             for v in choices:
                 try:
@@ -206,7 +210,7 @@ class Space:
 
     def refused_why(self, name: str, value) -> str | None:
         """Why the last walk did not offer knob `name` the value (the rule's error), None where it did."""
-        return getattr(self, "_why", {}).get((name, fmt(value)))
+        return self._why.get((name, fmt(value)))
 
     def describe(self) -> dict:
         return {"fixed": {k: fmt(v) for k, v in self.fixed.items()},
