@@ -21,19 +21,17 @@ def shares(model: str, kind: str, gpus: int, draws: int, blind: bool, seed: int 
     import optuna
 
     from trainscout.search.args import SearchArgs, space_for
-    from trainscout.search.dry_run import gpu_box
+    from trainscout.search.dry_run import gpu_box, trial_base
     from trainscout.search.searcher import make_sampler
     from trainscout.search.space import Space
     from trainscout.search.trainable import before_run
-    from trainscout.trial import memory
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     hw = gpu_box(kind, gpus)
-    space, _ = space_for(SearchArgs(model=model, out="unused", gpus_per_trial=gpus), hw)
+    args = SearchArgs(model=model, out="unused", gpus_per_trial=gpus)
+    space, _ = space_for(args, hw)
     if blind:  # the same domains, drawn without the rules
         space = Space(space.fixed, space.domains)
-    base = {"model": model, "workers": gpus, "steps": 5, "warmup": 2, "hardware": hw, "seed": 0, "recipe": {},
-            "host": {"capacity": memory.host_capacity(hw)},
-            "memory": {"capacity": memory.gpu_capacity(hw), "calibration": None}}
+    base = trial_base(args, hw)
     sampler = optuna.samplers.RandomSampler(seed=seed) if blind else make_sampler(seed, draws)
     study = optuna.create_study(sampler=sampler)
     got = {"ok": 0, "pruned": 0, "invalid": 0}
@@ -49,7 +47,7 @@ def main() -> None:
     p.add_argument("--draws", type=int, default=200)
     p.add_argument("--box", action="append", default=None, help="KIND:GPUS, repeatable (default H100:1)")
     a = p.parse_args()
-    print(f"{'model':24} {'box':8} {'random: ok/pruned/invalid':>26} {'ms':>5} {'search: ok/pruned/invalid':>26} {'ms':>5}")
+    print(f"{'model':24} {'box':8} {'random: ok/pruned/invalid, ms':>32} {'search: ok/pruned/invalid, ms':>32}")
     for model in a.models:
         for box in a.box or ["H100:1"]:
             kind, gpus = box.split(":")

@@ -25,7 +25,7 @@ from .space import Space
 from .start import first
 from .summary import clock, summarize
 from .tracking import trackers
-from .trainable import METRIC, TRIAL_ACTOR, _trainable, before_run, counted, fault_schedule, space_knobs
+from .trainable import METRIC, TRIAL_ACTOR, _trainable, before_run, capacities, counted, fault_schedule, space_knobs
 
 
 def _cancel(tune_trial_id: str, stop: bool = False) -> None:
@@ -333,14 +333,11 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     base["facts"] = model_tree.known()
     if start:
         _warm_first(start[0], base, args.one_node)
-    knob_names = set(base["knob_names"])  # what the searcher asks after its draws keep being refused (study.py)
-    searcher.judge = lambda config: before_run({k: v for k, v in config.items() if k in knob_names}, base)[1]
-    from trainscout.trial import memory  # the capacities the trials are judged on (trainable._refusal): the host
-    # the driver's (on one box, the common case, the trials' too; on a cluster the nodes' smallest), the GPU's
-    host = memory.host_capacity(hw)
-    base["host"] = {"capacity": host}
-    if (gpu := memory.gpu_capacity(hw)) is not None:
-        base["memory"] = {"capacity": gpu, "calibration": calibration}
+    searcher.judge = lambda config: before_run(config, base)[1]  # asked after its draws keep being refused
+    # the capacities the trials are judged on (trainable._refusal): the host the driver's (on one box, the common
+    # case, the trials' too; on a cluster the nodes' smallest), the GPU's
+    base.update(capacities(hw, calibration))
+    host = base["host"]["capacity"]
     printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
                       budget_s=None if deadline is None else max(0.0, deadline - time.time()),
                       ranks=args.gpus_per_trial,

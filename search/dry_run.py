@@ -11,7 +11,7 @@ from __future__ import annotations
 from trainscout.spaces import ConfigError, all_knobs, fmt
 
 from .args import SearchArgs, space_for
-from .trainable import METRIC, before_run
+from .trainable import METRIC, before_run, capacities
 
 OK = "ok"
 
@@ -48,18 +48,10 @@ def dry_run(args: SearchArgs, hw: dict, draws: int) -> dict:
     start, atlas, known = first(args, space, hw, None, ranker, [], notes)
     sources = {_key(space.params_of(p)): f"start point from the atlas ({why})" for p, why in atlas}
     sources.update({_key(space.params_of(p)): f"start point from the store ({why})" for p, why in known})
-    base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
-            "hardware": hw, "seed": args.seed, "recipe": args.recipe}
-    from trainscout.trial import memory
-    base["host"] = {"capacity": memory.host_capacity(hw)}
-    base["memory"] = {"capacity": memory.gpu_capacity(hw), "calibration": None}
-    names = {k.name for k in all_knobs()}
-
-    def judge(config: dict) -> str | None:
-        return before_run({k: v for k, v in config.items() if k in names}, base)[1]
+    base = trial_base(args, hw)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     searcher = DistinctSearcher(space, "dry-run", None, make_sampler(args.seed, draws), start, seed=args.seed,
-                                ranker=ranker, judge=judge)
+                                ranker=ranker, judge=lambda config: before_run(config, base)[1])
     out = []
     for i in range(draws):
         tid = f"dry_{i}"
@@ -67,21 +59,28 @@ def dry_run(args: SearchArgs, hw: dict, draws: int) -> dict:
         if config is None or config == Searcher.FINISHED:
             notes.append(searcher.stopped_why or "the searcher proposed no more configurations")
             break
-        settings = {k: v for k, v in config.items() if k in names}
-        verdict, reason = before_run(settings, base)
+        verdict, reason = before_run(config, base)
         drawn = searcher.drawn[tid]
         source = sources.get(_key(drawn.params)) or (
             "start point" if i < len(start) else
             f"ranked ({drawn.user_attrs['ranked']})" if "ranked" in drawn.user_attrs else
             f"explore ({drawn.user_attrs['explore']})" if "explore" in drawn.user_attrs else "sampler")
-        out.append({"config": {k: v for k, v in settings.items() if k in space.domains}, "verdict": verdict,
+        out.append({"config": {k: v for k, v in config.items() if k in space.domains}, "verdict": verdict,
                     "reason": reason, "source": source})
         if verdict != OK:  # told as the search tells a refusal
             searcher.on_trial_complete(tid, {METRIC: 0.0, "status": verdict, "error": reason})
         else:  # left running (no measurement), and it ends a run of refusals as its trial would when it ends
             searcher.free_run = 0
-    return {"model": args.model, "searched": sorted(k for k, d in space.domains.items() if len(d) > 1), "gpu": hw["gpu"], "gpus": hw["gpu_count"], "host_memory_gib": hw["host_memory_gib"],
-            "notes": notes, "configs": out}
+    return {"model": args.model, "searched": sorted(k for k, d in space.domains.items() if len(d) > 1),
+            "gpu": hw["gpu"], "gpus": hw["gpu_count"], "host_memory_gib": hw["host_memory_gib"], "notes": notes,
+            "configs": out}
+
+
+def trial_base(args: SearchArgs, hw: dict) -> dict:
+    """What a search's trials of args on hw are prepared and judged with before they run (trainable.before_run): a
+    new search's, with no calibration of the memory model."""
+    return {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
+            "hardware": hw, "seed": args.seed, "recipe": args.recipe, **capacities(hw)}
 
 
 def render(result: dict) -> str:

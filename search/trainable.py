@@ -57,6 +57,16 @@ def _refusal(spec, base: dict) -> tuple[str, dict] | None:
     return memory.refusal(spec, mem.get("capacity"), host.get("capacity"), mem.get("calibration"))
 
 
+def capacities(hw: dict, calibration: dict | None = None) -> dict:
+    """What a search hands its trials to judge them by (_refusal): the host's memory, and the GPU's with the memory
+    model's calibration where the trials have one."""
+    from trainscout.trial import memory
+    out = {"host": {"capacity": memory.host_capacity(hw)}}
+    if (gpu := memory.gpu_capacity(hw)) is not None:
+        out["memory"] = {"capacity": gpu, "calibration": calibration}
+    return out
+
+
 def before_run(settings: dict, base: dict) -> tuple[str, str | None]:
     """(status, why) a trial of these settings gets before it runs: invalid where the rules refuse them, pruned
     where the memory model predicts them over the GPU's or the host's memory (_refusal), else ok: it would run."""
@@ -181,7 +191,8 @@ def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
     if need <= limit:
         return None
     probe = " (a probed micro-batch, at its first candidate)" if spec.plan.micro_batch_probe else ""
-    return (f"predicted to run past its {limit:.0f} s time limit: its {tokens:,} tokens per rank{probe} take {need:.0f} s "
+    return (f"predicted to run past its {limit:.0f} s time limit: its {tokens:,} tokens per rank{probe} take "
+            f"{need:.0f} s "
             f"at the {median(rates):,.0f} tokens/s per rank this search measured (median of {len(rates)})")
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from trainscout.cli.main import main
 from trainscout.search.args import SearchArgs, space_for
-from trainscout.search.dry_run import dry_run, gpu_box
+from trainscout.search.dry_run import dry_run, gpu_box, trial_base
 from trainscout.search.searcher import make_sampler
 from trainscout.search.space import Space, knob_params
 from trainscout.search.trainable import before_run
@@ -28,10 +28,7 @@ def draws(model: str, kind: str, gpus: int, n: int, seed: int = 0) -> list[str]:
     args = SearchArgs(model=model, out="unused", gpus_per_trial=gpus)
     hw = gpu_box(kind, gpus)
     space, _ = space_for(args, hw)
-    from trainscout.trial import memory
-    base = {"model": model, "workers": gpus, "steps": 5, "warmup": 2, "hardware": hw, "seed": 0, "recipe": {},
-            "host": {"capacity": memory.host_capacity(hw)},
-            "memory": {"capacity": memory.gpu_capacity(hw), "calibration": None}}
+    base = trial_base(args, hw)
     study = optuna.create_study(sampler=make_sampler(seed, n))
     out = []
     for _ in range(n):
@@ -256,5 +253,4 @@ def test_start_points_pass_the_rules_the_draws_pass():
     assert points, notes
     for p in points:
         space.point_of(p)  # ConfigError where a rule refuses it
-        assert before_run(space.point_of(p)[0], {"model": model, "workers": 1, "steps": 5, "warmup": 2,
-                                                   "hardware": hw, "seed": 0, "recipe": {}})[0] != "invalid"
+        assert before_run(space.point_of(p)[0], trial_base(args, hw))[0] != "invalid"
