@@ -23,7 +23,7 @@ from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, 
 from .nearest import nothing_line
 from .space import Space
 from .start import first
-from .summary import clock, summarize
+from .summary import clock, source_lines, sources_measured, summarize
 from .tracking import trackers
 from .trainable import METRIC, TRIAL_ACTOR, _trainable, before_run, capacities, counted, fault_schedule, space_knobs
 
@@ -391,6 +391,9 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
             print(f"  (which configuration came closest to fitting could not be worked out: {type(e).__name__}: "
                   f"{e})", file=stream, flush=True)
     summary = summarize(store, name, stream, out=args.out, fit=fit)
+    summary["atlas"] = sources_measured(store.trials(name), atlas)
+    for line in source_lines(summary["atlas"], "the atlas"):
+        print(line, file=stream, flush=True)
     if interrupted():
         summary["interrupted"] = True
     summary["cut"] = cut

@@ -168,6 +168,16 @@ def store_points(args: SearchArgs, space: Space, hw: dict, records: list, have: 
                                          for r in best], have, STORE_POINTS)
 
 
+class Reason(str):
+    """Why a start point was taken, as printed, with the tokens/s its source gave (`kind`: measured or predicted) for
+    the summary to set beside the measurement."""
+
+    def __new__(cls, text: str, kind: str | None = None, tokens_per_s: float | None = None):
+        out = super().__new__(cls, text)
+        out.kind, out.tokens_per_s = kind, tokens_per_s
+        return out
+
+
 ATLAS_POINTS = 1  # start points taken from lookup's answer: its first (its next ones differed in tf32 alone)
 
 
@@ -194,9 +204,9 @@ def atlas_points(args: SearchArgs, space: Space, hw: dict, have: list[dict],
         if notes is not None:
             notes.append(f"no start point from the atlas: {e}")
         return []
-    rows = [(r, f"lookup's measured best, {r['tokens_per_s']:,.0f} tokens/s") for g in answer["measured"]
-            for r in g["rows"] if r.get("best")]
-    rows += [(r, f"lookup's prediction, {r['tokens_per_s']:,.0f} tokens/s")
+    rows = [(r, Reason(f"lookup's measured best, {r['tokens_per_s']:,.0f} tokens/s", "measured", r["tokens_per_s"]))
+            for g in answer["measured"] for r in g["rows"] if r.get("best")]
+    rows += [(r, Reason(f"lookup's prediction, {r['tokens_per_s']:,.0f} tokens/s", "predicted", r["tokens_per_s"]))
              for r in (answer.get("predicted") or {}).get("rows", [])]
     return _into_space(args, space, hw, [(r["config"], why) for r, why in rows], have, ATLAS_POINTS)
 

@@ -74,6 +74,35 @@ def overhead_parts(records: list, overhead: list[float]) -> str:
     return ", ".join(parts) + f"; {fresh} of {len(records)} in a fresh worker group"
 
 
+def sources_measured(trials: list[dict], points: list[tuple[dict, str]]) -> list[dict]:
+    """Each start point taken from elsewhere (the atlas's: search.start.Reason) beside what this search measured of
+    it: the first trial ok (else the first) whose configuration has the point's values (a probed micro-batch, max,
+    matches any)."""
+    out = []
+    for point, why in points:
+        mine = [t for t in trials if all(v == "max" or t["config"].get(k) == v for k, v in point.items())]
+        got = next((t for t in mine if t["status"] == Status.OK), mine[0] if mine else None)
+        said = getattr(why, "tokens_per_s", None)
+        measured = got["tokens_per_s"] if got and got["status"] == Status.OK else None
+        out.append({"config": point, "why": str(why), "source": getattr(why, "kind", None),
+                    "source_tokens_per_s": said, "status": got["status"] if got else None,
+                    "tokens_per_s": measured,
+                    "error": None if not (said and measured) else said / measured - 1})
+    return out
+
+
+def source_lines(rows: list[dict], where: str) -> list[str]:
+    """One line per start point from `where`: its source's tokens/s beside this search's measurement."""
+    lines = []
+    for r in rows:
+        said = (f"{r['source']} {r['source_tokens_per_s']:,.0f} tokens/s" if r["source_tokens_per_s"]
+                else r["why"])
+        got = (f"measured {r['tokens_per_s']:,.0f} ({r['error']:+.1%} off)" if r["tokens_per_s"]
+               else f"not measured ({r['status'] or 'never ran'})")
+        lines.append(f"  start point from {where}: {said}, {got}")
+    return lines
+
+
 _FITS: dict[tuple[str, str], dict] = {}  # (store URL, search) -> nearest_fit's answer given to summarize here
 
 

@@ -254,3 +254,30 @@ def test_start_points_pass_the_rules_the_draws_pass():
     for p in points:
         space.point_of(p)  # ConfigError where a rule refuses it
         assert before_run(space.point_of(p)[0], trial_base(args, hw))[0] != "invalid"
+
+
+def test_the_summary_sets_the_atlas_start_point_beside_its_measurement(tmp_path):
+    """A cold search's first guess is lookup's answer: its summary says what lookup gave for that point and what the
+    search measured of it (a store's real rows; the trial itself needs a GPU, so its tokens/s is written here)."""
+    from trainscout.search.start import first
+    from trainscout.search.summary import source_lines, sources_measured
+    from trainscout.store.store import Store
+    from trainscout.trial.status import Status
+    model = os.path.join(HUB, "llama-3.2-1b.json")
+    args = SearchArgs(model=model, out="unused", gpus_per_trial=1)
+    hw = gpu_box("H100", 1)
+    space, _ = space_for(args, hw)
+    _, atlas, _ = first(args, space, hw, None, None, [], [])
+    assert atlas and atlas[0][1].kind in ("measured", "predicted") and atlas[0][1].tokens_per_s > 0
+    point, why = atlas[0]
+    settings = space.point_of(point)[0]
+    config = dict(settings, micro_batch_size=8) if settings.get("micro_batch_size") == "max" else settings
+    store = Store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.add_trial("s", "t0", None, Status.PRUNED, False, 0.0, dict(config, micro_batch_size=999))
+    store.add_trial("s", "t1", "k1", Status.OK, False, why.tokens_per_s / 1.25, config)
+    rows = sources_measured(store.trials("s"), atlas)
+    assert rows[0]["tokens_per_s"] == pytest.approx(why.tokens_per_s / 1.25)
+    assert rows[0]["error"] == pytest.approx(0.25)
+    line = source_lines(rows, "the atlas")[0]
+    assert f"{why.kind} {why.tokens_per_s:,.0f} tokens/s" in line and "+25.0% off" in line
+    assert "never ran" in source_lines(sources_measured([], atlas), "the atlas")[0]
