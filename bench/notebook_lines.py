@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import tokenize
 
@@ -26,36 +27,40 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("spaces", "trial", "search", "store", "atlas", "analysis", "runtime", "cli")
 
 # a number with a unit of time, memory, rate or ratio, as a measurement writes it ("15.35 ms", "53 GB/s", "1.8x")
-_UNIT = (r"(?:ns|us|µs|ms|s|sec|seconds?|min|minutes?|h|hours?|days?|[KMGTP]i?B(?:/s)?|[kMGTP]?FLOP/?s|TFLOPs?|"
+_UNIT = (r"(?:ns|us|µs|ms|s|sec|seconds?|min|minutes?|hours?|days?|[KMGTP]i?B(?:/s)?|[kMGTP]FLOP/?s|FLOP/s|"
          r"tokens(?:/s)?|params?/s|parameters/s|steps/s|it/s|dB)")
 # versions and requirements are not measurements: "torch 2.13", ">=2.6", "Gen4", "sm_90", "CUDA 12.8"
 _VERSIONED = (r"(?:torch|transformers|ray|Ray|optuna|Optuna|deepspeed|DeepSpeed|accelerate|torchao|liger|liger-kernel|"
               r"python|Python|CUDA|cuda|cuDNN|NCCL|PyTorch|pandas|numpy|matplotlib|pydantic|mlflow|MLflow|wandb|"
-              r"psycopg|PostgreSQL|SQLAlchemy|SQLite|Triton|triton|inductor|version|v|Gen|sm_|compute capability|"
+              r"psycopg|PostgreSQL|SQLAlchemy|SQLite|YAML|Triton|triton|inductor|version|v|Gen|sm_|compute capability|"
               r"capability|release)")
-_DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\.\d)(?!\.?[A-Za-z_])")
-_VERSION_BEFORE = re.compile(rf"(?:\b{_VERSIONED}[ -]?|[<>=~^]=?\s*)$")
+# a version or a requirement ("torch 2.13", ">=2.6", "transformers 5.2x"), or a value as typed ('"9.0"')
+_VERSION_BEFORE = re.compile(rf"(?:\b{_VERSIONED}[ -]?|[<>=~^]=?\s*|[\"'])$")
 
 
-class _Decimal:
-    """A decimal (a measured value, a ratio, an MFU) that is not a version or a requirement ("torch 2.13", ">=2.6")."""
+class _Unversioned:
+    """pattern's matches that are not a version, a requirement or a quoted value (_VERSION_BEFORE)."""
 
-    @staticmethod
-    def search(text: str) -> bool:
-        return any(not _VERSION_BEFORE.search(text[:m.start()]) for m in _DECIMAL.finditer(text))
+    def __init__(self, pattern: str):
+        self.pattern = re.compile(pattern)
+
+    def search(self, text: str) -> bool:
+        return any(not _VERSION_BEFORE.search(text[:m.start()]) for m in self.pattern.finditer(text))
 
 
 KINDS = {
-    "number": _Decimal,
+    # a decimal (a measured value, a ratio, an MFU)
+    "number": _Unversioned(r"(?<![\w.])\d+\.\d+(?![\w.]*\.\d)(?!\.?[A-Za-z_])"),
     # a thousands-separated count ("4,764 tokens/s") or an approximate one ("~4.9 s") is a measurement's
     "count": re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?![\d])|~\s?\d"),
-    "unit": re.compile(rf"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?(?:\s?{_UNIT}(?![\w/])|\s?%|x(?![\w]))"),
+    "unit": _Unversioned(rf"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?(?:\s?{_UNIT}(?![\w/])|\s?%|x(?![\w]))"),
     "date": re.compile(r"\b20\d\d-\d\d(?:-\d\d)?\b|\bsession \d+|\bsessions? \d+"),
     # history: earlier work and where it was recorded. Bare "was"/"were"/"earlier" are not counted: the library's
     # comments use them for a run's own past ("what was kept", "an earlier trial of this search"), not its history
     "history": re.compile(r"\b(?:used to|previously|formerly|until now|predate[sd]?|the fix of|since this release|"
-                          r"before this (?:knob|release|change|fix|schema|commit|rule)|measured on (?:an?|the|one|this)|"
-                          r"issue #?\d+)\b|\(was\b|\bwas \d|(?:^|[.:;] )Before,", re.IGNORECASE),
+                          r"before this (?:knob|release|change|fix|schema|commit|rule)|issue #?\d+|"
+                          r"measured on (?:an?|the|one|this) (?:[HABL]\d|GPU|CPU|box|host|NVIDIA|\d))\b|"
+                          r"\(was\b|\bwas \d|(?:^|[.:;] )Before,", re.IGNORECASE),
     "bench log": re.compile(r"bench/data\b|\w\.log\b"),
 }
 
@@ -124,6 +129,7 @@ def count(root: str = ROOT) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--list", metavar="FILE", help="print the flagged lines of one file")
     ap.add_argument("--top", type=int, default=20, help="how many files to name (default 20)")

@@ -7,10 +7,7 @@ The meta device runs no kernels, so two things a CUDA GPU does are done here by 
   weights are cast once per forward;
 - SDPA's fused kernels: on meta, F.scaled_dot_product_attention takes its math path (it saves the s x s scores);
   an H200 runs cuDNN attention on 16-bit inputs and the memory-efficient kernel on fp32 ones (see _sdpa).
-Checked on an H200 (torch 2.11, transformers 5.17; bench/data/gpu-2026-12-01-mem/): the saved bytes per layer of
-tiny, Pythia-160M, Pythia-1B and the Llama-1B shape, under autocast, 16-bit weights and fp32, with SDPA and eager
-attention, are the meta device's to 0.1 % (e.g. 34.09·h per token per layer for Pythia-160M under autocast,
-63.07·h for the Llama shape, plus 72 and 192 bytes per token per position with eager attention).
+Checked against a GPU's saved bytes: docs/predictor.md.
 """
 
 
@@ -114,7 +111,7 @@ def _map(f, args, kwargs):
 
 
 def _sdpa(mode, low, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """F.scaled_dot_product_attention as an H200 runs it (torch 2.11, bench/data/gpu-2026-12-01-mem/): 16-bit inputs go
+    """F.scaled_dot_product_attention as an H200 runs it (docs/predictor.md): 16-bit inputs go
     to cuDNN attention, which saves q, k, v (GQA's fewer key/value heads as they are), the output, an fp32
     logsumexp per head and position and a mask if there is one (the flash and memory-efficient kernels' meta
     functions save the same); fp32 inputs to the memory-efficient kernel, or with GQA to the math path, which

@@ -17,8 +17,8 @@ The convention (torchtitan's and Megatron's, the one every public MFU figure we 
 - Model FLOPs (MFU) leave out recomputation; hardware FLOPs (HFU) add what activation checkpointing recomputes of
   each checkpointed layer: its forward, less what torch's non-reentrant checkpoint does not run again. That
   checkpoint stops its recompute early, once every tensor the backward needs is back, so a layer's last products
-  whose outputs nothing saves (a dense layer's MLP down projection: 4.7-6 % of HFU counted as a whole forward) are
-  not recomputed. What it skips is measured once per model and kind of layer on the meta device: FlopCounterMode
+  whose outputs nothing saves (a dense layer's MLP down projection: docs/predictor.md says how much) are not
+  recomputed. What it skips is measured once per model and kind of layer on the meta device: FlopCounterMode
   over a forward and backward with one layer checkpointed as the activation_checkpointing knob wraps it, early stop
   off minus on (`recompute_skipped`). Where that trace fails (transformers' MoE experts on the meta device), each
   checkpointed layer's whole forward is counted, with a warning (on the CPU a MoE layer was recomputed whole).

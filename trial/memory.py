@@ -1,41 +1,10 @@
 """Predicted peak GPU memory per rank of a configuration, before anything is launched.
 
-The analytic part counts bytes the way the engines hold them (N parameters, D data-parallel ranks (data x context
-parallel: the ranks that share weights, spaces.parallel.ParallelDims.replicas), P pipeline stages, and what the
-parallel knobs' memory hooks divide: tensor parallel the layers' weights and activations, context parallel the
-tokens; b micro-batch, s sequence, h hidden, L layers, V vocabulary), mixed precision with fp32 weights. The
-parameter counts and the activation bytes are read from the model itself, built on the meta device
-(trial/model_tree.py), not from a formula of one family: N, a decoder layer's and the embedding's parameters,
-the linears' (what autocast copies) and whether the head is tied come from its modules; so GQA's smaller key/value
-projections, SwiGLU's third matrix and a tied vocabulary count as they are.
-- model states: plain/DDP/pipeline 4N weights + 4N gradients + 8N AdamW states + 2 bytes per linear parameter
-  for autocast's 16-bit copies (a tied head's too) (+ 4N DDP buckets on several ranks); FSDP2 (4+4+8)N/D + 16-bit
-  copies of two layers; DeepSpeed ZeRO-s: 2N bf16 weights (stage 3: 2N/D + the live gathered layers), 2N bf16
-  gradients (stages 2-3: 2N/D), (4+8)N/D fp32 master and AdamW states unless offloaded to the CPU, and a reduce
-  bucket of min(N, 5e8) elements;
-- activations of one micro-batch: what autograd saves for backward, measured per decoder layer by a forward on
-  the meta device (model_tree.saved) and scaled by b·s: under autocast for plain/DDP/pipeline, with 16-bit weights
-  for FSDP2 and DeepSpeed, SDPA as the GPU's cuDNN/flash kernel (no s² term) or eager attention (its s x s scores:
-  6 bytes per head and position); compiled layers as inductor's partitioner leaves them (model_tree). E.g. 34.1·h
-  bytes per token per layer for Pythia under autocast (Korthikanti et al.'s 34·h), 63.1·h for the Llama-3.2-1B
-  shape (its fp32 residual and RMSNorm, three 16-bit copies of each layer input, SwiGLU's three 4h-wide tensors),
-  plus what is saved outside the layers (token ids, the final norm, the head's input: 6·h and 10·h). A
-  checkpointed layer keeps its input (4 bytes per hidden unit under autocast, its fp32 residual; 2 with 16-bit
-  weights), and the one layer recomputed in backward counts only where it outgrows the logits, which are freed
-  by then. Where the meta forward fails the GPT-NeoX formula (34·h, 60·h in fp32) stands in and saved_bytes says so.
-  A pipeline rank holds the activations of its layers for every micro-batch in flight (GPipe: all of them, and
-  the last stage all their logits; 1F1B: the stage count; interleaved: one more; zero-bubble: stages - 1 more
-  again, for the deferred weight gradients — fitted to the 2-stage Pythia-1B measurements, not derived);
-- logits: 12·b·s·V bytes at the peak of the loss's backward (the fp32 log-softmax output, its incoming gradient and
-  its outgoing gradient at once; measured on an H200: 12.0·b·s·V past the head's own, V = 50,304 and 128,256);
-  8·b·s·V fewer with loss_kernel=compiled, which keeps only the 16-bit logits and their gradient (measured 4.0;
-  and in the store: Pythia-160M per-layer compile at micro-batch 64 peaked 119.8 GiB with the loss eager, 70.7 GiB
-  compiled, 49.1 GiB = 8.0·b·s·V).
-Not counted: fp8 linears' smaller saved inputs, and what a whole-model compile (compile_scope=model) changes
-outside the layers (the loss fused into the graph, a materialised causal mask).
-A calibration fitted on measured peaks of the same GPU (least squares: peak = a·states + b·activations + c)
-absorbs what the counts miss (allocator rounding, workspace, temporaries); with fewer than 3 measurements the
-analytic sum is used with a 1 GiB allowance for workspaces.
+The analytic part counts bytes the way the engines hold them, from the model's own modules built on the meta device
+(trial/model_tree.py): the engine's model states (weights, gradients, optimizer states, buffers), one micro-batch's
+activations (what autograd saves for backward) and the loss's logits, scaled to what is in flight, and adjusted by
+the knobs' memory hooks. A calibration fitted on measured peaks of the same GPU (peak = a·states + b·activations +
+c) absorbs what the counts miss. The equations and what they were checked against: docs/predictor.md.
 """
 from __future__ import annotations
 
@@ -146,7 +115,7 @@ def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
 
 
 def analytic(spec: TrialSpec | Record) -> float:
-    """The analytic sum of components(): bytes per rank, uncalibrated and without predict's 1 GiB allowance."""
+    """The analytic sum of components(): bytes per rank, uncalibrated and without predict's workspace allowance."""
     return sum(components(spec).values())
 
 
@@ -210,8 +179,7 @@ def calibration_pairs(records: list[Record], gpu: str | None) -> list[tuple[Reco
 def shards_nothing(spec: TrialSpec | Record) -> bool:
     """Whether the spec's engine divides the model states over its data ranks, keeps none of them on the host (FSDP,
     ZeRO without offload) and has one data rank: as a memory saver it shards nothing there, and the start points and
-    the atlas leave it out (what it saves on one GPU, autocast's 16-bit copies, bought micro-batch 1 or 2 over
-    checkpointing: offload is one GPU's saver)."""
+    the atlas leave it out (what it saves on one GPU, autocast's 16-bit copies, is too little: docs/predictor.md)."""
     from . import engines
     spec = _with_config(spec)
     c, plan = _counts(spec.model_config), spec.plan
@@ -232,15 +200,10 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
 
     On the CPU every rank's training state lives there: the analytic sum per rank. On a GPU: each rank's process,
     then the larger of the model build (each rank builds its fp32 model on the host before moving it, unless its
-    engine builds it on the GPU: Engine.builds_on_device) and what
-    ZeRO offload keeps there: 18 bytes per offloaded parameter for the optimizer (fp32 master weights, gradients
-    and AdamW states, 16 B, plus DeepSpeed's pinned 16-bit buffers; fitted to the one measurement there is:
-    Pythia-6.9B ZeRO-2 + optimizer offload on one H200 was killed for host memory at 120.7 of 125 GB, issue 18),
-    2 bytes per offloaded 16-bit parameter shard. An engine that counts its host states itself (Engine.host_states:
-    FSDP2's CPUOffloadPolicy, from the parameters' shapes) replaces that rule. What the knobs' hooks move to the host
-    (host_held: activation offload's saved tensors) adds to the offloaded states. On the CPU both add to the ranks'
-    own terms. Cached pinned host memory is released between trials (worker.reset_process): one trial's is not the
-    next one's."""
+    engine builds it on the GPU: Engine.builds_on_device) and what offload keeps there (OFFLOAD_BYTES per offloaded
+    parameter for the optimizer, 2 per offloaded 16-bit parameter shard, or the engine's own Engine.host_states),
+    plus what the knobs' hooks move to the host (host_held). Cached pinned host memory is released between trials
+    (worker.reset_process). The rule and its one measurement: docs/predictor.md."""
     from . import engines
     world = spec.world_size
     spec = _with_config(spec)
@@ -328,14 +291,12 @@ def refusal(spec: TrialSpec, gpu: float | None, host: float | None = None, calib
     capacity less MARGIN, for the OS and the driver; per_host: its busiest host's share where the trial spans
     hosts). Both rules apply wherever one does, and why names every one that refuses. A micro_batch_size=max probe
     is judged at micro-batch 1, the least it would try (its candidates are then judged each at its own size, by
-    this rule: trial/probe.candidates), so where even that does not fit every candidate would fail (a 7B in
-    bf16-mixed on an H100 probed 8 micro-batches in 90 s of GPU time for nothing).
+    this rule: trial/probe.candidates), so where even that does not fit every candidate would fail.
 
     share differs by what a wrong answer costs. A trial (and the ranker, which proposes only what a trial would
-    run) is refused only where the model rules it out: predicted more than MARGIN over the GPU (its worst error on
-    the stored H200 rows is -14 %); one refused is never measured, one let run at the edge costs one out-of-memory
-    error. A start point (FIT_SHARE, 85 %) is what the search measures first and builds on: it must fit, so it is
-    held to a stricter line."""
+    run) is refused only where the model rules it out: predicted more than MARGIN over the GPU; one refused is never
+    measured, one let run at the edge costs one out-of-memory error. A start point (FIT_SHARE) is what the search
+    measures first and builds on: it must fit, so it is held to a stricter line (docs/predictor.md)."""
     got = judge(spec, gpu, host, calibration, share, per_host)
     reasons = [why for why in (got["gpu"], got["host"]) if why]
     extra = {} if got["gpu_b"] is None else {"predicted_gib": round(got["gpu_b"] / GiB, 2)}
@@ -365,7 +326,7 @@ def judge(spec: TrialSpec, gpu: float | None, host: float | None = None, calibra
 
 
 def parse_size(text: str) -> float:
-    """'80GiB', '80GB', '141 GiB', '8e10' -> bytes."""
+    """A size as typed -> bytes: a number with a unit (GiB, GB, MiB, MB, G for GiB; spaces allowed) or plain bytes."""
     t = str(text).strip().lower().replace(" ", "")
     for unit, mult in (("gib", GiB), ("gb", 1e9), ("mib", 2**20), ("mb", 1e6), ("g", GiB)):
         if t.endswith(unit):

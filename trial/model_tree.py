@@ -2,8 +2,8 @@
 
 `parameters(config)` counts the built model's parameters: all of them, the largest decoder layer's, the
 embedding's, the LM head's own (none when tied to the embedding) and the linears' (what autocast copies to 16 bits).
-Building costs 0.03-0.1 s on the meta device (Pythia-6.9B 0.09 s, Pythia-12B 0.12 s, the Llama-1B shape 0.08 s,
-after transformers' import); it is done once per config and process.
+Building on the meta device takes a fraction of a second (docs/predictor.md); it is done once per config and
+process.
 
 `saved(config, attention, compute)` runs a training forward of the whole model on the meta device and sums the
 bytes autograd saves for backward (distinct storages, through torch.autograd.graph.saved_tensors_hooks), per
@@ -51,9 +51,9 @@ def _key(config: dict) -> str:
 
 # What the meta-device model told (Params, Saved, flops.Count), by (kind, config key, arguments): worked out once per
 # process, or handed over by whoever worked it out (a search's driver to its trial actors, through `known` and
-# `learn`: an actor then neither imports transformers' models nor builds one to predict a trial's memory, 3-4 s of
-# each actor's first trial on 2 cores). Only the meta device is read, so the same torch and transformers give the
-# same facts in every process.
+# `learn`: an actor then neither imports transformers' models nor builds one to predict a trial's memory, seconds
+# of each actor's first trial). Only the meta device is read, so the same torch and transformers give the same
+# facts in every process.
 _FACTS: dict[tuple, object] = {}
 
 

@@ -11,9 +11,7 @@ def partitioned(model, attention: str, compute: str) -> tuple[float, float]:
     under torch.compile: the layer as the model calls it (its
     arguments caught on the meta device), traced by AOTAutograd with inductor's decompositions and min-cut
     partitioner; what the forward graph hands to the backward, less the parameters and what is computed from them
-    alone (autocast's copies). On an H200 inductor's compiled Llama-1B-shape layers held 24.0·h bytes per token
-    less than eager ones (this trace: 23.9·h); Pythia-160M's 0.1·h more (this trace: 4.1·h more, an
-    over-estimate of 3 % of the layer's bytes)."""
+    alone (autocast's copies). How it compares with a GPU's compiled layers: docs/predictor.md."""
     import numpy as np
     import torch
     import torch.utils._pytree as pytree
