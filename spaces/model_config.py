@@ -110,9 +110,10 @@ def sizes_of(hf) -> Sizes:
 def model_attentions(config: dict) -> frozenset[str] | None:
     """The attention knob's values the model's transformers class implements, as trial.models' _check_builds read them
     from the class of a config.json it checked in this process (eager always; sdpa and flash where the class says so:
-    _supports_sdpa, _supports_flash_attn; BLOOM, Gemma-2, Mamba: eager alone, Gemma-2 and flash, in transformers
-    5.24). None for a config not checked here (a built-in GPT-NeoX, which has them all, or a stored record's,
-    checked when it was measured): importing a modeling class costs 2-4 s and torchao's import warnings on stderr."""
+    _supports_sdpa, _supports_flash_attn; BLOOM, Gemma-2, Mamba: eager alone, Gemma-2 and flash, in
+    transformers 5.24). None for a config not checked here (a built-in GPT-NeoX, which has them all, or a stored
+    record's, checked when it was measured): importing a modeling class costs seconds and torchao's import warnings
+    on stderr."""
     return _ATTENTIONS.get(json.dumps(config, sort_keys=True, default=repr))
 
 
@@ -129,8 +130,8 @@ KINDS = ("sizes", "attentions")  # the kinds of fact `known` hands on (trial.mod
 
 def known() -> dict[tuple, object]:
     """What this process read of model configs (their Sizes, the attentions their classes have), to hand to another
-    process (trial.model_tree.known): a search's trial actor then need not import transformers (3-5 s on 2 cores)
-    to read the sizes its driver already read."""
+    process (trial.model_tree.known): a search's trial actor then need not import transformers (seconds) to read the
+    sizes its driver already read."""
     return {**{("sizes", k): v for k, v in _SIZES.items()}, **{("attentions", k): v for k, v in _ATTENTIONS.items()}}
 
 

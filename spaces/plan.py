@@ -28,7 +28,7 @@ class Context:
         return data_parallel_ranks(self.world_size, degrees(cfg))
 
 
-# A plan stored before 2026-12-05 kept each engine's settings under a name of its own and some knobs' settings in
+# A plan stored in the first layout kept each engine's settings under a name of its own and some knobs' settings in
 # fields of their own or under "extra"; Plan reads those into today's sections (nothing stored is rewritten)
 _ENGINE_SECTIONS = {"deepspeed": "zero", "fsdp": "fsdp", "pipeline": "pipeline"}
 _KNOB_FIELDS = ("sdpa_backend",)

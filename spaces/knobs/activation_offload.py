@@ -15,8 +15,7 @@ class ActivationOffload(Knob):
     stage = "checkpoint"  # hooks on the layers before per-layer compile (which graph-breaks at them) and sharding
     # a memory saver: start points and the atlas pick among the savers that fit by predicted step time, which charges
     # its PCIe traffic (trial/steptime.offload_s: memory.host_held's bytes down in forward and up in backward, every
-    # micro-batch, not overlapped: 64,327 -> 15,112 tokens/s for Pythia-1B on an H100), so it comes after
-    # checkpointing's recompute wherever that fits
+    # micro-batch, not overlapped: docs/knobs-why.md), so it comes after checkpointing's recompute wherever that fits
     savers = ((35, {"activation_offload": "on"}),)
     without_hook = "off"
 
@@ -29,10 +28,8 @@ class ActivationOffload(Knob):
         # freed at once; in backward each comes back for the one op that reads it and is freed after it), so the GPU
         # keeps none of the layers' activations, nor autocast's 16-bit copies of the layers' weights (the linears
         # save them, autocast's cache drops them as the forward ends); what is saved outside the layers (token ids,
-        # the final norm, the head's input and its weight's copy) and the logits stay. Measured on an H100 (Pythia-1B,
-        # micro-batch 8 x 2048, bench/savers_probe_gpu.py act): 18.59 GiB allocated after the forward = the model
-        # states without the layers' copies + the head's input and copy + the fp32 log-softmax; the 24.82 peak is
-        # that + the loss's backward (12·b·s·V). The host holds the layers' saved tensors and 16-bit weight copies.
+        # the final norm, the head's input and its weight's copy) and the logits stay (checked against a GPU's
+        # peak: docs/knobs-why.md). The host holds the layers' saved tensors and 16-bit weight copies.
         # On the CPU the host is the device: nothing moves.
         setting = plan.knobs.get(self.name)
         if not setting or spec.device == "cpu" or terms["layers"] < 1:

@@ -17,9 +17,8 @@ class CompileScope(Knob):
     without_hook, hook_rank = "model", 1  # TrainingArguments' torch_compile compiles the whole model
     # Why: transformers builds the causal mask inside the model's forward. Traced by torch.compile it is
     # materialised (transformers skips it only outside tracing, before torch 2.14), so SDPA gets a mask tensor
-    # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all.
-    # On the H200, same settings: +6.1 % (Pythia-160M) and +22 % (410M) tokens/s over the whole model compiled;
-    # 1B reached MFU 0.600 (docs/BENCHMARKS.md, "Compile scope").
+    # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all
+    # (faster than the whole model compiled, measured: docs/knobs-why.md).
 
     def concrete(self, value, cfg, ctx):
         if value == "auto" and cfg["compile"]:

@@ -13,10 +13,9 @@ class Experts(Knob):
     auto = True
     choices = ("grouped_mm", "eager")
     stage = "modules"  # before fp8 swaps modules and before checkpointing and compile wrap the layers
-    # Why: on the H200 (torch 2.11, transformers 5.17; bench/data/gpu-2026-12-02-s11/moe_probe_ABC.log) a 4-layer,
-    # 32-expert qwen3_moe took 47 ms a step with grouped_mm and 159 ms eager (fp32 weights, bf16 autocast), 22 and
-    # 129 ms with bf16 weights. batched_mm gathers each token's expert weights: it asked for 64 GiB on that small model.
-    # Whatever the kernel, the transform runs the experts in autocast's dtype (_compute_under_autocast).
+    # Why: grouped_mm is several times faster than eager on a GPU; batched_mm gathers each token's expert weights, too
+    # much memory to train (measured: docs/knobs-why.md). Whatever the kernel, the transform runs the experts in
+    # autocast's dtype (_compute_under_autocast).
 
     def parse(self, raw):
         if isinstance(raw, str) and raw.strip().lower() == "batched_mm":
@@ -31,8 +30,8 @@ class Experts(Knob):
         if not sizes(ctx.model_config).experts:
             raise ConfigError(self.name, f"experts={value}: the model has no mixture-of-experts layers: leave "
                                          "experts=auto")
-        # imported only here: transformers' modeling_utils imports torchao (2-4 s and its warnings on stderr), and a
-        # search's space tries every value of this knob for a dense model too
+        # imported only here: transformers' modeling_utils imports torchao (seconds, and its warnings on stderr), and
+        # a search's space tries every value of this knob for a dense model too
         from transformers import PreTrainedModel
         if not hasattr(PreTrainedModel, "set_experts_implementation"):
             import transformers
@@ -62,8 +61,7 @@ def _compute_under_autocast(module) -> None:
     """Run the experts in the autocast dtype, as autocast runs nn.Linear. transformers' grouped_mm is not
     autocast-enabled: it casts its input to the weights' dtype, so over fp32 weights (plain mixed precision: no
     FSDP2 or DeepSpeed 16-bit compute) the experts ran in fp32, and compiled, in transformers' per-expert fallback
-    (it takes bf16 weights only). Measured on the H200 (bench/data/gpu-2026-12-03-s12/): a 2.6B qwen3_moe at
-    26,361 tokens/s that way against 102,547 with FSDP2's bf16 compute. Here each forward sees 16-bit copies of the
+    (it takes bf16 weights only), several times slower (docs/knobs-why.md). Here each forward sees 16-bit copies of the
     expert weights (torch.func.functional_call: the gradients reach the fp32 parameters, the state dict keeps its
     keys); without autocast, or over 16-bit weights, it is the module's own forward."""
     import torch

@@ -20,23 +20,14 @@ class LossKernel(Knob):
     without_hook, hook_rank = "eager", 3
     demo = "eager"
     # Why: with compile_scope=layers the loss runs outside every compiled graph. Eager, it copies the logits to fp32
-    # (seq x vocab x 4 bytes per sequence: 26 GB at Pythia-160M micro-batch 64) and reads them several times;
-    # torchtitan compiles its loss for the same reason. The model compiled whole already fuses it (no change).
+    # and reads them several times; torchtitan compiles its loss for the same reason. The model compiled whole
+    # already fuses it (no change). fused_linear: the logits are most of the activation memory at a large
+    # vocabulary; liger computes them chunk by chunk and never keeps them. The numbers: docs/knobs-why.md.
 
     # The bytes the head's logits move per token and vocabulary entry, at the GPU's memory bandwidth (the roofline's
-    # unit, trial/steptime.py; the model compiled whole counts as compiled): measured over the head's three GEMMs alone
-    # with transformers' causal-LM loss, 16,384 tokens, bf16, one H100 SXM (python bench/atlas_gaps_gpu.py --parts D;
-    # bench/data/gpu-2026-12-06-s26/gaps_h100.log and loss_d_h100.log, two runs) at hidden 768 and 2048 with
-    # vocabulary 50,304 and at 2048 with 128,256: eager 54.7, 52.7, 50.4 and 56.1, 49.6, 51.8 (its fp32 copy,
-    # log-softmax, the NLL's fp32 gradient and the cast back, each a pass of its own); compiled 8.7, 10.1, 8.3 and 8.7,
-    # 12.3, 10.3: the medians. fused_linear: its chunks' loss, counted as each kernel reading its inputs and writing
-    # its outputs once (the product 2, liger's in-place loss and gradient 2 + 2, the two backward products 4); its
-    # chunked products are head_s's (liger measured 35.1, 16.1 and 21.2 over the whole products at the shapes above).
+    # unit, trial/steptime.py; the model compiled whole counts as compiled): eager and compiled measured (medians),
+    # fused_linear counted as each of its chunks' kernels reading its inputs and writing its outputs once
     logits_bytes = {"eager": 52.0, "compiled": 9.4, "fused_linear": 10.0}
-
-    # fused_linear: the logits are most of the activation memory at a large vocabulary (Llama-3's 128,256 at
-    # micro-batch 16, seq 2048: 16.8 GB in fp32 alone); liger computes them chunk by chunk, with the gradients of the
-    # hidden states and the head in the same pass, and never keeps them.
 
     def head_s(self, value, spec, tokens, product_s, bytes_per_s):
         """Seconds of the head and its loss in one micro-batch where liger runs them (fused_linear; None: the
@@ -44,10 +35,8 @@ class LossKernel(Knob):
         products at the GPU's peak (product_s a token) or, where longer, the weight they read twice and the weight's
         gradient they add into (16-bit weights read: 2 B each; the gradient accumulated in fp32 under fp32 masters,
         read and written: 8 B, else 4 B), then its logits' loss (logits_bytes); fp32 masters are cast to 16 bits once
-        (4 B read, 2 written). Against bench/atlas_gaps_gpu.py part D on an H100 (16,384 tokens, bf16 weights), over
-        the whole products' time: 2.19x at hidden 768 and vocabulary 50,304 (measured 2.65x), 1.25x at 2048 and
-        50,304 (1.27x), 1.24x at 2048 and 128,256 (1.36x): at few tokens a chunk reads the whole weight for a
-        few rows (Llama-3.2-3B at micro-batch 2: 32 chunks of 128 tokens, memory-bound)."""
+        (4 B read, 2 written). At few tokens a chunk reads the whole weight for a few rows: memory-bound. Checked
+        against a GPU: docs/knobs-why.md."""
         if value != "fused_linear":
             return None
         z = sizes(spec.model_config)

@@ -2,8 +2,7 @@ from ..errors import ConfigError
 from ..knob import Knob, register
 
 
-# The optimizer step's median time on one H100 SXM, Pythia-1B (1.012e9 parameters, fp32 weights, gradients and
-# states; bench/data/gpu-2026-12-06-s23/optimizer_pythia1b_h100.jsonl, metrics optimizer_s): trial/steptime.py
+# The optimizer step's measured median time in ms per value (the source: docs/knobs-why.md): trial/steptime.py
 # counts a step at STEP_MS[value] / FUSED_MS times torch's fused AdamW's (the optimizer spec's "step_cost")
 STEP_MS = {"fused": 15.35, "foreach": 34.28}
 FUSED_MS = STEP_MS["fused"]
@@ -15,7 +14,7 @@ class OptimizerImpl(Knob):
     device; torch 2.13 has it on CUDA and on the CPU); auto: fused on CUDA, foreach elsewhere."""
 
     name = "optimizer_impl"
-    default = "auto"  # what every trial ran before this knob: fused on CUDA, foreach elsewhere
+    default = "auto"  # the engines' own choice: fused on CUDA, foreach elsewhere
     auto = True
     choices = ("foreach", "fused")
     # torchao's optimizers (optimizer_state, precision=bf16) have one implementation each: a compiled kernel per
@@ -41,13 +40,13 @@ class OptimizerImpl(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         # only where it is not the engines' own choice (engines.base.optimizer_spec: fused on CUDA, foreach
-        # elsewhere): the plan of a default trial is the plan trials had before this knob
+        # elsewhere): the plan of a default trial is the plan of a trial that does not set it
         if value != "auto" and value != ("fused" if ctx.device == "cuda" else "foreach"):
             plan.knobs[self.name] = value
 
     def optimizer(self, spec, plan):
         impl = plan.knobs.get(self.name)
-        if impl:  # a plan without it (stored before this knob) keeps the device's choice optimizer_spec made
+        if impl:  # a plan without it (a default, or stored without this knob) keeps the device's choice
             spec["kwargs"].update(fused=impl == "fused", foreach=None if impl == "fused" else True)
             spec["step_cost"] = STEP_MS[impl] / FUSED_MS
         return spec

@@ -11,10 +11,9 @@ CLASSES = {"8bit": "AdamW8bit", "4bit": "AdamW4bit", "fp8": "AdamWFp8", "bf16": 
 # bits per value of a state's codes: the rest of its bytes is the fp32 scale of each block
 CODE_BITS = {"8bit": 8, "4bit": 4, "fp8": 8, "bf16": 16}
 SMALL = 4096  # torchao's line (bitsandbytes'): smaller states are not quantised
-# The optimizer step's median time in ms per value on one H100 SXM, Pythia-1B (1.012e9 parameters; bench/data/
-# gpu-2026-12-06-s23/optimizer_pythia1b_h100.jsonl, metrics optimizer_s), against torch's fused fp32 AdamW's 15.35
-# (optimizer_impl.FUSED_MS): torchao's per-parameter compiled step dequantises and requantises, slower than its
-# fewer bytes. trial/steptime.py counts the step at STEP_MS[value] / FUSED_MS times the fused one's.
+# The optimizer step's measured median time in ms per value, against torch's fused fp32 AdamW's
+# (optimizer_impl.FUSED_MS; the source: docs/knobs-why.md): torchao's per-parameter compiled step dequantises and
+# requantises, slower than its fewer bytes. trial/steptime.py counts the step at STEP_MS[value] / FUSED_MS times.
 STEP_MS = {"bf16": 72.18, "8bit": 51.59, "4bit": 119.29, "fp8": 91.73}
 
 
@@ -147,7 +146,7 @@ def state_class(value: str):
 def state_bytes(cls, value: str) -> float:
     """Bytes per parameter of one state: its codes and its block's fp32 scale, at the class's own block size (read
     from its signature: 256 for 8bit and fp8, 128 for 4bit). States below SMALL values stay in the weights' dtype;
-    the memory model counts every parameter as quantised (norms and biases are < 0.1 % of a model's)."""
+    the memory model counts every parameter as quantised (norms and biases are a negligible share of a model's)."""
     import inspect
     if value == "bf16":
         return 2.0

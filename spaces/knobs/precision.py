@@ -5,7 +5,7 @@ from ..knob import Knob, register
 from ..model_config import asked_dtype
 from .optimizer_impl import FUSED_MS
 
-BF16_STEP_MS = 36.83  # torchao's _AdamW step over bf16 weights (ms, Pythia-1B, one H100 SXM): see optimizer()
+BF16_STEP_MS = 36.83  # torchao's _AdamW step over bf16 weights, measured ms (docs/constants.csv): see optimizer()
 
 _said: set = set()
 
@@ -21,13 +21,12 @@ class Precision(Knob):
     column = 6
     packages = ("torchao",)  # precision=bf16's optimizer
     # a memory saver of last resort: pure bf16 weights, gradients and states (8 bytes a parameter instead of 16)
-    # lower what the optimizer keeps, so a start point or lookup takes it only where no saver keeping fp32 fits (a 7B on one
-    # 80 GB GPU and 128 GiB of host: H100, 55.4 GiB measured, docs/BENCHMARKS.md); the quality gate then compares it
+    # lower what the optimizer keeps, so a start point or lookup takes it only where no saver keeping fp32 fits (a 7B
+    # on one GPU: docs/knobs-why.md); the quality gate then compares it
     savers = ((90, {"precision": "bf16"}), (91, {"precision": "bf16", "activation_checkpointing": "full"}))
     demo = "bf16-mixed"  # the CPU demo: bf16's torchao optimizer compiles its step with inductor (a C++ compiler)
     # Why bf16 with stochastic rounding: pure bf16 weights under torch's AdamW lose updates smaller than a bf16 ulp
-    # (an 82M Qwen2 shape, 600 steps at lr 1e-4: +5.0 % held-out loss against fp32 master weights; STACK.md
-    # 2026-12-06); rounding the fp32 result stochastically keeps them in expectation, at half the weights' bytes.
+    # (measured: docs/knobs-why.md); rounding the fp32 result stochastically keeps them in expectation.
 
     def check(self, value, cfg, ctx):
         if value == "fp16-mixed" and ctx.device != "cuda":
@@ -71,8 +70,7 @@ class Precision(Knob):
         import torchao.optim
         kw = spec["kwargs"]  # torchao's AdamW over the bf16 weights: fp32 math, the result rounded stochastically
         kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}
-        # its step: 36.83 ms for Pythia-1B on one H100 SXM against torch's fused fp32 AdamW's 15.35 (bench/data/
-        # gpu-2026-12-06-s23/optimizer_pythia1b_h100.jsonl): trial/steptime.py's optimizer term
+        # its step's measured cost against torch's fused fp32 AdamW (BF16_STEP_MS): trial/steptime.py's optimizer term
         return dict(spec, cls=torchao.optim._AdamW, kwargs=dict(kwargs, bf16_stochastic_round=True),
                     step_cost=BF16_STEP_MS / FUSED_MS)
 

@@ -13,8 +13,8 @@ class SdpaBackend(Knob):
     requires = {"attention": ("sdpa",)}
     stage = "process"
     without_hook, hook_rank = "auto", 4
-    # Why: on the H200, cuDNN's flash-attention backward was 26.7 % of a compiled Pythia-160M step (head dim 64),
-    # the largest single kernel (bench/data/gpu-2026-11-30-s3/profile.txt); the other backends are the alternatives.
+    # Why: attention's backward was the largest single kernel of the compiled step profiled (docs/knobs-why.md); the
+    # other backends are the alternatives.
 
     def check(self, value, cfg, ctx):
         if value in ("cudnn", "efficient") and ctx.device != "cuda":
