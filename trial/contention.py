@@ -1,5 +1,5 @@
-"""What shared the node while a trial's timed steps ran (issue 50: 5 trials at once on 2 CPU cores stored 321
-tokens/s for a configuration measured at 1,293-8,996 alone; later searches were served 321).
+"""What shared the node while a trial's timed steps ran: trials at once on a few CPU cores measure a fraction of
+what a configuration does alone, and a store must not serve that (docs/trial.md).
 
 A node-local registry: each rank process writes <dir>/<pid>.json (TRAINSCOUT_RUNNING_DIR, default
 <tmp>/trainscout-running) as its trial starts (build, warm-up, timed steps, gate: all of it uses the device) and its

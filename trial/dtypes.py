@@ -1,10 +1,9 @@
 """What a trial really trained in: the dtypes of the parameters its optimizer updated (the master weights), of their
 gradients and of the optimizer's states, read from the live optimizer at its first step, not from the plan.
 
-Why: a Hub config.json's "torch_dtype" once made transformers build bf16 weights under precision=bf16-mixed, and the
-trial trained pure bf16 (32 GiB instead of 47 on the Qwen2.5-1.5B shape, +5 % held-out loss at the recipe's lr)
-under the mixed-precision label. A record now says what ran, and a trial whose dtypes are not its label's crashes,
-naming them (DtypeMismatch), instead of measuring something else."""
+Why: a config.json's "torch_dtype" can make transformers build 16-bit weights under a mixed-precision label, and the
+trial then trains something else than its label says (docs/trial.md). A record says what ran, and a trial whose
+dtypes are not its label's crashes, naming them (DtypeMismatch), instead of measuring something else."""
 from __future__ import annotations
 
 PARTS = ("weights", "gradients", "optimizer")
@@ -86,8 +85,7 @@ def check(seen: dict, plan) -> None:
 
 
 # a memory saver that keeps fp32 states is preferred to one that lowers them while its predicted step is at most
-# this many times the fastest fitting saver's: activation offload for Mistral-7B on one H200 was predicted 5.5x
-# slower (2,064 tokens/s) than precision=bf16 (11,452), and the atlas answered it first
+# this many times the fastest fitting saver's, so that a far slower fp32 saver is not answered first (docs/trial.md)
 KEEP_STATE_COST = 2.0
 
 

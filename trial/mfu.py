@@ -3,8 +3,8 @@
 Recomputed from the measured tokens/s, the model's own modules (trainscout.trial.flops, CONVENTION: matrix products
 only, the input embedding not counted, a mixture of experts at its routed share) and the GPU's peak from
 trial/metrics.py's table, never from the record's own figures: a record's MFU, FLOPs per token or peak may be wrong
-(DeepSpeed ZeRO-3 partitions its parameters, and the early trials counted those: Pythia-410M ZeRO-3 recorded MFU
-0.040 for 65,894 tokens/s) or forged (a contribution that claims the current convention with a figure of its own).
+(DeepSpeed ZeRO-3 partitions its parameters, which a count from the live model misses: docs/trial.md) or forged (a
+contribution that claims the current convention with a figure of its own).
 """
 from __future__ import annotations
 

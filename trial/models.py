@@ -14,7 +14,7 @@ from trainscout.spaces import ConfigError
 from trainscout.spaces.model_config import (Sizes, dtype_refusal, hf_config, note_attentions, sizes,  # noqa: F401
                                             sizes_of)
 
-# name: (hidden, layers, heads); intermediate = 4 * hidden, vocab 50304, rotary_pct 0.25, parallel residual, untied
+# name: (hidden, layers, heads); intermediate = 4 * hidden, vocab 50304, rotary_pct=0.25, parallel residual, untied
 PYTHIA = {
     "pythia-14m": (128, 6, 4), "pythia-31m": (256, 6, 8), "pythia-70m": (512, 6, 8),
     "pythia-160m": (768, 12, 12), "pythia-410m": (1024, 24, 16), "pythia-1b": (2048, 16, 8),
@@ -29,7 +29,7 @@ class Recipe:
     """What a full training run is: the batch, the sequence length and how long it lasts."""
 
     global_batch: int = 1024    # sequences per optimizer step
-    seq_len: int = 2048         # tokens per sequence (Pythia's 2,049 includes the shifted label)
+    seq_len: int = 2048         # tokens per sequence (Pythia's 2049 includes the shifted label)
     total_steps: int = 143_000  # optimizer steps of the whole run
     lr: float = 1e-4
     betas: tuple = (0.9, 0.95)
@@ -220,7 +220,7 @@ _BUILT: dict[str, None] = {}  # config.json contents checked by _check_builds (p
 
 
 def _check_builds(path: str, hf) -> None:
-    """Build the model on the meta device (no memory, no weights; 0.03-0.1 s) as transformers' class builds it, and
+    """Build the model on the meta device (no memory, no weights; fast) as transformers' class builds it, and
     refuse what cannot be trained as a causal LM: a class that fails to build (a padding index outside the
     vocabulary, a head count that does not divide the hidden size, ...) or whose attention sees later tokens (an
     encoder such as BERT in its LM-head class: transformers says "add is_decoder=True")."""

@@ -10,8 +10,9 @@ graphs forgotten, a collection, the device's cache emptied) and steps down. The 
 in the probe. The largest that fits is timed; where its timed steps made the CUDA allocator retry (memory pressure)
 the one below is timed too, with graphs compiled for its own shape (what a run at that micro-batch compiles), and
 the faster is the record (`probe`, `probe_compared`, `alloc_retries`). TRAINSCOUT_FAKE_CAPACITY_MBS=N (tests only)
-simulates a smaller GPU: a micro-batch above N makes a real 64 TiB allocation (after a compiled forward and
-backward, as a real one fails), which the allocator refuses.
+simulates a smaller GPU: a micro-batch above N makes a real allocation larger than any GPU (after a compiled
+forward and backward, as a real one fails), which the allocator refuses (trial/faults.py).
+The measurements behind the probe's rules: docs/trial.md.
 """
 from __future__ import annotations
 
@@ -25,9 +26,8 @@ from .models import sizes
 from .records import RankResult, TrialSpec
 from .status import Status, classify
 
-# micro_batch_size=max keeps a candidate only if its probe steps peaked below this share of the GPU's memory: on
-# the H200, Pythia-160M mbs 64 passed a one-step probe (2 micro-batches) and then ran out of memory in warm-up
-# (4 micro-batches; 24.5 GiB reserved but fragmented). The probe now runs what warm-up runs, with this margin.
+# micro_batch_size=max keeps a candidate only if its probe steps peaked below this share of the GPU's memory: a
+# fragmented allocator can fail a later step that the probe's peak fit (docs/trial.md)
 PROBE_HEADROOM = 0.90
 
 
@@ -35,7 +35,7 @@ PROBE_HEADROOM = 0.90
 def candidates(spec: TrialSpec, plan, measured) -> list[dict]:
     """The divisors of the per-rank batch, largest first, from the largest the memory model cannot rule out: the
     search's rule for the same configuration at that micro-batch as a fixed one (memory.refusal: predicted at most
-    memory.MARGIN over the GPU's memory, whose worst error on the stored H200 rows is -14 %, and within the host's
+    memory.MARGIN over the GPU's memory, and within the host's
     memory less memory.MARGIN, memory.host_capacity of the trial's hardware); where none passes, all of them (a trial
     the search would not launch, run as asked). Each candidate tried above the fit costs a build, a compile and an
     out-of-memory error; one over the host's memory (activation offload's saved tensors grow with the micro-batch)
@@ -91,7 +91,7 @@ def warmup_accum(engine, accum: int) -> int:
     """Micro-batches of a warm-up (or probe) step: two, one that accumulates and the last, which synchronises
     gradients (each path's compiled graphs, hooks and buffers); the second such step runs them with the optimizer's
     states allocated, the peak a timed step reaches. All `accum` where the engine counts a step's micro-batches
-    itself (DeepSpeed). At 1.7B on the H200 (4 measured micro-batches of 0.55-1.1 s) the two steps ran 8."""
+    itself (DeepSpeed). Two, not all: a large model's micro-batches take long (docs/trial.md)."""
     return accum if type(engine).counts_micro_batches else min(accum, WARMUP_MICRO_BATCHES)
 
 
@@ -195,8 +195,8 @@ def release(device) -> None:
     cleared, its objects dropped, outside the except clause, where the exception's traceback held the failed step's
     frames): torch.compile's graphs forgotten (they hold the model's modules), then a full collection (the engine
     and the model are in reference cycles, which only a collection frees) and, on a GPU, the allocator's cache
-    emptied. Before, the collection ran inside the except clause, before they were unreachable: on an H100 a 3.7B
-    MoE found no micro-batch, [8, 4, 2, 1], although 1 fits alone."""
+    emptied. Inside the except clause they are still reachable, and a collection there cannot free them: a smaller
+    candidate that fits alone would then fail too (docs/trial.md)."""
     import torch
     forget_graphs()
     gc.collect()
@@ -215,8 +215,8 @@ def measure_below(spec: TrialSpec, plan, device, batches: list, timed_step, peak
     """The candidate one below the probed micro-batch, timed like it: its steps and peaks, or None where there is
     none, or where the probed micro-batch's timed steps made the allocator retry no allocation (retries == 0; None:
     the CPU, where nothing says). The same work in more, smaller micro-batches does not run faster unless the larger
-    one pressed against the GPU's memory: on the H200 the micro-batch below lost in 18 of 19 such pairs, and won the
-    19th by 0.3 % (Pythia-1B), while costing a compile at its shape and four more steps. plan is put back;
+    one pressed against the GPU's memory (measured: docs/trial.md), while costing a compile at its shape and four
+    more steps. plan is put back;
     timed_step(accum) -> (phase times, loss)."""
     import torch
     nxt = [c for c in spec.probe if c["mbs"] < plan.micro_batch_size][:1]

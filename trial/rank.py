@@ -16,8 +16,8 @@ class Rank:
     def cuda_missing(self, visible: list) -> str | None:
         """Why this rank, given GPUs by Ray, cannot use them (CUDA not available in its process, no device), or None:
         read with the group's CUDA_VISIBLE_DEVICES set first (as setup sets it), before any CUDA use. A node whose
-        Ray declares a GPU it does not have (ray start --num-gpus 1 on a CPU box) crashed the trial in NCCL ("NCCL
-        not built in") and stored the crash as the configuration's outcome, with no GPU name (issue 50, item 4)."""
+        Ray declares a GPU it does not have (ray start --num-gpus 1 on a CPU box) would crash the trial in NCCL and
+        store the crash as the configuration's outcome (docs/trial.md)."""
         if visible:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
         try:

@@ -201,7 +201,7 @@ def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
         if on_step is not None:
             for p in ray.get(workers.take.remote(trial_id)):
                 # the accumulation of the micro-batch running now: micro_batch_size=max settles on one in the trial,
-                # and the spec's is the largest candidate's (ASHA was fed values inflated by that ratio, 8-16x)
+                # and the spec's is the largest candidate's (ASHA would be fed values inflated by that ratio)
                 accum = p.get("grad_accum") or spec.grad_accum
                 step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], accum)
                 on_step({"step": p["step"], "step_s": step_s, "loss": p.get("loss"),
@@ -212,8 +212,8 @@ def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
 
 def warm(spec: TrialSpec, one_node: bool = True, timeout: float | None = None) -> None:
     """Start the worker group that spec's trial will run in, without waiting for it (pool.Pool.warm): a search's
-    driver does it for its first trial while Tune starts that trial's actor (on 2 CPU cores, ~5 s of the first
-    trial's wall). Nothing when fresh workers are asked for (TRAINSCOUT_FRESH_WORKERS)."""
+    driver does it for its first trial while Tune starts that trial's actor (seconds of the first trial's wall:
+    docs/trial.md). Nothing when fresh workers are asked for (TRAINSCOUT_FRESH_WORKERS)."""
     if not pool.fresh_requested():
         pool.pool().warm.remote(spec.world_size, spec.device, _worker_env(spec), one_node, spec.model_config,
                                 timeout or DEFAULT_TIMEOUT[spec.device])
@@ -249,8 +249,8 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     except ray.exceptions.RayError as e:
         raw = {"error": f"{type(e).__name__}: {e}"}
     except SystemExit:  # Tune's early stop (its session exits our thread at a report). On the search's own Ray the
-        # ranks leave at their next step boundary and their group serves the next trial (killed, the next trial paid
-        # a fresh group: 78 s of wall instead of 44-51 s at 1.7B on the H200); on a cluster others may use (address),
+        # ranks leave at their next step boundary and their group serves the next trial (killed, the next trial would
+        # pay a fresh group: docs/trial.md); on a cluster others may use (address),
         # its resources go back to the cluster at once, as another search's trials may wait for them
         if owner is None or cluster_address(address):
             ray.get(workers.cancel.remote(trial_id))

@@ -27,14 +27,13 @@ def load_exported(path: str) -> dict:
     return exp
 
 
-CHUNK = 1 << 26  # token ids read at a time when checking a file (256 MiB of uint32): a scan costs ~1 s per GB
+CHUNK = 1 << 26  # token ids read at a time when checking a file
 
 
 def check_data(path: str | None, dtype: str, seq_len: int, vocab: int | None = None) -> None:
     """Check a --data token file before training (None: synthetic tokens, nothing to check): a known dtype, an
     existing file whose size is a whole number of token ids, at least seq_len tokens, and every id within the model's
-    vocabulary (an id >= vocab_size crashed inside the trial; a size not a multiple of the dtype after 23 s);
-    ConfigError otherwise."""
+    vocabulary (otherwise the trial would crash inside, or after it started); ConfigError otherwise."""
     if path is None:
         return
     if dtype not in DTYPES:
@@ -80,7 +79,7 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     workers = workers or (exp.get("hardware") or {}).get("world_size") or 1
     from trainscout.trial.models import stored_model
     from trainscout.spaces import current
-    config, retired = current(exp["config"])  # an export written before this release may hold a retired setting
+    config, retired = current(exp["config"])  # an older export may hold a retired setting
     for note in retired:
         print(f"trainscout: note: {note}", file=sys.stderr)
     spec = prepare(model or stored_model(exp["model"], exp.get("model_config")), config, device=device,
