@@ -6,13 +6,13 @@ A holder on this host whose process is gone gives its lease up at once. Two uses
 
 - claim:KEY, a measurement being taken. A search's trial claims the key before it measures; a second search's
   trial of the same configuration waits while the claim lives and is then served the first one's record (or, if
-  that one crashed, claims the key and measures it itself). Two searches on one database measured the same 2
-  configurations at the same time before this (2026-12-02).
+  that one crashed, claims the key and measures it itself), so two searches never measure one configuration at
+  once.
 - search:NAME, the driver of a search. One driver at a time across hosts: a second is refused, naming the holder
-  (host, pid). The same search resumed from two hosts crashed one driver with UpdateFinishedTrialError before.
+  (host, pid), where two drivers of one search would crash one (UpdateFinishedTrialError).
   A driver paused for LEASE_S or more (SIGSTOP, a frozen VM) is taken for dead and another may take its lease: the
   paused one, when it wakes, checks its lease before every write of the search (Lease.check, guarded_storage) and
-  stops in one line (LeaseLost) instead of writing over its successor's study (issue 50, item 3).
+  stops in one line (LeaseLost) instead of writing over its successor's study (docs/store.md).
 
 A holder is named by host AND a machine instance (BOOT: the kernel's boot id and this process's PID namespace) and
 its process's start: "gone at once" is decided only for a holder of the same instance (two hosts with one hostname,

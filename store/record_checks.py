@@ -9,17 +9,15 @@ from trainscout.trial.status import Status
 from . import row_format
 from .row_format import UNKNOWN
 
-# Two measurements of one key farther apart than this are different numbers, not noise. Measured on the H200:
-# the same configuration on other leases 0.1-3.1 % apart (15 keys measured twice or three times in bench/data), up
-# to 6.3 % with a probed micro-batch before the fix of 2026-12-02.
+# Two measurements of one key farther apart than this are different numbers, not noise: above the spread of repeated
+# measurements (docs/store.md)
 NOISE = 0.10
 SHARED = (Status.OK, Status.OOM)  # what a contribution carries: crashes, timeouts and refusals are not measurements
 # tokens/s must be global_batch x seq_len / step_s to this share (trainscout derives it so: float rounding only)
 RATE_TOLERANCE = 0.01
 MEMORY_TOLERANCE = 1.02  # peak memory above the GPU's capacity by more than this factor cannot have happened
-# A CPU record's ceiling, whatever its core count says (a forger writes that too): 1 PFLOP/s for the whole host,
-# above any CPU server's dense peak (a 2-socket 2 x 60-core Sapphire Rapids with AMX bf16 is ~0.25 PFLOP/s at
-# 2 GHz); the 2-core test box measures ~1e9 FLOP/s
+# A CPU record's ceiling in FLOP/s for the whole host, whatever its core count says (a forger writes that too):
+# above any CPU server's dense peak (docs/store.md)
 HOST_PEAK_FLOPS = 1e15
 
 

@@ -22,7 +22,7 @@ file, `trainscout lookup --db FILE`):
     content_hash  "sha256:" + the SHA-256 of the row's canonical JSON without this field
 
 Nothing is invented: a field the record lacks is "unknown". A bare record (what `trainscout results --export`
-wrote before this schema, and every row of a results store) is schema 0; `migrate` turns it into a version-1 row.
+wrote without a schema, and every row of a results store) is schema 0; `migrate` turns it into a version-1 row.
 """
 from __future__ import annotations
 

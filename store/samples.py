@@ -1,13 +1,12 @@
 """Every measurement of a key is kept: the first that counts is the key's measurement, the others its samples.
 
-Two searches on one database once measured the same configurations at the same time, and the second's records
-replaced the first's (204 and 461 tokens/s overwritten by 425 and 1,341; `results` then showed the second's for
-the first search, 2026-12-02). Now a write never replaces a measurement that counts: the row in
-trainscout_measurements is the key's first ok, oom or invalid record (before one exists, its latest crash or
-timeout, which the next measurement of the key replaces; an ok taken with other trials sharing its CPU or GPU,
-trial.contention, gives way to the first clean one likewise), and every other record of the key is a row here, never
-changed or deleted. A second ok measurement of a key is thus a second sample, and the spread between them is real
-(`results`: samples, tokens_per_s_spread). The same record written twice (its trial id) is stored once.
+A second search's records of a configuration must not replace the first's (docs/store.md), so a write never
+replaces a measurement that counts: the row in trainscout_measurements is the key's first ok, oom or invalid record
+(before one exists, its latest crash or timeout, which the next measurement of the key replaces; an ok taken with
+other trials sharing its CPU or GPU, trial.contention, gives way to the first clean one likewise), and every other
+record of the key is a row here, never changed or deleted. A second ok measurement of a key is thus a second
+sample, and the spread between them is real (`results`: samples, tokens_per_s_spread). The same record written
+twice (its trial id) is stored once.
 """
 from __future__ import annotations
 

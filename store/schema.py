@@ -137,7 +137,7 @@ def _ident(spec, config: dict, hardware: dict, versions: dict, placement: dict |
         "hardware": {k: hardware.get(k) for k in ("gpu", "gpu_memory_gib", "cpu", "cpu_count")},
         "versions": {k: versions.get(k) for k in ("torch", "transformers", "deepspeed")},
     }
-    if asked_dtype(spec.model_config):  # measured before 2026-12-06, such a config trained its asked 16-bit weights
+    if asked_dtype(spec.model_config):  # measured before plans named it, such a config trained its asked 16-bit weights
         ident["master_dtype"] = spec.plan.master_dtype  # under a mixed label: those records are never served for it
     if spec.fault:  # an injected failure is not a measurement of the configuration: never serve it for one
         ident["fault"] = spec.fault
@@ -172,7 +172,7 @@ def record_key(record) -> str:
     own config, model config, recipe, device, ranks, hardware, versions, placement and fault: what a record stored
     under an older scheme is found by (store.Store.stored_key), and what an import can compare keys by. Raises
     ValueError where the record lacks what a key needs (no config, model config or recipe), and for the JSON of a
-    record of a config asking for 16-bit weights whose plan has no master dtype: measured before 2026-12-06, it
+    record of a config asking for 16-bit weights whose plan has no master dtype: measured before plans named it, it
     trained the asked weights under a mixed label and is never served (measurement_key's master_dtype), so it is
     not re-keyed either (a Record read from it has its plan's default and cannot tell: give the JSON)."""
     from trainscout.trial.records import Record

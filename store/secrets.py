@@ -1,7 +1,7 @@
 """Storage passwords: taken out of a URL where it is read, held in memory, never written.
 
 A password in a storage URL (postgresql://user:PASSWORD@host/db) would travel wherever the URL goes: the search's
-saved settings, its start line, report.html, Ray Tune's experiment files (a 2026-12-02 run had it in all four). So a
+saved settings, its start line, report.html, Ray Tune's experiment files (docs/store.md). So a
 URL is stripped where it enters (store.storage_url, Store()): every URL trainscout keeps, prints or hands to Ray is
 the bare one, and the password waits in this process's memory (PASSWORDS). A SQLAlchemy hook (do_connect) gives it
 to each new database connection of any engine, Optuna's included, so it is never part of an engine's arguments

@@ -1,11 +1,10 @@
 """What many processes on many hosts need to share one database safely: the schema created once, under a lock
 (trainscout's tables and Optuna's), and one clock (the database's) for leases.
 
-Two searches started together on a new PostgreSQL database raced in CREATE TYPE / CREATE TABLE: one died with
-UniqueViolation (Optuna's `studydirection` type), and 5 of 6 processes opening a new store at once were refused
-(2026-12-02). On PostgreSQL the schema is therefore created under a session advisory lock: the first process
-creates it, the others wait and then find it. SQLite serialises writers itself; a table created between another
-process's check and its create is retried there (Store).
+Processes creating the schema of a new PostgreSQL database at once race in CREATE TYPE / CREATE TABLE and die
+with UniqueViolation (Optuna's `studydirection` type; docs/store.md). On PostgreSQL the schema is therefore created
+under a session advisory lock: the first process creates it, the others wait and then find it. SQLite serialises
+writers itself; a table created between another process's check and its create is retried there (Store).
 """
 from __future__ import annotations
 

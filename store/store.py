@@ -5,10 +5,10 @@ Opening a store checks a SQLite file and repairs a damaged one (store.repair), s
 timeout on every connection, creates the tables a new database lacks (store.schema), and pins a SQLite file's
 identity (store.guard). A URL's password never reaches self.url (store.secrets).
 
-Keys that survive (issue 48). A measurement's key (store.schema.measurement_key, scheme KEY_VERSION 2) hashes only
+Keys that survive (docs/store.md). A measurement's key (store.schema.measurement_key, scheme KEY_VERSION 2) hashes only
 the knobs set away from their default in the trial's context, so a knob added by a release or a plugin, left at its
-default, changes no key. Stores written under scheme 1 (every knob hashed, defaults included; rows written before
-2026-12-06 and by any older trainscout) are read and served as they are, by re-keying on read, never by rewriting:
+default, changes no key. Stores written under scheme 1 (every knob hashed, defaults included; by an older
+trainscout) are read and served as they are, by re-keying on read, never by rewriting:
 a lookup that misses (get, samples, stored_key) reads each row of the store once per process and computes today's
 key from the row's own record (schema.record_key: its config, model config, recipe, device, ranks, hardware,
 versions, placement, fault), so a row measured before a knob existed is found by the key of the same
