@@ -250,8 +250,9 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
         from trainscout.runtime.hf import VERSION_KEY
         hf_json, notes = checked_hf_args(rec, "run", paths, folder=out_dir)
         # a plain TrainingArguments file: TrainingArguments(**json.load(f)) and HfArgumentParser.parse_json_file
-        # refuse any key that is not a field. The transformers it was written for (field names change: 4.50 refused
-        # 5.x's activation_checkpointing) goes to trainscout.json, where hf.read_arguments finds it
+        # refuse any key that is not a field. The transformers it was written for (field names change:
+        # transformers 4.50 refused 5.x's activation_checkpointing) goes to trainscout.json, where hf.read_arguments
+        # finds it
         write("training_args.json", json.dumps(hf_json, indent=2))
         written_for = {VERSION_KEY: transformers.__version__}
     if "accelerate" in formats:

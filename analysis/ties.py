@@ -1,7 +1,7 @@
 """The best of several measured configurations: the fastest, unless simpler ones are within its measured noise.
 
-On one H200 the best of a 1.5B search was FSDP shard_grad_op on one GPU, 0.7 % faster than the same configuration
-without FSDP, well within the measured spread; its export then failed in a plain `python` script. The rule:
+A sharding engine on one GPU can measure a hair faster than the same configuration without it, within the noise,
+and its export then needs more than a plain `python` script (docs/analysis.md). The rule:
 
 - Measurements of the same model, recipe, hardware and rank count compare. A configuration B ties the fastest A
   when (tokens/s of A - tokens/s of B) / tokens/s of A <= the noise, the larger of the two measurements' step
@@ -14,7 +14,7 @@ without FSDP, well within the measured spread; its export then failed in a plain
 - A measurement taken with other trials sharing its CPU or GPU (trial.contention.contended) is ranked only where
   no clean measurement is ok; one whose quality verdict is failed (the one-step gate, or `verify --quality`, which
   outranks it: trial.quality.status) only where nothing else is ok: it does not train the same model as its
-  reference, and `export --best` wrote such a configuration (a 7B's fp8 over bf16 weights on an H100, 2026-12-06).
+  reference (docs/analysis.md).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from trainscout.trial.contention import contended
 from trainscout.trial.records import Record
 
-TIE_CAP = 0.03  # a tie is never called across more than 3 % (a noisy measurement does not make everything equal)
+TIE_CAP = 0.03  # a tie is never called across more than this (a noisy measurement does not make everything equal)
 
 
 @dataclass

@@ -25,7 +25,7 @@ def verify(source: str, *, key: str | None = None, steps: int = 200, warmup: int
     exported accelerate.yaml. Stored with the search as `verify-KEY.json` (`verify-RUNNER-KEY.json`).
 
     global_batch (runner "trainscout"): full steps of this many sequences instead of the recipe's, where a step of
-    the recipe takes too long to verify (Pythia-6.9B on one H200: ~4 minutes). The projection compared is the
+    the recipe takes too long to verify (minutes at a large model: docs/analysis.md). The projection compared is the
     measurement's own at A' micro-batches, derived from its per-step phases as its step was at A (step_at); the
     output carries both batches and the recipe's projection."""
     if runner not in RUNNERS:
@@ -112,9 +112,8 @@ def step_at(m: dict, accum: int) -> float:
     per-step phases), else from its median phases: (A'-1) x micro-batch + last + optimizer.
 
     Not step_s + (A' - A) x micro_batch_s: step_s is the median over steps of each step's own projection, the
-    micro-batch the median over every step's, and their difference is multiplied by A - A' (for Pythia's 1,024
-    sequences at micro-batch 8, A = 128: verified at --global-batch 64, A' = 8, a 0.3 % difference between the two
-    medians is (120 / 8) x 0.3 % = 4.5 % of the shorter step; verify measured 1.050 of such a projection)."""
+    micro-batch the median over every step's, and their difference is multiplied by A - A', a large error at a far
+    smaller batch (a worked example: docs/analysis.md)."""
     from trainscout.trial import metrics
     if m.get("phases"):
         return metrics.project_at(m["phases"], accum)

@@ -94,9 +94,8 @@ def _memory_family(fam: tuple, names: tuple) -> tuple:
 def memory_calibration(fam: tuple, n_params: float, arch: str, pool: list[Sample]) -> tuple[dict, int] | None:
     """The memory model's calibration for a configuration, from the measured peaks nearest to it: the first
     MEMORY_LEVELS family with measured peaks, the NEAREST_MODELS nearest shapes, their median measured/analytic
-    ratio as trial/memory.py's calibration (a = b = the ratio, c = 0). Leave-one-out over the shipped H200 rows:
-    median |error| 2.0 % against 10.2 % for one least-squares fit over all of them (fit_terms), whose worst rows
-    are the ones the analytic terms model least (the whole model compiled, checkpointing with a compiled loss).
+    ratio as trial/memory.py's calibration (a = b = the ratio, c = 0): closer, over the shipped rows left out one by
+    one, than one least-squares fit over all of them (fit_terms; docs/atlas.md).
     (calibration, level); None where the pool has no peak."""
     from trainscout.trial.metrics import median
     for level, names in enumerate(_memory_level_names()):

@@ -225,7 +225,7 @@ def _ranked(rows: list[dict]) -> tuple[list[dict], str]:
 
 
 def search_command(target: dict, gpus: int, global_batch: int | None) -> str:
-    """The search that would measure it (30 minutes of GPU time is what the shipped searches took at most)."""
+    """The search that would measure it (its time budget: what the shipped searches took at most, docs/atlas.md)."""
     model = target["path"] or target["name"]
     model = f"'{model}'" if re.search(r"[^\w./-]", model) else model
     parts = [f"trainscout search --model {model}"]
@@ -338,7 +338,7 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
            "atlas": {"layers": [{"name": layer.name, "kind": layer.kind, "rows": len(layer.rows),
                                  "refused": len(layer.refused)} for layer in atlas.layers]}}
     # a measured row is an answer where one is the best (a failed quality verdict never is) at the global batch
-    # asked (a bench's 16 sequences per step do not answer the recipe's 1,024): else a prediction too, without the
+    # asked (a bench's few sequences per step do not answer the recipe's batch): else a prediction too, without the
     # settings that failed on this model
     from trainscout.trial.models import PYTHIA_RECIPE
     batch = global_batch or PYTHIA_RECIPE.global_batch

@@ -3,8 +3,8 @@
 It answers "what does this GPU train, how fast, for how much": a table of the best configuration per model, GPU
 kind and count (tokens/s, MFU, days and rent of the recipe), a plot of tokens/s against model size, and every row
 (paged, sortable, each with its provenance), all under one set of filters: model size, architecture, GPU kind, GPU
-count, knob, measured / predicted / out of memory, origin, text. The rows travel as columns with a string table
-(10,000 rows: ~1.3 MB), and the browser filters them in a few milliseconds (docs/BENCHMARKS.md).
+count, knob, measured / predicted / out of memory, origin, text. The rows travel as columns with a string table,
+small enough for the browser to filter them at once (docs/atlas.md).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def page_rows(atlas) -> list[dict]:
 
 
 def encode(rows: list[dict]) -> dict:
-    """Rows as columns, strings through one table (a 10,000-row atlas repeats its commands and sources)."""
+    """Rows as columns, strings through one table (a large atlas repeats its commands and sources)."""
     table: dict[str, int] = {}
 
     def s(v):

@@ -2,7 +2,7 @@
 
 Peak memory: the calibrated memory model (trial/memory.py: peak = a·states + b·activations + c, least squares on
 the measured peaks of the GPU kind). Speed: the step-time model (trial/steptime.py) is a roofline that ranks
-configurations and is never a speed by itself (it predicts ~1.5-2x the measured tokens/s on the H200). Here it is
+configurations and is never a speed by itself (docs/atlas.md). Here it is
 calibrated on measured rows: a prediction's step is the roofline's step times the median measured/roofline ratio
 of the rows nearest to it — the same configuration family (the knobs' own declarations, backing off level by level
 in LEVELS where no row of it is measured; the architecture's family, dense or a mixture of experts, is part of
@@ -14,7 +14,7 @@ from the rows of the other models only (its own model held out, as for a model n
 rows (its repeats held out too); `loo_table` prints both.
 
 Everything a row needs is computed once by bench/build_atlas.py (the roofline and the memory terms build the model
-on the meta device, ~1 s a row) and shipped in atlas/model.json, so lookup answers from it without torch; a model
+on the meta device) and shipped in atlas/model.json, so lookup answers from it without torch; a model
 or GPU kind not there builds its own candidates here (seconds).
 """
 from __future__ import annotations
@@ -36,14 +36,14 @@ __all__ = ["CANDIDATES", "DENSE", "GiB", "HOST_GIB_PER_GPU", "LEVELS", "LEVEL_WO
            "summary"]
 
 GiB = 2**30
-# the farthest a leave-one-model-out prediction reaches over the shipped shapes: log(6.9B / 2.8B) = 0.9 (the next
-# shape's), and another architecture at log(1.24B / 1.01B) + 1 = 1.2 (the Llama-1B shape from Pythia-1B)
+# the farthest a leave-one-model-out prediction reaches over the shipped shapes (the next shape's log distance, and
+# another architecture's: docs/atlas.md)
 REACH = 1.25
 CANDIDATES = 4      # distinct configurations tried for a model never measured
 
 
-# Host memory a GPU box is assumed to have where the question does not say (lookup --host-memory): per GPU, the
-# smaller end of what boxes come with (one H100 in 128 GiB; a DGX H100 has 2 TiB for 8)
+# Host memory a GPU box is assumed to have where the question does not say (lookup --host-memory): GiB per GPU, the
+# smaller end of what boxes come with (docs/atlas.md)
 HOST_GIB_PER_GPU = 128
 
 

@@ -23,8 +23,8 @@ from . import plan_of, prepare_model
 # TrainingArguments fields whose name changed between transformers versions: ours -> the older spelling
 RENAMED = {"activation_checkpointing": "gradient_checkpointing",
            "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
-VERSION_KEY = "transformers_version"  # trainscout.json: the transformers training_args.json was written for (exports
-# before 2026-12-06 held it in training_args.json itself, which a stock TrainingArguments(**json) refuses: dropped)
+VERSION_KEY = "transformers_version"  # trainscout.json: the transformers training_args.json was written for (older
+# exports held it in training_args.json itself, which a stock TrainingArguments(**json) refuses: dropped)
 PATH_FIELDS = ("deepspeed",)  # written relative to the export folder, so that the folder can move
 
 
@@ -60,8 +60,8 @@ def loss_only(model):
 
     Why: accelerate (under HF Trainer) wraps a mixed-precision forward in convert_outputs_to_fp32, which copies every
     16-bit output to fp32: a full fp32 copy of the logits per micro-batch that the Trainer never reads (seq x vocab x
-    4 bytes per sequence: 26 GB at Pythia-160M micro-batch 64). Evaluation and generation (no labels, or no
-    gradients) keep their logits."""
+    4 bytes per sequence; docs/knobs-why.md, loss_kernel). Evaluation and generation (no labels, or no gradients)
+    keep their logits."""
     import functools
 
     import torch
@@ -98,7 +98,7 @@ def installed_fields() -> set[str]:
 
 def native_every_n() -> bool:
     """Whether the installed transformers checkpoints every n-th layer itself (activation_checkpointing_kwargs=
-    {"every_n_layers": n}, 5.2x); before that only `prepare` can."""
+    {"every_n_layers": n}, transformers 5.2x); before that only `prepare` can."""
     import inspect
 
     from transformers import PreTrainedModel
@@ -108,8 +108,9 @@ def native_every_n() -> bool:
 
 def for_installed(args: dict) -> dict:
     """Arguments spelled for the installed transformers (activation_checkpointing is gradient_checkpointing before
-    5.2x, and back; checkpointing every n-th layer is left to `prepare` where the version cannot; `fsdp` as True or as
-    the strategy string, whichever it takes; an older export's transformers_version dropped); a field this version does not know raises ValueError naming it."""
+    transformers 5.2x, and back; checkpointing every n-th layer is left to `prepare` where the version cannot; `fsdp`
+    as True or as the strategy string, whichever it takes; an older export's transformers_version dropped); a field
+    this version does not know raises ValueError naming it."""
     fields, out = installed_fields(), {}
     args = {k: v for k, v in args.items() if k != VERSION_KEY}
     back = {old: new for new, old in RENAMED.items()}
@@ -130,7 +131,7 @@ def for_installed(args: dict) -> dict:
 
 def fsdp_flag() -> bool:
     """Whether the installed TrainingArguments takes `fsdp=True` with everything in fsdp_config (5.x: a string or a
-    list of FSDPOption is deprecated there and warns); before, fsdp names the sharding strategy as a string."""
+    list of FSDPOption is deprecated there and warns); older versions name the sharding strategy as a string."""
     from transformers import TrainingArguments
     return hasattr(TrainingArguments, "_apply_legacy_fsdp_to_config")
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 VIEW_TOP = 20  # configurations in the step-time and memory views: the fastest
 STEP_PARTS = ("accumulating micro-batches", "last micro-batch (synchronises the gradients)", "optimizer")
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "buffers", "activations", "logits")
-WORKSPACE = "workspace allowance"  # memory.predict adds 1 GiB to the analytic sum when it has no calibration
+WORKSPACE = "workspace allowance"  # what memory.predict adds to the analytic sum when it has no calibration
 
 
 def _fastest(a: Analysis, top: int = VIEW_TOP) -> list[tuple[dict, Record]]:
@@ -46,7 +46,7 @@ def step_breakdown(a: Analysis, top: int = VIEW_TOP) -> list[dict]:
 
 def memory_rows(a: Analysis, top: int = VIEW_TOP) -> tuple[list[dict], list[str]]:
     """The fastest GPU measurements with a measured peak: the memory model's components (trial.memory.components,
-    GiB per rank, on the stored record), its prediction (analytic: the components + 1 GiB; calibrated on the store's
+    GiB per rank, on the stored record), its prediction (analytic: the components + WORKSPACE; calibrated on the store's
     measured peaks of that GPU where there are 3 or more), the measured peak and the GPU's capacity. Also the labels
     of rows the model could not be evaluated for (a config.json model that is no longer there)."""
     from trainscout.trial import memory

@@ -42,7 +42,7 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 def _native(knob, v):
     """A table cell as the knob's own value (pandas turns an int column with gaps into floats)."""
-    if _na(v):  # None, NaN and pandas' NA (an Int64 column's gap: a knob a record predates)
+    if _na(v):  # None, NaN and pandas' NA (an Int64 column's gap: a knob added after a record was stored)
         return None
     if hasattr(v, "item"):
         v = v.item()
@@ -71,7 +71,7 @@ def usd(v) -> str:
     if _na(v):
         return MISSING
     if 0 < v < 0.01:
-        return f"${v:.2g}"  # a tiny model's run: the digits that are there, not $0.00
+        return f"${v:.2g}"  # a tiny model's run: the digits that are there, not a rounded zero
     return f"${v:,.2f}" if v < 1000 else f"${v:,.0f}"
 
 
