@@ -2,6 +2,10 @@ from ..errors import ConfigError
 from ..knob import Knob, register
 from ..model_config import sizes
 
+# the plan entries of the knobs that choose among the field's FP8 recipes (spaces/knobs/fp8_weight_grad.py,
+# fp8_ends.py), read here where the conversion is made; GW_HP: torchao's Float8LinearRecipeName.ROWWISE_WITH_GW_HP
+WEIGHT_GRAD, ENDS, HIGH, GW_HP = "fp8_weight_grad", "fp8_ends", "high", "rowwise_with_gw_hp"
+
 # The share of the decoder layers' saved activations FP8 linears leave out (they save their inputs in 8 bits, and
 # inductor's partitioner keeps the casts): measured peaks on the H200 with compiled layers, tensorwise and rowwise
 # alike, against the same configuration in bf16 (atlas rows): Pythia-1B micro-batch 16 and 32 0.38 and 0.36,
@@ -72,19 +76,43 @@ class Fp8(Knob):
     def memory(self, terms, plan, spec):
         # the weights' casts: torchao casts the fp32 (or FSDP2's bf16) weights to FP8 inside each linear, one layer
         # at a time, in place of autocast's 16-bit copies, which the engine's model states already count: no term
-        if plan.knobs.get(self.name):
-            cut = SAVED_CUT * terms["layer_activations"]
+        if plan.knobs.get(self.name) and recipe(plan) != GW_HP:  # gw_hp's weight gradient reads the 16-bit input
+            share = 1.0
+            if plan.knobs.get(ENDS) == HIGH:  # the layers left out of FP8 keep their 16-bit inputs
+                layers = sizes(spec.model_config).layers if getattr(spec, "model_config", None) else 0
+                share = max(layers - 2, 0) / layers if layers else 1.0
+            cut = SAVED_CUT * share * terms["layer_activations"]
             terms["layer_activations"] -= cut
             terms["activations"] -= cut
 
     def transform(self, model, plan):
-        recipe = plan.knobs.get(self.name)
-        if not recipe:
+        if not plan.knobs.get(self.name):
             return model
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-        head = model.get_output_embeddings()
-
-        def converted(mod, fqn):  # torchtitan leaves the output projection in high precision; FP8 GEMMs need /16 dims
-            return mod is not head and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=converted)
+        config = Float8LinearConfig.from_recipe_name(recipe(plan))
+        convert_to_float8_training(model, config=config, module_filter_fn=module_filter(model, plan))
         return model
+
+
+def recipe(plan) -> str | None:
+    """The torchao recipe (Float8LinearRecipeName's value) the plan converts with: fp8's scaling, or rowwise with the
+    weight gradients in high precision where fp8_weight_grad says so; None: no FP8."""
+    value = plan.knobs.get(Fp8.name)
+    return GW_HP if value == "rowwise" and plan.knobs.get(WEIGHT_GRAD) == HIGH else value
+
+
+def module_filter(model, plan):
+    """Which nn.Linear modules the plan converts, as torchao's module_filter_fn(module, fqn): every one but the
+    head (torchtitan leaves the output projection in high precision), those whose dimensions FP8 GEMMs cannot take
+    (multiples of 16), and, where fp8_ends says so, those of the first and last decoder layers (Megatron's
+    --first-last-layers-bf16)."""
+    from ..layers import decoder_layers
+    head = model.get_output_embeddings()
+    kept = set()
+    if plan.knobs.get(ENDS) == HIGH:
+        layers = decoder_layers(model)
+        kept = {id(m) for layer in (layers[0], layers[len(layers) - 1]) for m in layer.modules()}
+
+    def converted(mod, fqn):
+        return mod is not head and id(mod) not in kept and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+    return converted

@@ -1,0 +1,29 @@
+from ..errors import ConfigError
+from ..knob import Knob, register
+from .fp8 import ENDS, HIGH
+
+
+@register
+class Fp8Ends(Knob):
+    """The first and last decoder layers' linears: FP8 like the rest, or left in high precision (Megatron's
+    --first-last-layers-bf16)."""
+
+    name = ENDS
+    default = "fp8"
+    choices = ("fp8", HIGH)
+    requires = {"fp8": ("tensorwise", "rowwise")}
+    packages = ("torchao",)
+    without_hook, hook_rank = "fp8", 7
+
+    def check(self, value, cfg, ctx):
+        if value == HIGH and ctx.num_layers < 3:
+            raise ConfigError(self.name, f"{self.name}={HIGH} leaves the first and last of the model's {ctx.num_layers} "
+                                         f"decoder layers out of FP8, and no layer in it: set {self.name}=fp8 or "
+                                         "fp8=off")
+
+    def numerics(self, value, cfg, ctx):
+        return "the first and last decoder layers' linears in high precision (the others FP8)" if value == HIGH else None
+
+    def apply(self, plan, value, cfg, ctx):
+        if value == HIGH:  # read by fp8's transform (fp8.module_filter) and memory
+            plan.knobs[self.name] = value
