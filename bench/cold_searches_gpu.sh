@@ -21,7 +21,7 @@ for item in "$@"; do
 import datetime, json, sqlite3, sys
 d, t0 = sys.argv[1], float(sys.argv[2])
 db = sqlite3.connect(f"{d}/results.db")
-rows = db.execute("select status, tokens_per_s, created_at, config, error from trials order by created_at").fetchall()
+rows = db.execute("select status, tokens_per_s, created_at, config, error from trainscout_search_trials order by created_at").fetchall()
 first = None
 for status, tps, at, config, error in rows:
     s = datetime.datetime.fromisoformat(at).timestamp() - t0

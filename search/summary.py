@@ -97,8 +97,10 @@ def source_lines(rows: list[dict], where: str) -> list[str]:
     for r in rows:
         said = (f"{r['source']} {r['source_tokens_per_s']:,.0f} tokens/s" if r["source_tokens_per_s"]
                 else r["why"])
-        got = (f"measured {r['tokens_per_s']:,.0f} ({r['error']:+.1%} off)" if r["tokens_per_s"]
-               else f"not measured ({r['status'] or 'never ran'})")
+        got = (f"measured {r['tokens_per_s']:,.0f}" + (
+            "" if r["error"] is None else f", the {r['source']} figure {abs(r['error']):.1%} "
+                                          f"{'above' if r['error'] > 0 else 'below'} it")
+               if r["tokens_per_s"] else f"not measured ({r['status'] or 'never ran'})")
         lines.append(f"  start point from {where}: {said}, {got}")
     return lines
 

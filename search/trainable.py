@@ -138,6 +138,8 @@ def _measure(config: dict, base: dict) -> None:
         try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
             if known is not None:  # one gate step per change, per store: its verdict served
                 spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
+            elif spec.quality and (bar := rank_bar(store, base["search"])):  # its gate only where it can rank
+                spec = spec.replace(quality=dict(spec.quality, rank_bar=bar))
             record = _run_trial(spec, base, trial_id)
             if record is None:  # ASHA stopped it: the driver recorded it as stopped
                 return
@@ -222,6 +224,25 @@ def counted(rows: list[dict]) -> int:
     """The trials of a search that count toward --trials: all but those refused or pruned before running (FREE) and
     those the host or the cluster lost (NOT_COUNTED: host_oom, node_lost; their state, not the configuration's)."""
     return sum(1 for t in rows if t["status"] not in FREE and t["status"] not in NOT_COUNTED)
+
+
+RANK_MARGIN = 0.1  # a trial this share slower than the search's best with a good verdict cannot rank: no gate
+
+
+def rank_bar(store, search: str) -> dict | None:
+    """The tokens/s a trial's rank 0 must reach for its quality gate to run (trial.worker): RANK_MARGIN below the
+    fastest measurement of this search that trains the same model (no numerics changed, or a good verdict); None
+    where it has none."""
+    from trainscout.trial import quality
+    best = None
+    for t in store.trials(search):
+        if t["status"] == Status.OK and t["key"] and (best is None or (t["tokens_per_s"] or 0) > best[0]):
+            rec = store.get(t["key"])
+            if rec is not None and quality.status(rec.metrics, store.quality(t["key"], "verify"), rec.config,
+                                                  rec.device)[0] in quality.GOOD:
+                best = (t["tokens_per_s"], t["trial"])
+    return None if best is None else {"tokens_per_s": best[0] * (1 - RANK_MARGIN), "best": best[0],
+                                      "trial": best[1]}
 
 
 def _known_gate(store, spec) -> tuple[str | None, dict | None]:

@@ -279,5 +279,30 @@ def test_the_summary_sets_the_atlas_start_point_beside_its_measurement(tmp_path)
     assert rows[0]["tokens_per_s"] == pytest.approx(why.tokens_per_s / 1.25)
     assert rows[0]["error"] == pytest.approx(0.25)
     line = source_lines(rows, "the atlas")[0]
-    assert f"{why.kind} {why.tokens_per_s:,.0f} tokens/s" in line and "+25.0% off" in line
+    assert f"{why.kind} {why.tokens_per_s:,.0f} tokens/s" in line and "25.0% above it" in line
     assert "never ran" in source_lines(sources_measured([], atlas), "the atlas")[0]
+
+
+def test_a_trial_that_cannot_rank_skips_its_quality_gate(tmp_path):
+    """The gate's step costs a trial time (a 7B's took most of its overhead): a trial whose tokens/s is far below the
+    search's best that trains the same model cannot rank, so it is measured without it, and says why (a real trial)."""
+    from trainscout.search.trainable import RANK_MARGIN, rank_bar
+    from trainscout.store.store import Store
+    from trainscout.trial import execute, prepare, quality
+    from trainscout.trial.status import Status
+    spec = prepare("tiny", {"micro_batch_size": 2, "precision": "bf16"}, device="cpu", workers=1, steps=2,
+                   warmup=1, global_batch=4, measure_accum=2)
+    store = Store(f"sqlite:///{tmp_path / 'results.db'}")
+    assert rank_bar(store, "s") is None  # nothing measured yet: every trial is gated
+    plain = execute(prepare("tiny", {"micro_batch_size": 2, "precision": "fp32"}, device="cpu", workers=1, steps=2,
+                            warmup=1, global_batch=4, measure_accum=2), timeout=300)
+    assert plain.ok, plain.error
+    store.add_measurement("k0", plain)
+    store.add_trial("s", "t0", "k0", Status.OK, False, 1e12, plain.config)  # as if it ran far faster than any
+    bar = rank_bar(store, "s")
+    assert bar["tokens_per_s"] == pytest.approx(1e12 * (1 - RANK_MARGIN)) and bar["trial"] == "t0"
+    rec = execute(spec.replace(quality=dict(spec.quality, rank_bar=bar)), timeout=300)
+    assert rec.ok, rec.error
+    q = rec.metrics["quality"]
+    assert q.get("skipped") and "gate" not in q and "cannot rank" in q["why"] and "gate_s" not in rec.metrics
+    assert quality.status(rec.metrics)[0] == quality.UNVERIFIED

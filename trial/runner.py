@@ -372,7 +372,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         out["quality"] = ranks[0].quality or spec.quality.get("known") or {
             "changes": spec.quality["changes"], "reference": spec.quality["reference"],
             "why": spec.quality.get("why") or "the gate's step did not run (the trial ended early)"}
-        if ranks[0].quality:  # it ran in this trial (outside its timed steps, inside its wall)
+        if ranks[0].quality and not ranks[0].quality.get("skipped"):  # it ran here, outside the timed steps
             out["gate_s"] = ranks[0].quality.get("seconds")
     if spec.device == "cuda":
         out["peak_allocated_mib"] = [round(r.peak_allocated_mib, 1) for r in ranks]

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 
+from . import metrics
 from .models import sizes
 from .records import RankResult, TrialSpec
 
@@ -167,6 +168,23 @@ def _peak_rss_mib() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _below_bar(spec: TrialSpec, steps: list[dict]) -> dict | None:
+    """The gate's outcome where it is not run: this rank's tokens/s (an upper bound of the trial's) below the bar
+    the search set (search.trainable.rank_bar), so the trial cannot rank; None: run it."""
+    bar = spec.quality.get("rank_bar")
+    if not bar or not steps:
+        return None
+    step_s = metrics.median([metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], spec.grad_accum)
+                             for st in steps])
+    tok_s = spec.tokens_per_step / step_s
+    if tok_s >= bar["tokens_per_s"]:
+        return None
+    return {"changes": spec.quality["changes"], "reference": spec.quality["reference"], "skipped": True,
+            "why": f"not gated: {tok_s:,.0f} tokens/s is more than {1 - bar['tokens_per_s'] / bar['best']:.0%} below "
+                   f"the search's fastest that trains the same model ({bar['best']:,.0f}, trial {bar['trial']}), so "
+                   "it cannot rank"}
 
 
 def _quality_gate(spec: TrialSpec, device) -> dict:
@@ -332,8 +350,10 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
     # knobs that change the numerics: the quality gate's step against the reference, with the trial's model freed
     if (rank == 0 and spec.quality and "reference_plan" in spec.quality and "known" not in spec.quality
             and len(steps) == spec.timed_steps):
-        del engine, model
-        gate = _quality_gate(spec, device)
+        gate = _below_bar(spec, steps)
+        if gate is None:
+            del engine, model
+            gate = _quality_gate(spec, device)
 
     mine = RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
