@@ -3,7 +3,7 @@ and the Llama-shaped Hub config.json files, each with the atlas's answer as `tra
 best (what `export --best` would write: quality and ties respected) or a PREDICTED row, its tokens/s, MFU (matmul-v1),
 days and rent for the recipe (300 B tokens, global batch 1,024), and the configuration. Nothing is measured here.
 
-    python bench/seed_table_atlas.py                 # H200 and H100, markdown on stdout (the README's tables)
+    python bench/seed_table_atlas.py                 # H200 and H100, markdown on stdout (docs/RESULTS.md's tables)
     python bench/seed_table_atlas.py --gpu H100
 """
 import argparse
