@@ -149,7 +149,7 @@ SIZE = re.compile(r"\s*((?:\d+(?:\.\d*)?|\.\d+))\s*(gib|gb|mib|mb|g)\s*", re.I)
 
 
 def gpu_memory(text: str) -> float:
-    """--gpu-memory: a positive finite size with a unit (80GiB, 141GB, 512MiB) in bytes; a bare number, zero,
+    """--gpu-memory: a positive finite size with a unit (`80GiB`, `141GB`, `512MiB`) in bytes; a bare number, zero,
     a negative size or inf is refused (a bare number was read as bytes: every configuration 'did NOT fit')."""
     from trainscout.trial import memory
     m = SIZE.fullmatch(text or "")
@@ -190,7 +190,8 @@ def recipe_kwargs(a) -> dict:
 
 
 def duration(s: str) -> float:
-    """A duration as people type it: 90s, 30m, 2h, 1h30m, 1h 30m 10s, 1.5h, or plain seconds."""
+    """A duration as people type it: `90s`, `30m`, `2h`, `1h30m`, `1h30m10s` (spaces between the parts too), `1.5h`,
+    or plain seconds."""
     text = (s or "").strip().lower()
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms]?)", text)
     units = [u for _, u in parts]

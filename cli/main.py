@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except Exception as e:  # noqa: BLE001
-        from trainscout.store.guard import StoreError  # here: the store's imports cost every command 0.17 s
+        from trainscout.store.guard import StoreError  # here: its imports would cost every command (docs/CLI.md)
         if not isinstance(e, StoreError):
             raise
         print(f"trainscout: error: {e}", file=sys.stderr)  # the store failed while in use: what was kept
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
 
 def console() -> None:
     """The console script (and `python -m trainscout.cli`): main(), then an exit without the interpreter's teardown
-    of torch's, Ray's and transformers' modules, which took 1.7-2.4 s of every command on 2 cores (2026-12-03):
-    what a normal exit does first is done here (other threads joined, the exit handlers run: Ray's shutdown,
-    logging's flush; every open file flushed), then os._exit with main's code. An exception leaves as usual."""
+    of torch's, Ray's and transformers' modules, which costs every command seconds (docs/CLI.md): what a normal exit
+    does first is done here (other threads joined, the exit handlers run: Ray's shutdown, logging's flush; every open
+    file flushed), then os._exit with main's code. An exception leaves as usual."""
     import psutil  # the command started with its interpreter (imports and parsing count toward --time-budget)
     code = main(started=psutil.Process().create_time())
     import atexit

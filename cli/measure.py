@@ -186,7 +186,7 @@ def cmd_estimate(a) -> int:
     input_file("--model", a.model)
     from trainscout.spaces import all_knobs
     from trainscout.trial.metrics import gpu_facts
-    # the GPU box estimated for, not this machine: --gpu's compute capability where it is known (fp8 needs 8.9),
+    # the GPU box estimated for, not this machine: --gpu's compute capability where it is known (fp8 needs sm_89),
     # else a Hopper's, and every package a knob runs on (liger-kernel for the fused linear loss, torchao for fp8)
     records = None
     if a.calibrate:
@@ -283,7 +283,7 @@ def verify_quality(a) -> int:
     from trainscout.analysis.quality import TOLERANCE, WINDOW, verify_quality as run
     if a.runner != "trainscout":
         raise ConfigError("--runner", "--quality trains in trainscout's workers: leave --runner out")
-    # the verdict is a 95 % interval over the window (the last WINDOW of the steps): fewer than 3 steps there give
+    # the verdict is a confidence interval over the window (the last WINDOW of the steps): fewer than 3 steps there give
     # none worth the name (2 steps stored "verified" on 2 single-step blocks)
     least = next(n for n in range(1, 10_000) if math.ceil(WINDOW * n) >= 3)
     if a.quality < least:

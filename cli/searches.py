@@ -262,7 +262,7 @@ def cmd_results(a) -> int:
         raise ConfigError("--share", "--share goes with --export FILE: write e.g. --export mine.jsonl --share")
     store = store_of(a.source)
     df = load_resolved(store)  # a store of measurements alone too (a grid, an import)
-    for col in df.columns:  # whole numbers print as such (1, not 1.0), also beside rows without a value
+    for col in df.columns:  # whole numbers print as such (`1`, not `1.0`), also beside rows without a value
         vals = df[col].dropna()
         if df[col].dtype.kind == "f" and (col in INTEGER_COLUMNS or col not in METRICS) and len(vals) \
                 and (vals == vals.round()).all():

@@ -3,11 +3,11 @@ line (exit 2, nothing written) instead of a traceback.
 
 - A head on the loopback (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head --node-ip-address 127.0.0.1`: that
   switch keeps it off every other interface). A driver in Ray's multi-node mode turns 127.0.0.1 into the machine's
-  address (here 192.0.2.2) and waited 2 minutes for a GCS that is not there (2026-12-02): an address on the loopback
-  puts this driver in Ray's one-machine mode too.
+  address and waits for a GCS that is not there: an address on the loopback puts this driver in Ray's one-machine
+  mode too.
 - Token authentication, on by default in Ray 2.60 (the first local ray.init or `ray start` writes
   ~/.ray/auth_token). ray.init with an explicit address sends the token only under RAY_AUTH_MODE=token, and without
-  it failed after 22-32 s with a traceback. Here the cluster is asked first, in about a second (a GCS client). One
+  it fails after its retries with a traceback. Here the cluster is asked first (a GCS client; docs/CLUSTER.md). One
   on the loopback that refuses a driver without a token gets this machine's (RAY_AUTH_MODE unset, a token in
   RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), as Ray does for its own `auto`; a remote cluster is
   never sent this machine's token unasked (RAY_AUTH_MODE=token asks). A cluster that still refuses is refused in
@@ -102,7 +102,7 @@ def _refused(hp: tuple[str, int]) -> bool:
 def check_auth(address: str, flag: str) -> None:
     """Refuse (ConfigError on flag) a cluster that rejects this driver's authentication, before ray.init waits out
     its retries; a cluster on this machine that asks for a token gets this machine's (see the module's note). An
-    address where nothing listens is left to ray.init's own checks (a 2 s connect decides)."""
+    address where nothing listens is left to ray.init's own checks (a short connect decides)."""
     hp = host_port(address)
     if hp is None:
         return

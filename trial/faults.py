@@ -52,7 +52,7 @@ def fire(spec: str | None, rank: int, device) -> None:
     print(f"trainscout: injected fault {kind} on rank {rank}", file=sys.stderr, flush=True)
     if kind == "oom":
         import torch
-        torch.empty(1 << 46, dtype=torch.uint8, device=device)  # 64 TiB: the allocator refuses it
+        torch.empty(1 << 46, dtype=torch.uint8, device=device)  # more than any GPU holds: the allocator refuses it
     elif kind == "crash":
         os._exit(3)
     elif kind == "hang":

@@ -1,6 +1,6 @@
 """Reaching Ray before anything is started or written. Ray retries an address where nothing listens for minutes
-(`trial` and `search` still retrying at 150 s, the search having written its store, log and lock, so a rerun in that
-folder was refused), and a temp folder it cannot write ends in a traceback. Both are refused here in one line that
+(after a search has written its store, log and lock, so a rerun in that folder is refused: docs/CLUSTER.md), and a
+temp folder it cannot write ends in a traceback. Both are refused here in one line that
 names the setting and the fix."""
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def check_address(address: str, flag: str) -> None:
 
 
 # HTTP/2's client preface and an empty SETTINGS frame: Ray's GCS is a gRPC server, which answers with its own SETTINGS
-# frame at once (9-byte header: length 3 bytes, type 4, flags, stream 0). ray.init kept retrying for minutes where
-# something else accepted the connection (a silent listener, an HTTP or SSH server: still retrying at 200 s).
+# frame at once (9-byte header: length 3 bytes, type 4, flags, stream 0). ray.init keeps retrying for minutes where
+# something else accepted the connection (a silent listener, an HTTP or SSH server).
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 ANSWER_TIMEOUT_S = 2.0  # a gRPC server sends its SETTINGS within a round trip
 
