@@ -306,3 +306,13 @@ def test_a_trial_that_cannot_rank_skips_its_quality_gate(tmp_path):
     q = rec.metrics["quality"]
     assert q.get("skipped") and "gate" not in q and "cannot rank" in q["why"] and "gate_s" not in rec.metrics
     assert quality.status(rec.metrics)[0] == quality.UNVERIFIED
+
+
+def test_pure_bf16_is_not_compiled_on_the_cpu():
+    """A 6-trial CPU search of pythia-14m drew precision=bf16 with compile=true and crashed in inductor's C++ compile:
+    the precision knob refuses the pair on the CPU, naming the fix, so the sampler never draws it there."""
+    ctx = Context(device="cpu", installed=frozenset({"torchao"}))
+    with pytest.raises(ConfigError, match="set compile=false or precision=bf16-mixed"):
+        resolve({"precision": "bf16", "compile": True}, ctx)
+    resolve({"precision": "bf16", "compile": False}, ctx)
+    resolve({"precision": "bf16", "compile": True}, Context(device="cuda", installed=ctx.installed))

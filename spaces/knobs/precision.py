@@ -36,6 +36,10 @@ class Precision(Knob):
             if "torchao" not in ctx.installed:
                 raise ConfigError(self.name, "precision=bf16 steps torchao's AdamW with bf16 stochastic rounding (pip "
                                              "install torchao): install it or set precision=bf16-mixed")
+            if ctx.device == "cpu" and cfg.get("compile"):  # inductor's C++ code for the bf16 model fails to build
+                raise ConfigError(self.name, "precision=bf16 with compile=true on the CPU: inductor's C++ code for the "
+                                             "pure bf16 model does not compile with this torch: set compile=false or "
+                                             "precision=bf16-mixed")
             if cfg["zero_stage"]:
                 raise ConfigError(self.name, "precision=bf16 (pure bf16 weights and states) is not DeepSpeed's bf16 "
                                              "mode, which keeps fp32 master weights: set precision=bf16-mixed or "
