@@ -96,8 +96,8 @@ def _progress_callback(url: str, search: str, printer):
             if kind == Status.HOST_OOM:  # the memory monitor killed the search's own actor
                 status, why = Status.HOST_OOM, host_oom_line(text)
                 _host_oom(why)
-            elif kind == Status.NODE_LOST:  # the trial's actor's node left the cluster
-                status, why = Status.NODE_LOST, node_lost_line(text)
+            elif kind == Status.NODE_LOST or (where := _lost_node(text)):  # the trial's actor's node left the cluster
+                status, why = Status.NODE_LOST, node_lost_line(text, None if kind == Status.NODE_LOST else where)
                 _not_counted(trial.trial_id)
             if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
                                                         trial.config, error=why), search):
@@ -115,6 +115,14 @@ def _not_counted(trial_id: str) -> None:
     if _SEARCHER and trial_id not in _UNCOUNTED:
         _UNCOUNTED.add(trial_id)
         _SEARCHER[0].counted = max(0, _SEARCHER[0].counted - 1)
+
+
+def _lost_node(error: str) -> str | None:
+    """The node, named, that an actor's failure (the trial's actor unreachable: "Socket closed") was lost with, asked
+    of Ray (the actor's node, and whether it is alive and its raylet answers): before the GCS marks a node dead, its
+    actors' errors say nothing of it. None: no actor's failure, or its node is alive."""
+    from trainscout.trial.pool import lost_in
+    return lost_in(error)
 
 
 def _local_error(trial) -> str:

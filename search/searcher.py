@@ -8,7 +8,7 @@ import datetime
 import warnings
 from typing import TYPE_CHECKING
 
-from trainscout.trial.status import Status
+from trainscout.trial.status import NOT_MEASURED, Status
 
 from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
 from .space import knob_params
@@ -70,11 +70,21 @@ def make_scheduler(steps: int):
     class Gated(ASHAScheduler):
         """ASHA whose rungs forget a trial that failed its quality gate (outcomes.failed_quality): the gate runs
         after the timed steps, and a trial that trains another model sets no bar. On an H100 (2026-12-06) a 7B's
-        fp8 trial (16,639 tokens/s, gate failed) stopped its gate-passing twin at 11,336: no gated best came out."""
+        fp8 trial (16,639 tokens/s, gate failed) stopped its gate-passing twin at 11,336: no gated best came out.
+        Forgotten too: a trial the host or the cluster lost (NOT_MEASURED) and one whose actor failed."""
 
         def on_trial_complete(self, tune_controller, trial, result):
-            if not failed_quality(result or {}):
+            # a lost trial's steps ran on a node that was going: they say nothing of the configuration
+            if not failed_quality(result or {}) and (result or {}).get("status") not in NOT_MEASURED:
                 return super().on_trial_complete(tune_controller, trial, result)
+            self._forget(trial)
+
+        def on_trial_error(self, tune_controller, trial):
+            # a trial whose own actor failed (its node lost, the host's memory monitor, a crash of the process):
+            # its steps set no bar
+            self._forget(trial)
+
+        def _forget(self, trial):
             bracket = self._trial_info.pop(trial.trial_id, None)  # Ray's ASHA keeps each trial's bracket here
             for _milestone, recorded in getattr(bracket, "_rungs", ()):  # and each rung's values by trial id
                 recorded.pop(trial.trial_id, None)

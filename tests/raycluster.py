@@ -8,6 +8,11 @@ address and the nodes), then serves commands on stdin, one per line:
     add CPUS              a new CPU node (answer: its node id)
     kill NODE_ID          remove a node this process added (cluster.remove_node: its raylet and processes end, as
                           a node that fails or is preempted; answer: killed)
+    sigkill NODE_ID       SIGKILL the raylet of a node this process added and the worker processes it started (its
+                          children), by their PIDs: a node lost at once, without a word to the GCS (its workers would
+                          otherwise run on for seconds; answer: killed N, the processes); the rest ends at the shutdown
+    lost NODE_ID          what the GCS's node table says of a node, and whether trial.pool.lost_nodes names it
+                          (answer: JSON {"alive_in_gcs": bool, "lost": [...]})
     ranks NODE_ID SECONDS wait until a trial's rank (trial.pool.Rank actor) is alive on that node (answer: busy, or
                           none after SECONDS)
     where NAME            the nodes of the alive named actors NAME of every job (answer: JSON list of node ids)
@@ -35,6 +40,8 @@ MOCK_GPU = "Mock H200 (a mock of a GPU),139.8,9.0"
 
 def main() -> None:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # stdout carries the answers only: what Ray prints there (a raylet's death) goes to stderr
+    answer, sys.stdout = sys.stdout, sys.stderr
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray.cluster_utils import Cluster
@@ -52,7 +59,7 @@ def main() -> None:
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id,
                       "cpu_nodes": [n.node_id for n in cpu], "gpu_node": gpu.node_id,
-                      "session_dir": cluster.head_node.get_session_dir_path()}), flush=True)
+                      "session_dir": cluster.head_node.get_session_dir_path()}), file=answer, flush=True)
 
     @ray.remote
     class Blocker:
@@ -73,7 +80,7 @@ def main() -> None:
                 words[1], soft=False)).remote()
             ray.get(b.ready.remote(), timeout=60)
             blockers.append(b)
-            print("blocked", flush=True)
+            print("blocked", file=answer, flush=True)
         elif words[:1] == ["unblock"]:
             held = len(blockers)
             before = ray.available_resources().get("CPU", 0)
@@ -83,15 +90,29 @@ def main() -> None:
             deadline = time.time() + 30  # the raylets free a killed actor's CPUs a moment later
             while held and ray.available_resources().get("CPU", 0) <= before and time.time() < deadline:
                 time.sleep(0.2)
-            print("unblocked", flush=True)
+            print("unblocked", file=answer, flush=True)
         elif words[:1] == ["add"]:
             node = cluster.add_node(num_cpus=float(words[1]), **common)
             cluster.wait_for_nodes()
             added[node.node_id] = node
-            print(node.node_id, flush=True)
+            print(node.node_id, file=answer, flush=True)
         elif words[:1] == ["kill"]:
             cluster.remove_node(added.pop(words[1]))
-            print("killed", flush=True)
+            print("killed", file=answer, flush=True)
+        elif words[:1] == ["sigkill"]:
+            import psutil
+            raylet = psutil.Process(added.pop(words[1]).all_processes["raylet"][0].process.pid)
+            doomed = [raylet, *raylet.children(recursive=True)]
+            for proc in doomed:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            print(f"killed {len(doomed)}", file=answer, flush=True)
+        elif words[:1] == ["lost"]:
+            from trainscout.trial.pool import lost_nodes
+            alive = any(n["NodeID"] == words[1] and n["Alive"] for n in ray.nodes())
+            print(json.dumps({"alive_in_gcs": alive, "lost": lost_nodes([words[1]])}), file=answer, flush=True)
         elif words[:1] == ["ranks"]:
             deadline = time.time() + float(words[2])
             while not any(a["ActorClassName"] == "Rank" and a["Address"]["NodeID"] == words[1] for a in alive_actors()):
@@ -99,27 +120,27 @@ def main() -> None:
                     break
                 time.sleep(0.2)
             else:
-                print("busy", flush=True)
+                print("busy", file=answer, flush=True)
                 continue
-            print("none", flush=True)
+            print("none", file=answer, flush=True)
         elif words[:1] == ["pending"]:
             deadline = time.time() + float(words[1])
             while not any(pg["state"] == "PENDING" for pg in state.placement_group_table().values()):
                 if time.time() > deadline:
-                    print("none", flush=True)
+                    print("none", file=answer, flush=True)
                     break
                 time.sleep(0.2)
             else:
-                print("pending", flush=True)
+                print("pending", file=answer, flush=True)
         elif words[:1] == ["want"]:
             from ray.util.placement_group import placement_group, remove_placement_group
             t0 = time.time()
             pg = placement_group([{"CPU": float(words[1])}])
             ready, _ = ray.wait([pg.ready()], timeout=float(words[2]))
-            print(f"placed {time.time() - t0:.1f}" if ready else "waiting", flush=True)
+            print(f"placed {time.time() - t0:.1f}" if ready else "waiting", file=answer, flush=True)
             remove_placement_group(pg)
         elif words[:1] == ["where"]:
-            print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), flush=True)
+            print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), file=answer, flush=True)
     ray.shutdown()
     stop()
 

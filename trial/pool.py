@@ -14,7 +14,9 @@ of their own. TRAINSCOUT_FRESH_WORKERS=1 (or execute(reuse=False)) runs a trial 
 The pool is one named actor per Ray job, created by the driver (a search's trials find it by name) on the driver's
 node (named_actor), so that a worker node leaving the cluster takes only the trials that ran there (it landed on any
 node, whose end crashed every remaining trial); its groups are its children, so they end with the driver. A trial
-whose group's node left the cluster is `node_lost`, naming the node (trial.status); idle groups there are dropped.
+whose group's node left the cluster is `node_lost`, naming the node (trial.status): dead in the GCS's table, or its
+raylet not answering (lost_nodes: a node lost without a word is alive in that table until the GCS's health checks run
+out); idle groups there are dropped.
 
 Placement: a group's ranks are packed on one node (placement group STRICT_PACK; one_node=False: PACK, which may
 split them over nodes, as inter-node links then slow the trial). Each trial's record says where its ranks ran. A
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from .rank import Progress, Rank  # noqa: F401  (the group's processes; importable from here)
 from .share import NAME, attached, dead_nodes, others_wait  # noqa: F401  (a cluster others use)
@@ -82,6 +85,59 @@ def no_cuda_line(address: str, node_id: str, gpus: float, why: str) -> str:
     return (f"node {address} (id {node_id[:8]}) declares {gpus:g} GPU{'' if gpus == 1 else 's'} but CUDA is not "
             f"available there: {why}: nothing ran; start that node's Ray without --num-gpus, or install a CUDA build "
             "of torch there")
+
+
+PROBE_S = 2.0  # how long a node's raylet has to accept a connection, each of PROBE_TRIES times, before it is gone
+PROBE_TRIES = 3
+
+
+def _answers(address: str, port: int) -> bool:
+    """Whether a node's raylet accepts a TCP connection (PROBE_TRIES tries): a raylet killed without a word to the GCS
+    (SIGKILL, its host gone) stays alive in the GCS's table until its health checks run out, tens of seconds."""
+    import socket
+    for attempt in range(PROBE_TRIES):
+        try:
+            socket.create_connection((address, port), timeout=PROBE_S).close()
+            return True
+        except OSError:
+            if attempt + 1 < PROBE_TRIES:
+                time.sleep(0.3)
+    return False
+
+
+def lost_nodes(node_ids) -> list[str]:
+    """Of node_ids, those gone from the cluster, each as "ADDRESS (id XXXXXXXX)": dead in the GCS's node table, or
+    alive there while their raylet accepts no connection. Blocking (a probe may take seconds): off an event loop."""
+    import ray
+    table = {n["NodeID"]: n for n in ray.nodes()}
+    gone = []
+    for n in dict.fromkeys(node_ids):
+        info = table.get(n) or {}
+        port = info.get("NodeManagerPort")
+        if not info.get("Alive") or (port and not _answers(info.get("NodeManagerAddress"), port)):
+            gone.append(f"{info.get('NodeManagerAddress', '?')} (id {n[:8]})")
+    return gone
+
+
+def lost_in(error: str) -> str | None:
+    """The nodes gone from the cluster (lost_nodes) of the actors an error names (an actor's failure: unavailable,
+    died), asked of Ray's actor table, and of the nodes it names; None where it names none, or they are alive."""
+    from .status import actor_failure
+    actors, nodes = actor_failure(error or "")
+    if not actors and not nodes:
+        return None
+    from ray._private.state import state
+    for actor in actors:
+        try:
+            node = (state.actor_table(actor).get("Address") or {}).get("NodeID")
+        except Exception:  # noqa: BLE001 - an id Ray does not know (another cluster's, a typo): the others decide
+            continue
+        if node and node.strip("0"):
+            nodes.append(node)
+    try:
+        return ", ".join(lost_nodes(nodes)) or None
+    except Exception:  # noqa: BLE001 - the GCS unreachable for a moment: the error stands as the trial's own
+        return None
 
 
 class Unscheduled(Exception):
@@ -269,6 +325,8 @@ class Pool:
         except Exception as e:  # the group could not start (a GPU, a port, its node gone): the trial's error
             if classify(str(e)) == Status.NODE_LOST:
                 return {"node_lost": node_lost_line(str(e))}
+            if (where := await loop.run_in_executor(None, lost_in, str(e))) is not None:  # before the GCS knows
+                return {"node_lost": node_lost_line(str(e), where)}
             return {"error": f"{type(e).__name__}: {e}"}
         self.busy[trial_id], group.owner = group, owner
         futures = [asyncio.ensure_future(_value(a.run.remote(spec))) for a in group.actors]
@@ -279,8 +337,9 @@ class Pool:
             failed = [f for f in done if f.exception() is not None]
             if trial_id not in self.busy:  # cancel() killed the group: the error is the kill, not the trial's
                 return {"cancelled": True}
-            if failed or pending:  # a node of the group left the cluster: its trial was lost with it
-                lost = dead_nodes(group.nodes)
+            if failed or pending:  # a node of the group left the cluster: its trial was lost with it (asked of the
+                # GCS and of the nodes' raylets: one SIGKILLed is alive in the GCS's table for tens of seconds more)
+                lost = await loop.run_in_executor(None, lost_nodes, group.nodes)
                 if lost or (failed and classify(str(failed[0].exception())) == Status.NODE_LOST):
                     return {"node_lost": node_lost_line(str(failed[0].exception()) if failed else "",
                                                         ", ".join(lost) or None)}

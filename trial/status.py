@@ -48,6 +48,22 @@ _NODE_LOST = re.compile(r"its node has died|node (?:has )?died|NodeDiedError", r
 _NODE_ID = re.compile(r"Node Id: ([0-9a-f]{8,})", re.I)
 
 
+# an actor's failure, as Ray words it: its process or node unreachable, or dead ("The actor ID is unavailable: ...
+# Socket closed", "The actor died unexpectedly ... actor_id: ID"); the ids of the actors and nodes it names
+_ACTOR_FAILED = re.compile(r"ActorUnavailableError|ActorDiedError|RayActorError|actor \S+ is unavailable|"
+                           r"actor died|actor is dead", re.I)
+_ACTOR_IDS = re.compile(r"\bactor(?:[ _]id)?[:=]?\s+([0-9a-f]{32})\b", re.I)
+_NODE_IDS = re.compile(r"\bnode[ _]?id[:=]?\s+([0-9a-f]{56})\b", re.I)
+
+
+def actor_failure(error: str) -> tuple[list[str], list[str]]:
+    """(actor ids, node ids) an actor's failure names, hex; ([], []) for any other error. Whether their nodes are gone
+    is Ray's to say (trial.pool.lost_in): the text alone does not tell a lost node from a crashed process."""
+    if not _ACTOR_FAILED.search(error):
+        return [], []
+    return list(dict.fromkeys(_ACTOR_IDS.findall(error))), list(dict.fromkeys(_NODE_IDS.findall(error)))
+
+
 def classify(error: str) -> Status:
     """host_oom, node_lost, oom or crash, from an error's text (the exception line and the ranks' log tails)."""
     if _HOST_OOM.search(error):
