@@ -123,17 +123,58 @@ def test_a_verdict_of_the_one_batch_gate_reads_as_it_did():
 
 
 def test_judge_reads_its_lines_as_data(noise):
-    """The lines are data: the same statistics judged under another limit give another verdict (what the GPU
-    calibration does), and each line's band makes a verdict near it marginal."""
-    spec = prepare("tiny", {noise: "small"}, device="cpu", steps=1, warmup=0)
-    q = quality.one_step(spec, CPU)
-    assert q["lines"] == {k: v.limit for k, v in quality.LINES.items()} and q["gate_version"] == quality.GATE_VERSION
+    """The lines are data: the same statistics (the reference's and the candidate's steps, as one_step takes them)
+    judged under another limit give another verdict, which is how bench/gate_calibration_gpu.py calibrates them."""
     import dataclasses
-    tight = dict(quality.LINES, layer_noise=dataclasses.replace(quality.LINES["layer_noise"],
-                                                                limit=q["noise_ratio"] / 2))
-    line = tight["layer_noise"]
-    assert line.past(q["noise_ratio"]) and not quality.LINES["layer_noise"].past(q["noise_ratio"])
-    assert not line.near(q["noise_ratio"]) and quality.LINES["op_sqnr_db"].least
+    spec = prepare("tiny", {noise: "small"}, device="cpu", steps=1, warmup=0)
+    batches = quality.gate_batches(spec, CPU)
+    ref, layers = [], {}
+    for loss, grads, _, layers in quality._gate_steps(spec, Plan.from_dict(spec.quality["reference_plan"]), batches,
+                                                      CPU, reference_dtype=False):
+        ref.append((loss, grads))
+    per_batch, losses = [], []
+    for b, (loss, grads, _, _) in enumerate(quality._gate_steps(spec, spec.plan, batches, CPU, reference_dtype=False,
+                                                                changed=tuple(spec.quality["changes"]))):
+        per_batch.append(quality._sums(ref[b][1], grads))
+        losses.append(loss)
+    stats = quality.statistics(per_batch, quality._spread([g for _, g in ref], CPU), layers, losses,
+                               [loss for loss, _ in ref], None)
+    ratio = max(s["ratio"] for s in stats["layers"].values())
+    assert ratio == pytest.approx(GradNoise.scales()["small"], rel=1e-3)
+
+    def under(limit):
+        line = dataclasses.replace(quality.LINES["layer_noise"], limit=limit)
+        return quality.judge(stats, dict(quality.LINES, layer_noise=line))[0]
+    assert quality.judge(stats)[0] == quality.PASSED
+    assert under(ratio / 2) == quality.FAILED
+    assert under(ratio / (1 + quality.LINES["layer_noise"].band) * 2) == quality.MARGINAL  # in the band below it
+
+
+def test_the_calibration_script_runs_the_gates_functions(tmp_path, monkeypatch, capsys):
+    """bench/gate_calibration_gpu.py on this CPU (the plans an H100 gets), one candidate that runs here, a tiny Llama
+    config.json: its table and its JSON say what quality.judge says."""
+    import importlib.util
+    import json
+    import os
+    import sys
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gate_calibration_gpu.py")
+    script = importlib.util.module_from_spec(importlib.util.spec_from_file_location("gate_calibration", path))
+    script.__spec__.loader.exec_module(script)
+    config = tmp_path / "llama.json"
+    config.write_text(json.dumps(LLAMA))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["gate_calibration_gpu.py", "--models", str(config), "--seq", "32", "--device",
+                                      "cpu", "--only", "precision bf16", "--line", "layer_noise=0.001"])
+    script.main()
+    printed = capsys.readouterr().out
+    got = json.loads((tmp_path / "gate_calibration.json").read_text())
+    rows = {r["candidate"]: r for r in got["models"][str(config)]["rows"]}
+    bf16 = rows["precision bf16"]
+    assert bf16["verdict"] == quality.PASSED and bf16["old_verdict"] == "passed", bf16
+    assert bf16["verdict_under_lines"][0] == quality.FAILED  # judged again under a line below its noise ratio
+    assert set(bf16["groups"]) >= {"model.layers.0", "model.layers.3", "model.embed_tokens.weight"}
+    assert 0 < bf16["noise_ratio"] < quality.LINES["layer_noise"].limit
+    assert "precision bf16" in printed and "under --line: failed" in printed
 
 
 # --- the FP8 recipes as knobs -------------------------------------------------------------------------------------
