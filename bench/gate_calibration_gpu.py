@@ -196,7 +196,8 @@ def main() -> None:
                         got = candidate(spec, batches, device, refs[key])
                     r = row(label, got, lines)
                 except Exception as e:  # noqa: BLE001 - one candidate's failure (out of memory included)
-                    r = {"candidate": label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+                    said = str(e).splitlines()[0][:300] if str(e) else ""
+                    r = {"candidate": label, "error": f"{type(e).__name__}: {said}"}
                 r["seconds"] = round(time.perf_counter() - tc, 1)
                 rows.append(r)
                 _print(name, r, lines)

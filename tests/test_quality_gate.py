@@ -211,7 +211,8 @@ def converted(settings: dict):
 
 
 def kinds(model) -> list[set[str]]:
-    return [{type(m).__name__ for m in layer.modules() if isinstance(m, torch.nn.Linear)} for layer in model.model.layers]
+    return [{type(m).__name__ for m in layer.modules() if isinstance(m, torch.nn.Linear)}
+            for layer in model.model.layers]
 
 
 def test_fp8_ends_leaves_the_first_and_last_decoder_layers_out_of_the_conversion():

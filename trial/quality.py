@@ -87,6 +87,7 @@ GATE_VERSION = 2  # the rule a verdict was judged by (in its key: a verdict of a
 # what a best is, quality-wise (the search summary, results, the report and the export show it)
 SAME, PASSED, VERIFIED, FAILED, UNVERIFIED = "same", "passed", "verified", "failed", "unverified"
 MARGINAL = "marginal"  # the one-step gate's verdict within its lines but near one: not called the same model
+INCONCLUSIVE = "inconclusive"  # a training comparison whose loss interval straddles its tolerance
 GOOD = (SAME, PASSED, VERIFIED)  # what `search --quality strict` may call best
 
 
@@ -326,7 +327,8 @@ def one_step(spec, device) -> dict:
             "reference_losses": ref_losses, "loss_rel_diff": stats["loss_rel_diff"], "changes": q["changes"],
             "reference": q["reference"], "lines": {k: v.limit for k, v in LINES.items()},
             "threshold_db": THRESHOLD_DB, "loss_tolerance": LOSS_TOLERANCE,
-            "gain_tolerance": [LINES["layer_rescale"].limit, LINES["param_rescale"].limit], "gate_version": GATE_VERSION,
+            "gain_tolerance": [LINES["layer_rescale"].limit, LINES["param_rescale"].limit],
+            "gate_version": GATE_VERSION,
             "batch": [GATE_BATCH, spec.recipe["seq_len"]], "batches": len(batches),
             "seconds": round(time.perf_counter() - t0, 2),
             "parts_s": {"reference": round(t_ref - t0, 3), "candidate": round(t_cand - t_ref, 3),
@@ -555,8 +557,8 @@ def status(metrics: dict | None, verified: dict | None = None, config: dict | No
     config (and device), a record stored before the gate existed is told from one whose knobs change nothing."""
     q = (metrics or {}).get("quality")
     if verified is not None:
-        return (VERIFIED if verified["verdict"] == VERIFIED else FAILED), verified.get("why") or \
-            f"trained {verified['steps']} steps against its reference"
+        said = verified["verdict"] if verified["verdict"] in (VERIFIED, INCONCLUSIVE) else FAILED
+        return said, verified.get("why") or f"trained {verified['steps']} steps against its reference"
     if not q and config is not None:
         from trainscout.spaces import Context
         changed = changes(config, Context(device=device or "cuda"))

@@ -17,12 +17,14 @@ class Fp8Ends(Knob):
 
     def check(self, value, cfg, ctx):
         if value == HIGH and ctx.num_layers < 3:
-            raise ConfigError(self.name, f"{self.name}={HIGH} leaves the first and last of the model's {ctx.num_layers} "
-                                         f"decoder layers out of FP8, and no layer in it: set {self.name}=fp8 or "
-                                         "fp8=off")
+            raise ConfigError(self.name, f"{self.name}={HIGH} leaves the first and last of the model's "
+                                         f"{ctx.num_layers} decoder layers out of FP8, and no layer in it: set "
+                                         f"{self.name}=fp8 or fp8=off")
 
     def numerics(self, value, cfg, ctx):
-        return "the first and last decoder layers' linears in high precision (the others FP8)" if value == HIGH else None
+        if value == HIGH:
+            return "the first and last decoder layers' linears in high precision (the others FP8)"
+        return None
 
     def apply(self, plan, value, cfg, ctx):
         if value == HIGH:  # read by fp8's transform (fp8.module_filter) and memory
