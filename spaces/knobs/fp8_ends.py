@@ -5,8 +5,10 @@ from .fp8 import ENDS, HIGH
 
 @register
 class Fp8Ends(Knob):
-    """The first and last decoder layers' linears: FP8 like the rest, or left in high precision (Megatron's
-    --first-last-layers-bf16)."""
+    """The first and last decoder layers' linears in FP8 like the rest, or in high precision (Megatron's bf16 ends).
+
+    Megatron's --first-last-layers-bf16: the layers nearest the embedding and the head keep their products in the
+    precision knob's precision; fp8's transform leaves their nn.Linear out of the conversion (fp8.module_filter)."""
 
     name = ENDS
     default = "fp8"
