@@ -83,11 +83,12 @@ def corpus_tokens(folder: str, vocab: int = VOCAB) -> tuple[str, int]:
 
 def verify_quality(source: str, *, key: str | None = None, steps: int = 500, seeds: int = 1,
                    global_batch: int | None = None, seq_len: int | None = None, timeout: float | None = None,
-                   address: str | None = None) -> dict:
+                   address: str | None = None, folder: str | None = None) -> dict:
     """Train the best (or the keyed) measurement and its reference for `steps` steps on the corpus; the comparison.
     Written to the folder as verify-quality-KEY.json and stored with the measurement (the search summary, results,
     the report and the export read it). global_batch / seq_len: the runs' batch (default: one micro-batch per data
-    rank, the recipe's sequence length); the micro-batch is capped at what the batch gives each rank."""
+    rank, the recipe's sequence length); the micro-batch is capped at what the batch gives each rank. folder: where
+    the corpus' tokens and the JSON go (default: source where it is a folder)."""
     from trainscout.trial import quality
     from trainscout.trial.models import stored_model
     from trainscout.trial.runner import context
@@ -112,7 +113,8 @@ def verify_quality(source: str, *, key: str | None = None, steps: int = 500, see
         mbs -= 1
     config[mb] = reference[mb] = mbs
     seq = seq_len or rec.recipe["seq_len"]
-    folder = source if os.path.isdir(source) else os.path.abspath("quality")
+    keep = folder or (source if os.path.isdir(source) else None)  # where the JSON goes (none for a bare URL)
+    folder = keep or os.path.abspath("quality")
     from trainscout.trial.models import sizes
     data, n_tokens = corpus_tokens(folder, sizes(model.config).vocab)
     runs = {"candidate": [], "reference": []}
@@ -130,8 +132,8 @@ def verify_quality(source: str, *, key: str | None = None, steps: int = 500, see
             "speed": _speeds(store, rec, reference, runs), "status": "ok"}
     if out["token_efficiency"] is not None:
         out["speed_at_equal_loss"] = out["speed"]["ratio"] * out["token_efficiency"]
-    if os.path.isdir(source):
-        with open(os.path.join(source, f"verify-quality-{rec.key[:12]}.json"), "w", encoding="utf-8") as f:
+    if keep:
+        with open(os.path.join(keep, f"verify-quality-{rec.key[:12]}.json"), "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
     store.put_quality(rec.key, "verify", out)
     return out
@@ -168,11 +170,14 @@ def compare(candidate: list[list[float]], reference: list[list[float]]) -> dict:
         centre, half = _interval(blocks) if len(blocks) >= 2 else (rel_diffs[0], math.inf)
     final_c, final_r = sum(mean_c[n - w:]) / w, sum(mean_r[n - w:]) / w
     efficiency, reach = _token_efficiency(mean_c, mean_r, w)
-    ok = centre + half <= TOLERANCE
-    from trainscout.trial.quality import FAILED, VERIFIED
-    return {"verdict": VERIFIED if ok else FAILED,
-            "why": None if ok else f"loss {centre:+.2%} (95 % interval {centre - half:+.2%} .. {centre + half:+.2%}) "
-                                   f"of the reference's over the last {w} steps: above +{TOLERANCE:.0%}",
+    from trainscout.trial.quality import FAILED, INCONCLUSIVE, VERIFIED
+    # verified: the whole interval within the tolerance; failed: the whole of it above; else it cannot tell
+    verdict = VERIFIED if centre + half <= TOLERANCE else FAILED if centre - half > TOLERANCE else INCONCLUSIVE
+    span = f"loss {centre:+.2%} (95 % interval {centre - half:+.2%} .. {centre + half:+.2%}) of the reference's over " \
+           f"the last {w} steps"
+    return {"verdict": verdict,
+            "why": None if verdict == VERIFIED else f"{span}: above +{TOLERANCE:.0%}" if verdict == FAILED else
+            f"{span}: straddles +{TOLERANCE:.0%}, too short or too noisy to tell (train longer or over more seeds)",
             "loss": {"candidate": final_c, "reference": final_r, "rel_diff": centre, "ci95": [centre - half,
                                                                                              centre + half]},
             "window": w, "token_efficiency": efficiency, "steps_to_equal_loss": reach,

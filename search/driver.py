@@ -15,7 +15,7 @@ from trainscout.store import Store, StoreError, guard, open_store
 from trainscout.trial.runner import cluster_address
 from trainscout.trial.status import Status, classify, host_oom_line, node_lost_line
 
-from . import cluster
+from . import cluster, settle
 from .args import SEED_RANGE, SearchArgs
 from .halt import clear_store_failure, lease_failure, lease_lost, store_failed, store_failure
 from .interrupt import _catch_interrupt, _one_line_logs, _quiet_host_oom, interrupted
@@ -178,7 +178,8 @@ def budget_over(deadline: float | None) -> bool:
     return True
 
 
-def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | None = None, search: str | None = None):
+def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | None = None, search: str | None = None,
+                       url: str | None = None, reserve: float = 0.0):
     from ray.tune import Stopper
 
     class StopOnInterrupt(Stopper):
@@ -192,6 +193,8 @@ def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | No
         def stop_all(self):
             if budget_over(deadline):
                 return True
+            if url and settle.due(url, search, deadline, reserve):  # the budget's share kept for settle.settle
+                return True
             if (why := guard.lost(path, ident)) is not None:
                 store_failed(why)
             from trainscout.store import claims  # the heartbeat found the search's lease taken over
@@ -200,6 +203,31 @@ def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | No
             # module functions: a pickled copy of the stopper reads the same flags
             return interrupted() or store_failure() is not None or bool(_HOST_OOM)
     return StopOnInterrupt()
+
+
+def _halt_why(budget_s: float | None) -> str:
+    """Why the stopper ends the search, read from its flags once its stop_all said so."""
+    if _BUDGET_OVER.is_set():
+        return f"its time budget{f' ({clock(budget_s)})' if budget_s else ''} ran out"
+    if interrupted():
+        return "interrupted (Ctrl-C)"
+    if lease_failure():
+        return "another driver took the search over"
+    if store_failure() is not None:
+        return f"the results store failed ({store_failure()})"
+    if _HOST_OOM:
+        return f"a trial was {_HOST_OOM[0]}"
+    return "its stop condition held"
+
+
+def _stalled_line(halted: dict | None) -> str | None:
+    """The line of a search that ended while Ray Tune waited for its next trial (the searcher's halted: a draw that
+    had not returned, or that proposed nothing for a second or more), else None."""
+    if not halted or not (halted["draw"] or halted["waited_s"] >= 1.0):
+        return None
+    what = "its draw had not returned" if halted["draw"] else "it proposed no trial"
+    return (f"ended while Ray Tune waited {clock(halted['waited_s'])} for the searcher's next trial ({what}): "
+            f"{halted['why']}")
 
 
 # --- the host's memory monitor ------------------------------------------------------------------------------------
@@ -342,6 +370,9 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     if start:
         _warm_first(start[0], base, args.one_node)
     searcher.judge = lambda config: before_run(config, base)[1]  # asked after its draws keep being refused
+    # the stopper's conditions, asked by the searcher too: Tune waits for a next trial without asking its stopper
+    halting = _interrupt_stopper(keeper.path, keeper.ident, deadline, name)
+    searcher.halt = lambda: _halt_why(args.time_budget_s) if halting.stop_all() else None
     # the capacities the trials are judged on (trainable._refusal): the host the driver's (on one box, the common
     # case, the trials' too; on a cluster the nodes' smallest), the GPU's
     base.update(capacities(hw, calibration))
@@ -361,7 +392,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer),
                                                         *trackers(track, name, args.out, stream)],
-                                  stop=_interrupt_stopper(keeper.path, keeper.ident, deadline, name),
+                                  stop=_interrupt_stopper(keeper.path, keeper.ident, deadline, name, url,
+                                                            settle.SHARE * (args.time_budget_s or 0)),
                                   failure_config=tune.FailureConfig(max_failures=0)))
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
@@ -378,6 +410,9 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"), _quiet_host_oom():
         if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
             tuner.fit()
+    stalled = _stalled_line(searcher.halted)
+    if stalled:  # the search ended while Tune waited for a next trial: said first, whatever line ends the run
+        print(f"  {stalled}", file=stream, flush=True)
     if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
         return {}
     cut: list[dict] = []  # Ctrl-C or the time budget ended a trial Tune did not report: the table never showed it
@@ -398,13 +433,22 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         except Exception as e:  # noqa: BLE001 - the search's outcome stands without it, and says so
             print(f"  (which configuration came closest to fitting could not be worked out: {type(e).__name__}: "
                   f"{e})", file=stream, flush=True)
+    settled = None  # the fastest's one-step verdict settled by training, in what is left of the budget
+    if not interrupted() and not store_failure():
+        settled = settle.settle(args.out, store, name, None if deadline is None else deadline - END_S - time.time(),
+                                args.address)
+        if settled:
+            print(settle.line(settled), file=stream, flush=True)
     summary = summarize(store, name, stream, out=args.out, fit=fit)
+    summary["settled"] = settled
     summary["atlas"] = sources_measured(store.trials(name), atlas)
     for line in source_lines(summary["atlas"], "the atlas"):
         print(line, file=stream, flush=True)
     if interrupted():
         summary["interrupted"] = True
     summary["cut"] = cut
+    if stalled:
+        summary["stalled"] = stalled
     summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
     if summary["ran"] == 0 and not interrupted():
         summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}, counted from the command's start) ran "
