@@ -228,12 +228,35 @@ def test_a_dry_run_lists_the_configurations_a_search_would_run(tmp_path, monkeyp
     (["--dry-run", "--gpu", "H100", "--seq-len", "0"], "--seq-len"),
     (["--dry-run", "--gpu", "H100", "--set", "micro_batch_size=3"], "micro_batch_size"),
     (["--dry-run", "--gpu", "H20x"], "--gpu"),                        # near a kind, no kind
+    # the FP8 recipes' knobs
+    (["--dry-run", "--gpu", "H100", "--set", "fp8_weight_grad=high", "--set", "fp8=tensorwise"], "fp8_weight_grad"),
+    (["--dry-run", "--gpu", "H100", "--set", "fp8_weight_grad=bf16"], "fp8_weight_grad"),
+    (["--dry-run", "--gpu", "H100", "--set", "fp8_ends=high", "--set", "fp8=off"], "fp8_ends"),
+    (["--dry-run", "--gpu", "H100", "--set", "fp8_ends=maybe"], "fp8_ends"),
+    (["--dry-run", "--gpu", "A100", "--set", "fp8=rowwise"], "FP8 tensor cores"),
 ])
 def test_a_dry_run_refuses_bad_input_in_one_line(flags, field, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         code = main(["search", "--model", "pythia-14m", *flags])
         raise SystemExit(code)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and field in err, err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["/nonexistent", "--quality", "100"], "DIR"),
+    (["{tmp}", "--quality", "100"], "DIR"),                          # a folder without a store
+    (["{tmp}", "--quality", "10"], "--quality"),                     # too short to tell
+    (["{tmp}", "--quality", "0"], "--quality"),
+    (["{tmp}", "--quality", "abc"], "--quality"),
+    (["{tmp}", "--quality", "100", "--seeds", "0"], "--seeds"),
+    (["{tmp}", "--quality", "100", "--global-batch", "0"], "--global-batch"),
+])
+def test_a_training_verdict_refuses_bad_input_in_one_line(flags, field, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["verify", *(f.format(tmp=tmp_path) for f in flags)]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and field in err, err
     assert os.listdir(tmp_path) == []
