@@ -50,13 +50,14 @@ def test_fp8_swaps_the_decoder_linears_before_checkpointing_and_keeps_the_head()
 def test_fp8_trains_like_bf16():
     torch.manual_seed(0)
     base = build_model(resolve_model("tiny").config, "sdpa", 64)
-    batch = torch.randint(0, 512, (4, 64), generator=torch.Generator().manual_seed(1))
+    # one sequence of 32 tokens, 10 steps: the CPU's _scaled_mm is a reference kernel, its time grows with the tokens
+    batch = torch.randint(0, 512, (1, 32), generator=torch.Generator().manual_seed(1))
     losses = {}
     for name, plan in (("bf16", _plan()), ("fp8", _plan(fp8="tensorwise"))):
         model = prepare_model(copy.deepcopy(base), plan)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         run = []
-        for _ in range(15):
+        for _ in range(10):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
