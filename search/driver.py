@@ -217,7 +217,7 @@ def _halt_why(budget_s: float | None) -> str:
         return f"the results store failed ({store_failure()})"
     if _HOST_OOM:
         return f"a trial was {_HOST_OOM[0]}"
-    return "its stop condition held"
+    return "the rest of its time budget is kept to settle an open verdict by training (search/settle.py)"
 
 
 def _stalled_line(halted: dict | None) -> str | None:
@@ -371,7 +371,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         _warm_first(start[0], base, args.one_node)
     searcher.judge = lambda config: before_run(config, base)[1]  # asked after its draws keep being refused
     # the stopper's conditions, asked by the searcher too: Tune waits for a next trial without asking its stopper
-    halting = _interrupt_stopper(keeper.path, keeper.ident, deadline, name)
+    halting = _interrupt_stopper(keeper.path, keeper.ident, deadline, name, url,
+                                 settle.SHARE * (args.time_budget_s or 0))
     searcher.halt = lambda: _halt_why(args.time_budget_s) if halting.stop_all() else None
     # the capacities the trials are judged on (trainable._refusal): the host the driver's (on one box, the common
     # case, the trials' too; on a cluster the nodes' smallest), the GPU's
@@ -392,8 +393,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
                                   verbose=0, callbacks=[_progress_callback(url, name, printer),
                                                         *trackers(track, name, args.out, stream)],
-                                  stop=_interrupt_stopper(keeper.path, keeper.ident, deadline, name, url,
-                                                            settle.SHARE * (args.time_budget_s or 0)),
+                                  stop=halting,
                                   failure_config=tune.FailureConfig(max_failures=0)))
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
