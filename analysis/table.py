@@ -12,6 +12,9 @@ from trainscout.trial import contention
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 
+# re-exported for the commands that print tables; the live table imports .terminal itself (no pandas there)
+from .terminal import fit_fields, terminal_width, wrap_fields  # noqa: F401 - re-exported
+
 METRICS = ("tokens_per_s", "step_s", "mfu", "hfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
            "optimizer_s", "step_spread")
 
@@ -189,8 +192,6 @@ def best_choice(source):
     store = store_of(source) if isinstance(source, str) else source
     return choose(store.measurements(), store.verified())
 
-
-from .terminal import fit_fields, terminal_width, wrap_fields  # noqa: F401  (light: the live table imports them)
 
 MISSING = "-"  # a value not known or not measured, as every table prints it (analysis/report/formatting.py too)
 

@@ -204,7 +204,7 @@ def part_d(args) -> None:
             print(f"| {hidden} | {vocab} | {name} | {ms:.3f} | {over:.3f} | {per:.1f} |" if name != "gemms" else
                   f"| {hidden} | {vocab} | {name} | {ms:.3f} | - | - |")
             sys.stdout.flush()
-        del x, w, y, grad
+        x = w = y = grad = None  # their memory back before the next shape (not del: the closures above read them)
         if dev == "cuda":
             torch.cuda.empty_cache()
 

@@ -341,7 +341,9 @@ def main(argv=None) -> int:
         return 0
     from trainscout.atlas import predict
     t0 = time.time()
-    log = (lambda s: print(s, file=sys.stderr))
+
+    def log(s):
+        print(s, file=sys.stderr)
     rows = build_rows(log)
     records = gz_bytes("".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in rows))
     if a.check and a.fast:

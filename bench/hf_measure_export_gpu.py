@@ -1,5 +1,6 @@
 """Measure one configuration with trainscout (a real trial) and export it (--format all) into OUT_DIR."""
-import json, sys
+import json
+import sys
 from trainscout.analysis.export import export
 from trainscout.trial import execute, prepare
 from trainscout.trial.runner import ensure_ray

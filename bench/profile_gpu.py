@@ -98,7 +98,7 @@ def run(case: str, device: str, seq: int, peak: float) -> dict:
           {g: f"{s:.1%}" for g, s in row["shares"].items()}, flush=True)
     for k, s in sorted(top.items(), key=lambda kv: -kv[1])[:8]:
         print(f"    {s / busy:6.1%}  [{group(k)}] {k}", flush=True)
-    del model, fwd, opt
+    model = fwd = opt = None  # their memory back before empty_cache (not del: step reads fwd and opt)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return row

@@ -154,6 +154,9 @@ def markdown(rows: list[dict]) -> str:
     head = ("| model | fits one GPU | best configuration (non-default knobs) | mbs x accum | tokens/s | MFU | days | "
             "rent | buy | verify measured/projected (global batch) | peak GiB (predicted) | trials | search s |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def money(x):
+        return f"${x:,.0f}" if x is not None else "?"
     for r in rows:
         t = ", ".join(f"{n} {k}" for k, n in sorted(r.get("trials", {}).items()))
         if not r.get("fits"):
@@ -163,7 +166,6 @@ def markdown(rows: list[dict]) -> str:
         v = r.get("verify") or {}
         ver = (f"{v['ratio']:.3f} ({v.get('global_batch')} of {v.get('recipe_global_batch')})" if v.get("ratio")
                else (v.get("status") or "not run"))
-        money = (lambda x: f"${x:,.0f}" if x is not None else "?")
         lines.append(f"| {r['model']} | yes | {r['knobs']} | {r['micro_batch_size']} x {r['grad_accum']} | "
                      f"{r['tokens_per_s']:,} | {r['mfu']:.3f} | {r['projected_days']:.1f} | {money(r['rent_usd'])} | "
                      f"{money(r['box_usd'])} | {ver} | {r['peak_gib']:.1f} ({r['predicted_gib']:.1f}) | {t} | "

@@ -177,7 +177,7 @@ def _log_tail(log_dir: str, n: int = 20) -> str:
     tails = []
     for f in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
         with open(os.path.join(log_dir, f), errors="replace") as fh:
-            lines = [l.rstrip() for l in fh.readlines() if l.strip()][-n:]
+            lines = [line.rstrip() for line in fh.readlines() if line.strip()][-n:]
         if lines:
             tails.append(f"[{f}] " + "\n".join(lines))
     return "\n".join(tails)[-4000:]
@@ -185,9 +185,9 @@ def _log_tail(log_dir: str, n: int = 20) -> str:
 
 def _error_summary(error: str) -> str:
     """The line of a Ray error that says what went wrong (exception line or the actor's death)."""
-    lines = [l.strip() for l in error.splitlines() if l.strip()]
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
     for pat in (r"^\w*(Error|Exception)\b.*:", r"Worker exit detail", r"died"):
-        hits = [l for l in lines if re.search(pat, l)]
+        hits = [line for line in lines if re.search(pat, line)]
         if hits:
             return hits[-1][:500]
     return (lines[0] if lines else error)[:500]

@@ -101,7 +101,6 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
             inside = sum(sum(d.values()) for k, d in per.items() if k is not None) / len(layers)
             rows.append((s, inside, sum(per.get(None, {}).values()), max(state["inputs"], default=0) / (batch * s),
                          state["policy"] / len(layers)))
-            del per
     finally:
         for h in hooks:
             h.remove()
