@@ -70,7 +70,7 @@ def section_a():
     try:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
         log("A", "experts kernels", sorted(ALL_EXPERTS_FUNCTIONS.keys()))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a transformers without them: said, and on
         log("A", "experts kernels", f"{type(e).__name__}: {e}")
     m = build(dict(MOE, num_hidden_layers=1))
     log("A", "default experts_implementation", getattr(m.config, "_experts_implementation", None))
@@ -89,7 +89,7 @@ def section_b():
                 torch.cuda.reset_peak_memory_stats()
                 s = step_time(m, ids, autocast=weights != "bf16")
                 log("B", f"{impl} {weights}", f"{s * 1e3:.1f} ms/step, peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a case that fails is logged, the next runs
                 log("B", f"{impl} {weights}", f"FAILS {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             finally:
                 m = None
@@ -102,7 +102,7 @@ def section_c():
         from torchao.prototype.moe_training import tensor as moe_tensor
         from torchao.prototype.moe_training.config import Float8TrainingOpConfig
         from torchao.quantization import quantize_
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a torchao without the MoE prototype
         log("C", "import", f"{type(e).__name__}: {e}")
         return
     calls = [0]
@@ -123,7 +123,7 @@ def section_c():
             calls[0] = 0
             s = step_time(m, ids, autocast=weights != "bf16")
             log("C", f"fp8 rowwise experts {weights}", f"{s * 1e3:.1f} ms/step, fp8 grouped GEMM calls {calls[0]}")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a case that fails is logged, the next runs
             log("C", f"fp8 rowwise experts {weights}", f"FAILS {type(e).__name__}: {str(e).splitlines()[0][:300]}")
             traceback.print_exc()
         finally:
@@ -152,7 +152,7 @@ def section_d():
                 ours = flops.count(cfg).per_token(s)
                 log("D", f"{name} {attn}", f"FlopCounterMode {theirs / 1e9:.4f} GFLOP/token, trainscout {ours / 1e9:.4f}, "
                                            f"ratio {ours / theirs:.4f}")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a case that fails is logged, the next runs
                 log("D", f"{name} {attn}", f"FAILS {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             finally:
                 m = None
@@ -172,7 +172,7 @@ def section_e():
                     f"{q['gate']}: linear outputs {q['op_sqnr_db']} dB (worst {q['worst_op']}), all gradients "
                     f"{q['grad_sqnr_db']} dB (worst {q['worst_grad_sqnr_db']} dB {q['worst_tensor']}), loss "
                     f"{q['loss']:.4f} vs {q['reference_loss']:.4f}, {q['seconds']:.1f} s")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a case that fails is logged, the next runs
                 log("E", f"{os.path.basename(model)} fp8={fp8}", f"FAILS {type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc()
             torch.cuda.empty_cache()
@@ -183,7 +183,7 @@ for f in [globals()[f"section_{c.lower()}"] for c in chosen]:
     t0 = time.time()
     try:
         f()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a part that fails leaves the others to run
         traceback.print_exc()
     print(f"-- {f.__name__} {time.time() - t0:.1f} s", flush=True)
 with open(os.path.join(OUT, f"moe_probe_{chosen}.json"), "w") as fh:

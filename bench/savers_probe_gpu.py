@@ -39,7 +39,7 @@ def status() -> dict:
         out["pinned_GiB"] = round(hs.get("allocated_bytes.current", hs.get("allocated_bytes", 0)) / GiB, 2) \
             if isinstance(hs, dict) else None
         out["pinned_reserved_GiB"] = round(hs.get("reserved_bytes.current", 0) / GiB, 2)
-    except Exception as e:  # an older torch without host_memory_stats
+    except Exception as e:  # noqa: BLE001 - an older torch without host_memory_stats
         out["pinned_GiB"] = f"n/a ({type(e).__name__})"
     out["gpu_alloc_GiB"] = round(torch.cuda.memory_allocated() / GiB, 2)
     out["gpu_peak_GiB"] = round(torch.cuda.max_memory_allocated() / GiB, 2)

@@ -138,7 +138,7 @@ def run_case(case, steps, store, warmup=2):
     try:
         spec = prepare(model, settings, device="cuda", workers=workers, steps=steps, warmup=warmup, **kw)
         r = execute(spec, timeout=600).to_dict()
-    except Exception as e:  # a bad case must not end the run
+    except Exception as e:  # noqa: BLE001 - a bad case must not end the run
         spec, r = None, {"status": "invalid", "error": str(e), "metrics": None}
     if store is not None and spec is not None:
         from trainscout.store import measurement_key

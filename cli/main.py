@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     except BrokenPipeError:  # the reader stopped reading (| head): no traceback, and none at exit's flush either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         from trainscout.store.guard import StoreError  # here: its imports would cost every command (docs/CLI.md)
         if not isinstance(e, StoreError):
             raise

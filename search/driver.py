@@ -49,7 +49,7 @@ def _write(fn, search: str | None = None) -> bool:
             return False
         fn()
         return True
-    except Exception as e:  # noqa: BLE001 - only a storage failure is caught
+    except Exception as e:  # only a storage failure is caught
         why = guard.failure_of(e)
         if why is None:
             raise
@@ -88,7 +88,7 @@ def _progress_callback(url: str, search: str, printer):
             _cancel(trial.trial_id)
             try:  # a Tune error holds the traceback: its last line says what failed
                 lines = [ln.strip() for ln in str(trial.get_error() or _local_error(trial)).splitlines() if ln.strip()]
-            except Exception:  # the error file may be gone; the row is what matters
+            except Exception:  # noqa: BLE001 - the error file may be gone; the row is what matters
                 lines = []
             why = lines[-1][:2000] if lines else "the trial's actor failed"
             status, text = Status.CRASH, "\n".join(lines)
@@ -253,7 +253,7 @@ def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, strea
     keeper = guard.Keeper(store.path)  # reads the store after a deletion, for the rescue (store.guard)
     try:
         summary = _run(args, store, name, space, hw, stream, keeper, deadline, track or [])
-    except Exception as e:  # noqa: BLE001 - a storage failure ends in one line; anything else is raised as it is
+    except Exception as e:  # a storage failure ends in one line; anything else is raised as it is
         why = guard.failure_of(e)
         if why is None and keeper.lost() is None:
             # a driver woken after another took its lease over: Optuna refuses its stale write to a trial the

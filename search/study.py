@@ -80,7 +80,7 @@ class DistinctSearcher(Searcher):
             if isinstance(config, dict):
                 self.in_flight.add(trial_id)
             return config
-        except Exception as e:  # noqa: BLE001 - a storage failure stops the search, in one line (run_search)
+        except Exception as e:  # a storage failure stops the search, in one line (run_search)
             if (why := guard.failure_of(e)) is None:
                 raise
             store_failed(why)
@@ -92,7 +92,7 @@ class DistinctSearcher(Searcher):
             return
         try:
             self._report(trial_id, result)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if (why := guard.failure_of(e)) is None:
                 raise
             store_failed(why)
@@ -109,7 +109,7 @@ class DistinctSearcher(Searcher):
                 self.counted, self.free_run = self.counted + 1, 0
         try:
             self._complete(trial_id, result, error)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if (why := guard.failure_of(e)) is None:
                 raise
             store_failed(why)

@@ -34,7 +34,7 @@ def _trainable(config: dict, base: dict) -> None:
     from ray import tune
     try:
         _measure(config, base)
-    except Exception as e:  # noqa: BLE001 - only a storage failure is caught; anything else is Tune's error
+    except Exception as e:  # only a storage failure is caught; anything else is Tune's error
         why = guard.failure_of(e)
         if why is None:
             raise

@@ -77,7 +77,7 @@ def hf_config(config: dict):
     from transformers import AutoConfig
     try:
         return AutoConfig.for_model(**config)
-    except Exception as e:  # a config stored by another transformers version, say
+    except Exception as e:  # noqa: BLE001 - a config stored by another transformers version, say
         why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise ConfigError("--model", f"transformers cannot read the {config.get('model_type')!r} model config ({why}): "
                                      "give a config.json this transformers reads")

@@ -120,7 +120,7 @@ def implausible(rec: dict) -> str | None:
     record = Record.from_dict(rec)
     try:
         value = mfu(record)
-    except Exception as e:  # a model config this trainscout cannot build: judged by the other checks
+    except Exception as e:  # noqa: BLE001 - a model config this trainscout cannot build: judged by the other checks
         value = None
         why = f"{type(e).__name__}: {e}"
         if isinstance(e, ConfigError):

@@ -50,8 +50,9 @@ def add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
     """Store a measurement row (Store._row) under the contract above, in one transaction. Returns what it became:
     "first" (the key's measurement), "replaced" (it took the place of a crash or timeout, which is kept as a
     sample), "sample" (the key had its measurement), or "duplicate" (this record was stored already)."""
-    import sqlalchemy.dialects.postgresql  # noqa: F401 - for _insert_ignore
-    import sqlalchemy.dialects.sqlite  # noqa: F401
+    # _insert_ignore reads sa.dialects.sqlite and .postgresql: importing them here loads those submodules
+    import sqlalchemy.dialects.postgresql
+    import sqlalchemy.dialects.sqlite  # noqa: F401 - loaded for sa.dialects, the name unused
     from .shared import ensure_table, has_table
     if not has_table(engine, SAMPLES):  # made by the first second measurement (reading a store changes nothing)
         with engine.connect() as c:

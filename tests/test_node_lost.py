@@ -14,7 +14,7 @@ import pytest
 from trainscout.store import Store, default_url
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_cluster_share import rows, search, start  # noqa: E402  (one search command for the cluster tests)
+from test_cluster_share import rows, search, start  # one search command for the cluster tests
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -283,7 +283,7 @@ def recount(record):
         seq = (record.recipe or {})["seq_len"]
         fresh = metrics(config, seq, m["tokens_per_s"], m.get("peak_tflops"), record.world_size or 1,
                         record.plan.checkpoint_every if record.plan else 0, selective(record.plan))
-    except Exception as e:  # a model type this transformers does not know, a record without its recipe
+    except Exception as e:  # noqa: BLE001 - a model type this transformers does not know, a record without its recipe
         why = f"not recounted: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         return record.replace(metrics={**m, "flops_convention": OLD, "flops_note": why})
     return record.replace(metrics={**m, **old, **fresh})

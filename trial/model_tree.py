@@ -150,7 +150,7 @@ _warned: set = set()  # the configs (and the compiled ones) a warning has named
 def _saved(key: str, attention: str, compute: str) -> Saved:
     try:
         return _measure(key, attention, compute)
-    except Exception as e:  # an architecture whose forward needs real data (a .item(), a data-dependent shape)
+    except Exception as e:  # noqa: BLE001 - an architecture whose forward needs real data (a .item(), a data-dependent shape)
         why = f"the meta-device forward failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         config = json.loads(key)
         if key not in _warned:
@@ -165,7 +165,7 @@ def _compiled(key: str, attention: str, compute: str) -> Saved:
     eager = _saved(key, attention, compute)
     try:
         per_layer, per_layer_s = partitioned(_build(key, attention), attention, compute)
-    except Exception as e:  # a layer the partitioner's tracer cannot take
+    except Exception as e:  # noqa: BLE001 - a layer the partitioner's tracer cannot take
         why = (f"torch.compile's partition could not be traced ({type(e).__name__}: "
                f"{str(e).splitlines()[0] if str(e) else ''})")
         if (key, "compiled") not in _warned:

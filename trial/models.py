@@ -152,7 +152,7 @@ def _read_config_json(path: str):
         with _warnings() as said:  # what transformers' config class says is wrong, it says as a warning
             hf = cls(**cfg)
         default = cls()
-    except Exception as e:  # strict dataclass validation, a class's own checks (a ZeroDivisionError included)
+    except Exception as e:  # noqa: BLE001 - strict dataclass validation, a class's own checks (a ZeroDivisionError included)
         why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise ConfigError("--model", f"{path}: transformers refuses this {kind} config ({why}): fix that field")
     if type(hf) not in AutoModelForCausalLM._model_mapping:

@@ -163,7 +163,7 @@ class _Group:
             ray.kill(a, no_restart=True)
         try:
             remove_placement_group(self.pg)
-        except Exception:  # already gone with the job
+        except Exception:  # noqa: BLE001 - already gone with the job
             pass
 
 
@@ -322,7 +322,7 @@ class Pool:
             return {"unscheduled": str(e)}
         except asyncio.TimeoutError:
             return {"timeout": True}
-        except Exception as e:  # the group could not start (a GPU, a port, its node gone): the trial's error
+        except Exception as e:  # noqa: BLE001 - the group could not start (a GPU, a port, its node gone): the trial's error
             if classify(str(e)) == Status.NODE_LOST:
                 return {"node_lost": node_lost_line(str(e))}
             if (where := await loop.run_in_executor(None, lost_in, str(e))) is not None:  # before the GCS knows

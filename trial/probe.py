@@ -162,7 +162,7 @@ def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:
                                                  f"of {total / 2**30:.1f} GiB")
             probe.append([cand["mbs"], Status.OK])
             break
-        except Exception as e:  # noqa: BLE001 - anything but an out-of-memory error is re-raised
+        except Exception as e:  # anything but an out-of-memory error is re-raised
             if not _is_oom(e):
                 raise
             probe.append([cand["mbs"], Status.OOM])

@@ -27,7 +27,7 @@ def ensure_ray(address: str | None = None) -> None:
         _init(ray, address, flag)
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - only the failures reach names are turned into one line
+    except Exception as e:  # only the failures reach names are turned into one line
         err = reach.start_error(e, address, flag)
         if err is None:
             raise

@@ -198,7 +198,7 @@ def _quality_gate(spec: TrialSpec, device) -> dict:
         torch.cuda.empty_cache()
     try:  # what it built is freed by reset_process(), which follows every trial (trial.pool.Rank.run)
         return quality.one_step(spec, device)
-    except Exception as e:  # out of memory for two more models, a transform that needs the engine
+    except Exception as e:  # noqa: BLE001 - out of memory for two more models, a transform that needs the engine
         traceback.print_exc()
         return {"changes": spec.quality["changes"], "reference": spec.quality["reference"],
                 "why": f"the gate's step failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
