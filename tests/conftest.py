@@ -120,6 +120,30 @@ def url(request, tmp_path):
 
 
 @pytest.fixture(scope="session")
+def example_plugin(tmp_path_factory) -> str:
+    """examples/knob-plugin as an installed distribution in a folder of its own: its module and a dist-info with the
+    name, version and entry points of its pyproject.toml, as an install writes them (importlib.metadata finds it on
+    sys.path). The commands that load it get the folder on PYTHONPATH; nothing is pip-installed and the suite's own
+    environment is never changed."""
+    import shutil
+    import tomllib
+    src = os.path.join(_ROOT, "examples", "knob-plugin")
+    with open(os.path.join(src, "pyproject.toml"), "rb") as f:
+        meta = tomllib.load(f)
+    project = meta["project"]
+    folder = tmp_path_factory.mktemp("example-plugin")
+    for module in meta["tool"]["setuptools"]["py-modules"]:
+        shutil.copy(os.path.join(src, f"{module}.py"), folder / f"{module}.py")
+    info = folder / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in eps.items())
+        for group, eps in project["entry-points"].items()))
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL server on 127.0.0.1 for the session (tests/pg.py), stopped by its own pg_ctl. Missing
     PostgreSQL or psycopg fails the tests that need it, with how to install it; TRAINSCOUT_PG_OPTIONAL=1 makes that

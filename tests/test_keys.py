@@ -13,8 +13,6 @@ from trainscout.store import Store, default_url
 from trainscout.store.schema import KEY_VERSION, changed_knobs, legacy_key, measurement_key, record_key
 from trainscout.trial import hardware, prepare
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLUGIN = os.path.join(ROOT, "examples", "knob-plugin")
 
 # The defaults every stored key of scheme KEY_VERSION leaves out: a change of one changes what an unset knob runs,
 # so it needs a new KEY_VERSION (store.schema.measurement_key). A knob added later may be added here.
@@ -81,14 +79,10 @@ def test_a_knob_added_at_its_default_changes_no_key_and_a_set_one_does():
 
 
 @pytest.fixture(scope="module")
-def plugin_env(tmp_path_factory):
-    """The README's example plugin pip-installed into a temporary target put on PYTHONPATH of a subprocess (the
-    running venv is never changed), as tests/test_plugins.py does."""
-    target = tmp_path_factory.mktemp("plugin-target")
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), PLUGIN]
-    if subprocess.run(pip[:-1] + ["--no-build-isolation", PLUGIN], capture_output=True, timeout=300).returncode:
-        subprocess.run(pip, check=True, capture_output=True, timeout=300)
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), *filter(None, [os.environ.get("PYTHONPATH")])]))
+def plugin_env(example_plugin):
+    """The README's example plugin installed in a folder of its own (conftest's example_plugin) put on PYTHONPATH of
+    a subprocess (the running venv is never changed), as tests/test_plugins.py does."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([example_plugin, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
 FAST = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",

@@ -65,7 +65,7 @@ def built(plan, ctx, config, modules: bool) -> dict:
                       plan=plan, recipe=RECIPE, grad_accum=plan.grad_accum, measured_accum=1, timed_steps=1,
                       warmup_steps=0)
     out["memory"] = memory.components(trial)
-    def step(model, batch, scale, **kw):  # noqa: E306 - a micro-batch's forward and backward, as the engines pass it
+    def step(model, batch, scale, **kw):  # a micro-batch's forward and backward, as the engines pass it
         return None
     out["step"] = wrap_step(step, plan, ParallelDims.of(plan, ctx.world_size)) is step  # a knob's wrap_step
     if modules:
@@ -207,15 +207,12 @@ def test_plugin_loading_leaves_out_a_knob_that_changes_nothing_naming_it(tmp_pat
             "read of the plan") in res.stderr, res.stderr
 
 
-def test_the_example_plugins_knobs_change_what_a_trial_builds(tmp_path):
-    """examples/knob-plugin installed into a temporary target (as tests/test_plugins.py does): its knobs pass the
-    same check in a process that loads them."""
+def test_the_example_plugins_knobs_change_what_a_trial_builds(example_plugin):
+    """examples/knob-plugin installed in a folder of its own (conftest's example_plugin, as tests/test_plugins.py
+    uses it): its knobs pass the same check in a process that loads them."""
     import os
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    target = tmp_path / "target"
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-           os.path.join(root, "examples", "knob-plugin")]
-    subprocess.run(pip, check=True, capture_output=True, timeout=300)
+    target = example_plugin
     from test_plugins import with_path
     code = textwrap.dedent("""
         import sys

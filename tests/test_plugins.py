@@ -2,9 +2,9 @@
 search's define-by-run space, applied to the plan the workers get, and (mlp_checkpointing) transforming the model
 through trainscout.runtime.prepare_model, as the trial engines run it. A broken plugin is named and left out.
 
-The plugins are installed into a temporary folder put on PYTHONPATH of the commands these tests run (pip install
---target, or a dist-info written by hand): the environment the suite runs in is never changed (a pip install into the
-running venv made a `trainscout trial` beside the suite fail with No module named 'trainscout_example_knob')."""
+The plugins are installed into a temporary folder put on PYTHONPATH of the commands these tests run (a module and a
+dist-info written as an install writes them): the environment the suite runs in is never changed (a pip install into
+the running venv made a `trainscout trial` beside the suite fail with No module named 'trainscout_example_knob')."""
 import json
 import os
 import subprocess
@@ -13,8 +13,6 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLUGIN = os.path.join(ROOT, "examples", "knob-plugin")
 
 CHECK = r"""
 import json, optuna
@@ -48,13 +46,9 @@ def with_path(folder) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plugin_env(tmp_path_factory):
-    """The example plugin pip-installed into a temporary target (not the running venv)."""
-    target = tmp_path_factory.mktemp("plugin-target")
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), PLUGIN]
-    if subprocess.run(pip[:-1] + ["--no-build-isolation", PLUGIN], capture_output=True, timeout=300).returncode:
-        subprocess.run(pip, check=True, capture_output=True, timeout=300)  # an older setuptools in the venv
-    return with_path(target)
+def plugin_env(example_plugin):
+    """The example plugin installed in a folder of its own (conftest's example_plugin), not the running venv."""
+    return with_path(example_plugin)
 
 
 def test_the_plugin_is_not_installed_in_the_running_environment(plugin_env):
