@@ -638,12 +638,12 @@ def test_r6_two_processes_open_a_new_store_at_once(tmp_path):
         assert len(Store(default_url(str(tmp_path / f"new{a}"))).measurements()) == 10
 
 
-@pytest.fixture
-def full_store(tmp_path):
-    """A store of 1000 measurements, folded into results.db (nothing left in the write-ahead log)."""
-    path = tmp_path / "results.db"
-    url = "sqlite:///" + str(path)
-    s = Store(url)
+@pytest.fixture(scope="module")
+def full_store_file(tmp_path_factory):
+    """A store of 1000 measurements, folded into results.db (nothing left in the write-ahead log), written once for
+    the module: (its folder, the records written)."""
+    folder = tmp_path_factory.mktemp("full-store")
+    s = Store("sqlite:///" + str(folder / "results.db"))
     written = {}
     for i in range(1000):
         key = f"k{i:04d}"
@@ -651,7 +651,18 @@ def full_store(tmp_path):
         s.put(key, written[key])
     s.checkpoint()
     s.engine.dispose()
-    return path, url, written
+    return folder, written
+
+
+@pytest.fixture
+def full_store(full_store_file, tmp_path):
+    """A copy of full_store_file's store in this test's folder (each test damages its own)."""
+    import shutil
+    folder, written = full_store_file
+    for f in folder.iterdir():  # results.db, and a -wal or -shm file if one was left
+        shutil.copy(f, tmp_path / f.name)
+    path = tmp_path / "results.db"
+    return path, "sqlite:///" + str(path), dict(written)
 
 
 def damage(path, how: str) -> None:
