@@ -101,7 +101,8 @@ def choose(records: list[Record], verified: dict | None = None) -> Choice | None
     if not fastest.plan:  # a record without its plan (an older import) has nothing to judge simplicity by
         return Choice(best=fastest, fastest=fastest, tied=[fastest])
     top = fastest.m["tokens_per_s"]
-    tied = [r for r in ok if r.plan and comparable(r, fastest) and (top - r.m["tokens_per_s"]) / top <= noise(fastest, r)]
+    tied = [r for r in ok if r.plan and comparable(r, fastest)
+            and (top - r.m["tokens_per_s"]) / top <= noise(fastest, r)]
     best = min(tied, key=lambda r: (simplicity(r), -r.m["tokens_per_s"]))
     return Choice(best=best, fastest=fastest, tied=sorted(tied, key=lambda r: -r.m["tokens_per_s"]),
                   noise=max(noise(fastest, r) for r in tied))

@@ -101,8 +101,8 @@ def _at_batch(rec, global_batch: int | None) -> tuple[dict, float]:
                                             "micro-batches; leave --global-batch out")
     per_step = rec.recipe["global_batch"] // rec.grad_accum  # sequences per micro-batch over all data ranks
     if global_batch % per_step:
-        raise ConfigError("--global-batch", f"--global-batch {global_batch}: give a multiple of {per_step} (micro-batch "
-                                            f"{rec.micro_batch} x the data-parallel ranks)")
+        raise ConfigError("--global-batch", f"--global-batch {global_batch}: give a multiple of {per_step} "
+                                            f"(micro-batch {rec.micro_batch} x the data-parallel ranks)")
     accum = global_batch // per_step
     return dict(over, global_batch=global_batch), step_at(m, accum)
 

@@ -62,8 +62,8 @@ def _pct(v) -> str:
 
 def loo_table_by(model: dict) -> str:
     """The leave-one-out error per GPU kind and architecture family (docs/BENCHMARKS.md, markdown)."""
-    lines = ["| held out | GPU | family | rows | tokens/s: median \\|error\\| | worst | peak memory: median \\|error\\| "
-             "| worst |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| held out | GPU | family | rows | tokens/s: median \\|error\\| | worst | peak memory: median "
+             "\\|error\\| | worst |", "|---|---|---|---|---|---|---|---|"]
     names = {"model": "the row's model", "row": "the row and its repeats"}
     for hold, by in model.get("loo_by", {}).items():
         for what, s in by.items():
@@ -89,6 +89,7 @@ def loo_table(model: dict) -> str:
             what = "any level" if lv == "all" else f"level {lv}: {LEVEL_WORDS[int(lv)]}"
             lines.append(f"| {names[hold]} | {what} | {t['n']} | {100 * t['median_abs']:.1f} % | {_pct(t['worst'])} | "
                          + (f"{100 * m['median_abs']:.1f} % | {_pct(m['worst'])} |" if m["n"] else "- | - |")
-                         + (f" {100 * f['median_abs']:.1f} %, {_pct(f['worst'])} |" if (f := s["peak_memory_one_fit"])["n"]
+                         + (f" {100 * f['median_abs']:.1f} %, {_pct(f['worst'])} |"
+                            if (f := s["peak_memory_one_fit"])["n"]
                             else " - |"))
     return "\n".join(lines)

@@ -254,7 +254,8 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
     else:
         pool = predict.samples(atlas.rows, _features(atlas))
         got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
-                                         gpu_memory_gib, host_memory_gib, avoid), source="computed now from the atlas's rows")
+                                         gpu_memory_gib, host_memory_gib, avoid),
+                   source="computed now from the atlas's rows")
     loo = model["loo"]["model"]
     fam = predict.arch_family(target["config"]) if target["config"] else None
     rows = []

@@ -15,9 +15,9 @@ import os
 from . import predict
 from .mfu import CONVENTION
 
-COLUMNS = ("model", "params_m", "arch", "gpu", "gpus", "status", "tokens_per_s", "mfu", "peak_gib", "run_tokens_b", "days",
-           "rent_usd", "global_batch", "describe", "tags", "labels", "origin", "date", "command", "source", "key",
-           "verified")
+COLUMNS = ("model", "params_m", "arch", "gpu", "gpus", "status", "tokens_per_s", "mfu", "peak_gib", "run_tokens_b",
+           "days", "rent_usd", "global_batch", "describe", "tags", "labels", "origin", "date", "command", "source",
+           "key", "verified")
 ORIGINS = {"trainscout": "shipped", "contributed": "contributed", "local": "local store"}
 STRINGS = {"model", "arch", "gpu", "status", "describe", "origin", "date", "command", "source", "key", "verified"}
 
@@ -73,8 +73,8 @@ def page_rows(atlas) -> list[dict]:
             "rent_usd": round(p.rent_usd(days, n)) if p and days else None,
             "global_batch": recipe.get("global_batch"), "describe": predict.describe(rec["config"], plan),
             "tags": _tags(rec["config"], defaults), "labels": [lb["name"] for lb in r.get("labels") or []],
-            "origin": ORIGINS.get(prov.get("origin"), prov.get("origin")), "date": str(prov.get("date"))[:10], "command": prov.get("command"),
-            "source": prov.get("source"), "key": r["key"],
+            "origin": ORIGINS.get(prov.get("origin"), prov.get("origin")), "date": str(prov.get("date"))[:10],
+            "command": prov.get("command"), "source": prov.get("source"), "key": r["key"],
             "verified": ", ".join(f"{v['steps']} full steps ({v['runner']}): {v['ratio']:.3f} x the projection"
                                   for v in r.get("verified") or []) or None,
             "label_why": "; ".join(f"{lb['name']}: {lb['why']}" for lb in r.get("labels") or []) or None})
@@ -83,9 +83,9 @@ def page_rows(atlas) -> list[dict]:
             p = price_for(got["gpu"], prices)
             out.append({
                 "model": got["model"], "params_m": round(got["n_params"] / 1e6, 1), "arch": "gpt_neox",
-                "gpu": got["gpu"], "gpus": row["gpus"], "status": "predicted", "tokens_per_s": round(row["tokens_per_s"]),
-                "mfu": round(row["mfu"], 4) if row.get("mfu") else None, "peak_gib": round(row["peak_memory_gib"], 1),
-                "days": round(row["projected_days"], 2),
+                "gpu": got["gpu"], "gpus": row["gpus"], "status": "predicted",
+                "tokens_per_s": round(row["tokens_per_s"]), "mfu": round(row["mfu"], 4) if row.get("mfu") else None,
+                "peak_gib": round(row["peak_memory_gib"], 1), "days": round(row["projected_days"], 2),
                 "run_tokens_b": round(row["total_steps"] * row["tokens_per_step"] / 1e9, 1),
                 "rent_usd": round(p.rent_usd(row["projected_days"], row["gpus"])) if p else None,
                 "global_batch": row["global_batch"], "describe": row["describe"],

@@ -82,10 +82,10 @@ def render(answer: dict, provenance: bool = True) -> str:
                          f"{_pct(e['tokens_per_s']['worst'])} ({e['tokens_per_s']['n']} rows); peak memory median "
                          f"{_pct(e['peak_memory']['median_abs'])}, worst {_pct(e['peak_memory']['worst'])}")
             if i == 1:
-                lines.append(f"     over all {ea['tokens_per_s']['n']} {r.get('error_scope', '')} rows: tokens/s median "
-                             f"{_pct(ea['tokens_per_s']['median_abs'])}, worst {_pct(ea['tokens_per_s']['worst'])}; "
-                             f"peak memory median {_pct(ea['peak_memory']['median_abs'])}, worst "
-                             f"{_pct(ea['peak_memory']['worst'])}")
+                lines.append(f"     over all {ea['tokens_per_s']['n']} {r.get('error_scope', '')} rows: tokens/s "
+                             f"median {_pct(ea['tokens_per_s']['median_abs'])}, worst "
+                             f"{_pct(ea['tokens_per_s']['worst'])}; peak memory median "
+                             f"{_pct(ea['peak_memory']['median_abs'])}, worst {_pct(ea['peak_memory']['worst'])}")
         for note in p["notes"]:
             lines.append(f"   note: {note}")
         lines.append(f"   prediction {p['source']}")
@@ -118,10 +118,11 @@ def render_summary(answers: list[dict]) -> str:
         p = a.get("predicted") or {}
         if p.get("rows"):
             r = p["rows"][0]
-            lines.append(f"{a['model']:14} {'PREDICTED':9} {_num(r['tokens_per_s']):>9} {_num(r.get('mfu'), '{:.3f}'):>6} "
-                         f"{_num(r['peak_memory_gib'], '{:.1f}'):>8} {_num(r['projected_days'], '{:.1f}'):>7} "
-                         f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']} ({r['gpus']} x {r['gpu']}; "
-                         f"tokens/s +-{_pct(r['error']['tokens_per_s']['median_abs'])} median, "
+            lines.append(f"{a['model']:14} {'PREDICTED':9} {_num(r['tokens_per_s']):>9} "
+                         f"{_num(r.get('mfu'), '{:.3f}'):>6} {_num(r['peak_memory_gib'], '{:.1f}'):>8} "
+                         f"{_num(r['projected_days'], '{:.1f}'):>7} {_num(r['rent_usd'], '${:,.0f}'):>9}  "
+                         f"{r['describe']} ({r['gpus']} x {r['gpu']}; tokens/s "
+                         f"+-{_pct(r['error']['tokens_per_s']['median_abs'])} median, "
                          f"{_pct(r['error']['tokens_per_s']['worst'])} worst)")
         else:
             lines.append(f"{a['model']:14} {'PREDICTED':9} does not fit up to 8 GPUs")

@@ -179,7 +179,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=positive_int("--global-batch"), help="sequences per optimizer step")
     g.add_argument("--seq-len", type=positive_int("--seq-len"), help="tokens per sequence")
     g.add_argument("--train-steps", type=positive_int("--train-steps"), help="optimizer steps of the full run")
-    g.add_argument("--train-tokens", type=positive_int("--train-tokens"), help="tokens of the full run (sets the steps)")
+    g.add_argument("--train-tokens", type=positive_int("--train-tokens"),
+                   help="tokens of the full run (sets the steps)")
     g.add_argument("--grad-clip", type=nonneg_float("--grad-clip"), help="gradient clipping norm (0 = off)")
 
 

@@ -36,7 +36,8 @@ def cmd_knobs(a) -> int:
         widths.pop(below[0])
     left = sum(widths.values()) + 2 * len(widths)
     indent = left if width is None or width - left >= 30 else 4  # too narrow beside the columns: below them
-    print(("  ".join(c.upper().ljust(widths[c]) for c in widths) + ("  DESCRIPTION" if indent == left else "")).rstrip())
+    print(("  ".join(c.upper().ljust(widths[c]) for c in widths)
+           + ("  DESCRIPTION" if indent == left else "")).rstrip())
     for r in rows:
         row = "  ".join(r[c].ljust(widths[c]) for c in widths) + "  "
         if width is None:
@@ -125,8 +126,8 @@ def print_trial(r, verbose: bool = False) -> None:
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
                  f"({r.grad_accum} micro-batches of {r.micro_batch}; measured "
                  f"{r.measured_accum} per step: {m['measured_step_s']:.4f} s)"),
-        ("phases", f"micro-batch {m['micro_batch_s'] * 1e3:.2f} ms, last (syncs) {m['last_micro_batch_s'] * 1e3:.2f} ms, "
-                   f"optimizer {m['optimizer_s'] * 1e3:.2f} ms"),
+        ("phases", f"micro-batch {m['micro_batch_s'] * 1e3:.2f} ms, last (syncs) {m['last_micro_batch_s'] * 1e3:.2f} "
+                   f"ms, optimizer {m['optimizer_s'] * 1e3:.2f} ms"),
         ("spread", f"{m['step_spread'] * 100:.1f} % over {r.timed_steps} steps, {m['rank_spread'] * 100:.1f} % "
                    f"between ranks (slowest rank {m['slowest_rank']})"),
         ("memory", f"{m['peak_memory_gib']:.2f} GiB peak per rank"),
@@ -264,7 +265,8 @@ def cmd_verify(a) -> int:
         print(f"verify {r['key'][:12]}  {r['model']}  {r['steps']} full optimizer steps in {by}  ({r['gpu'] or 'cpu'})")
         if r.get("global_batch", r.get("recipe_global_batch")) != r.get("recipe_global_batch"):
             print(f"  at --global-batch {r['global_batch']} (the recipe's is {r['recipe_global_batch']}: projected "
-                  f"step {r['recipe_projected_step_s']:.2f} s); the projection below is the measurement's at this batch")
+                  f"step {r['recipe_projected_step_s']:.2f} s); the projection below is the measurement's at this "
+                  "batch")
         if r.get("command"):
             print(f"  ran: {r['command']}")
         print(f"  projected step {r['projected_step_s']:.4f} s   measured median {r['measured_step_s']:.4f} s "
@@ -308,9 +310,9 @@ def verify_quality(a) -> int:
     print(f"  {r['steps']} steps x {r['global_batch']} x {r['seq_len']} tokens of the shipped corpus "
           f"({r['epochs']:.2f} epochs of {r['corpus_tokens']:,} tokens), {r['seeds']} seed(s), the same weights and "
           "batches")
-    print(f"  loss over the last {r['window']} steps: {loss['candidate']:.4f} vs the reference's {loss['reference']:.4f}"
-          f" ({loss['rel_diff']:+.2%}, 95 % interval {loss['ci95'][0]:+.2%} .. {loss['ci95'][1]:+.2%}; "
-          f"verified within +{TOLERANCE:.0%})")
+    print(f"  loss over the last {r['window']} steps: {loss['candidate']:.4f} vs the reference's "
+          f"{loss['reference']:.4f} ({loss['rel_diff']:+.2%}, 95 % interval {loss['ci95'][0]:+.2%} .. "
+          f"{loss['ci95'][1]:+.2%}; verified within +{TOLERANCE:.0%})")
     sp = r["speed"]
     eff = r["token_efficiency"]
     print(f"  tokens/s {sp['candidate_tokens_per_s']:,.0f} vs {sp['reference_tokens_per_s']:,.0f} = {sp['ratio']:.3f}x "
@@ -340,7 +342,8 @@ def cmd_train(a) -> int:
 
     def on_step(m):
         if not bars:
-            bars.append(tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet, file=sys.stderr))
+            bars.append(tqdm(total=a.steps, unit="step", dynamic_ncols=True, disable=a.json or a.quiet,
+                             file=sys.stderr))
         bar = bars[0]
         bar.update(m["step"] - bar.n)
         loss = f"{m['loss']:.3f}" if m.get("loss") is not None else "-"

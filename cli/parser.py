@@ -75,7 +75,8 @@ def build_parser() -> Parser:
     lk.add_argument("--model", action="append", required=True,
                     help="a model name, a config.json path, or a pattern (pythia-*); repeatable, comma-separated")
     lk.add_argument("--gpu", default=None, help="a GPU kind, e.g. H200 (default: every kind measured for it; a "
-                                                 "prediction: this machine's GPU, else the kind the atlas measured most)")
+                                                "prediction: this machine's GPU, else the kind the atlas measured "
+                                                "most)")
     lk.add_argument("--gpus", type=positive_int("--gpus"), default=None,
                     help="GPUs per run (default: every count measured; a prediction: 1)")
     lk.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
@@ -137,10 +138,10 @@ def build_parser() -> Parser:
                         "(default: until --trials)")
     s.add_argument("--track", action="append", choices=TRACKERS, default=None, metavar="{" + ",".join(TRACKERS) + "}",
                    help="log each trial as a run (its knobs as params, per-step and final metrics, the search's name "
-                        "as the experiment) through Ray Tune's own callbacks (repeatable): mlflow (MLFLOW_TRACKING_URI, "
-                        "default sqlite:///OUT/mlflow.db; pip install 'trainscout[mlflow]'), wandb (project: the search's name; "
-                        "WANDB_MODE=offline works; pip install 'trainscout[wandb]'), tensorboard (event files per trial "
-                        "under OUT/tune)")
+                        "as the experiment) through Ray Tune's own callbacks (repeatable): mlflow "
+                        "(MLFLOW_TRACKING_URI, default sqlite:///OUT/mlflow.db; pip install 'trainscout[mlflow]'), "
+                        "wandb (project: the search's name; WANDB_MODE=offline works; pip install "
+                        "'trainscout[wandb]'), tensorboard (event files per trial under OUT/tune)")
     s.add_argument("--space", default=None,
                    help="YAML space file: knob: value (fixed) or knob: [values] (default: every knob's choices)")
     s.add_argument("--set", action="append", metavar="KNOB=VALUE", help="fix a knob (repeatable)")

@@ -160,7 +160,8 @@ def _search(a) -> int:
     if a.json:
         print(json.dumps(summary))
     if summary.get("none_why"):  # exit 0 means it did what was asked: a run that ended no trial did not
-        print(f"trainscout: error: this run of {summary['search']} ended no trial: {summary['none_why']}", file=sys.stderr)
+        print(f"trainscout: error: this run of {summary['search']} ended no trial: {summary['none_why']}",
+              file=sys.stderr)
         return EXIT_FAILED
     if summary.get("interrupted"):
         n = summary["trials"]
@@ -169,8 +170,9 @@ def _search(a) -> int:
         return EXIT_INTERRUPTED
     if summary.get("unscheduled"):  # asked to measure them: it did not (the summary says why and what to do)
         n = summary["unscheduled"]
-        print(f"trainscout: {n} trial{'s' if n != 1 else ''} unscheduled: the cluster gave {'them' if n != 1 else 'it'} "
-              f"no room; continue with: trainscout search --resume {args.out}", file=sys.stderr)
+        print(f"trainscout: {n} trial{'s' if n != 1 else ''} unscheduled: the cluster gave "
+              f"{'them' if n != 1 else 'it'} no room; continue with: trainscout search --resume {args.out}",
+              file=sys.stderr)
         return 1
     if summary.get("nothing_measured"):  # no trial ended ok: what was asked (a measurement) was not done
         print(f"trainscout: error: {summary['nothing_measured']}", file=sys.stderr)

@@ -51,7 +51,8 @@ def prepare(model, export: str | dict, *, world_size: int | None = None):
     whole-model compile (compile_scope=model) is left to TrainingArguments(torch_compile=True), HF's own."""
     exp = load(export)
     model.config.use_cache = False
-    model = prepare_model(model, plan_of(exp, world_size=world_size, device=(exp.get("hardware") or {}).get("device", "cuda")))
+    model = prepare_model(model, plan_of(exp, world_size=world_size,
+                                         device=(exp.get("hardware") or {}).get("device", "cuda")))
     return loss_only(model)
 
 

@@ -390,8 +390,9 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                                     max_concurrent_trials=concurrent,  # the budget: the stopper's deadline
                                     trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=True),  # one trial after another in the same actor process
-        run_config=tune.RunConfig(name=f"{name}-{int(time.time())}", storage_path=os.path.abspath(os.path.join(args.out, "tune")),
-                                  verbose=0, callbacks=[_progress_callback(url, name, printer),
+        run_config=tune.RunConfig(name=f"{name}-{int(time.time())}",
+                                  storage_path=os.path.abspath(os.path.join(args.out, "tune")), verbose=0,
+                                  callbacks=[_progress_callback(url, name, printer),
                                                         *trackers(track, name, args.out, stream)],
                                   stop=halting,
                                   failure_config=tune.FailureConfig(max_failures=0)))

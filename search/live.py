@@ -1,6 +1,7 @@
 """The live table of `trainscout search`: one row per finished trial, and a progress line after each."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -14,6 +15,21 @@ from trainscout.trial.status import NOT_COUNTED, Status
 
 if TYPE_CHECKING:
     from trainscout.search.space import Space
+
+
+_CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x1f\x7f]")  # ANSI colours (Ray's), tabs and other controls
+
+
+def plain(text: str) -> str:
+    """text as the terminal shows it one column a character: ANSI colour codes dropped, a tab or other control
+    character a space (a row is cut to the width by its characters, and a tab takes up to 8 columns)."""
+    return _CONTROL.sub(lambda m: "" if m.group().startswith("\x1b") else " ", text)
+
+
+def cut(line: str, width: int | None) -> str:
+    """line within width (None: as it is), its end cut with '…' (a row whose fixed columns alone pass a narrow
+    terminal's width)."""
+    return line if width is None or len(line) <= width else line[:max(1, width - 1)] + "…"
 
 
 class Printer:
@@ -50,9 +66,11 @@ class Printer:
 
     def __call__(self, trial, r: dict):
         out = self.stream or (sys.stderr if self.to_stderr else sys.stdout)
+        from trainscout.analysis.terminal import fit_fields, terminal_width
+        width = terminal_width(out)  # a terminal: the row within its width, whole knob=value fields (a pipe: all)
         if not self.header:
-            print(f"{'#':>3} {'trial':10} {'status':8} {'tokens/s':>11} {'run':>11} {'best tok/s':>11}  config",
-                  file=out)
+            print(cut(f"{'#':>3} {'trial':10} {'status':8} {'tokens/s':>11} {'run':>11} {'best tok/s':>11}  config",
+                      width), file=out)
             self.header = True
         self.n += 1
         self.counted += r.get("status") not in FREE and r.get("status") not in NOT_COUNTED
@@ -65,8 +83,8 @@ class Printer:
                     if len(vs) > 1 and k in trial.config]
         # *: served from the store; ~: measured beside other trials on its CPU or GPU (kept apart, not served)
         status = r.get("status", "?") + ("*" if r.get("cached") else "") + ("~" if r.get("shared") else "")
-        why = f"  ({one_line(r['error'], 120)})" if r.get("error") and r.get("status") != Status.OK else ""
-        why += f"  ({r['note']})" if r.get("note") else ""  # served from another search's measurement
+        why = f"  ({one_line(plain(r['error']), 120)})" if r.get("error") and r.get("status") != Status.OK else ""
+        why += f"  ({plain(r['note'])})" if r.get("note") else ""  # served from another search's measurement
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks
         # one reading of each number: a trial without one (invalid, pruned, oom, crash, ...) shows "-", not 0; a
         # stopped trial's figure is its best timed step (what ASHA compared), said so
@@ -78,8 +96,6 @@ class Printer:
         best = f"{self.best:>11,.0f}" if self.best is not None else f"{'-':>11}"
         head = f"{NUMBERS.get(trial.trial_id, self.n - 1):>3} {trial.trial_id[-10:]:10} {status:8} {figure} " \
                f"{days:>11} {best}  "
-        from trainscout.analysis.terminal import fit_fields, terminal_width
-        width = terminal_width(out)  # a terminal: the row within its width, whole knob=value fields (a pipe: all)
         room = 0 if width is None else width - len(head) - 10  # 10: the "+N more" of the fields left out
         if width is not None and why and room >= 20:  # the reason first: cut to what is left beside the columns
             why = why if len(why) <= room else why[:room - 1] + "…"
@@ -89,10 +105,11 @@ class Printer:
             why = "\n      " + (why.strip() if len(why.strip()) <= width - 6 else why.strip()[:width - 7] + "…")
         else:
             row = fit_fields(head, searched, width)
-        print(row + why, file=out, flush=True)
+        print("\n".join(cut(line, width) for line in (row + why).split("\n")), file=out, flush=True)
         progress = self.progress()
         if width is not None and len(progress) > width:  # whole words within the terminal's width
             import textwrap
-            progress = "\n".join(textwrap.wrap(progress.strip(), width, initial_indent="    ",
-                                                subsequent_indent="      "))
+            progress = "\n".join(cut(ln, width) for ln in textwrap.wrap(progress.strip(), width,
+                                                                          initial_indent="    ",
+                                                                          subsequent_indent="      "))
         print(progress, file=out, flush=True)

@@ -107,8 +107,9 @@ class Space:
             if not keep and k.name not in domains:  # e.g. pipeline knobs on one rank: left at the default
                 keep = [k.default]
             if not keep:
-                raise ConfigError(k.name, f"{k.name}: none of {'|'.join(fmt(v) for v in domains.get(k.name, k.choices))} "
-                                          "can run here with the fixed knobs: fix it with --set or widen its list")
+                raise ConfigError(k.name, f"{k.name}: none of "
+                                          f"{'|'.join(fmt(v) for v in domains.get(k.name, k.choices))} can run here "
+                                          "with the fixed knobs: fix it with --set or widen its list")
             out[k.name] = tuple(keep)
         return out
 

@@ -52,7 +52,8 @@ def overhead_parts(records: list, overhead: list[float]) -> str:
             parts.append(f"torch.compile {median([x['compile_s'] for x in m]):.1f} s")
             tuned = (f" (inductor autotuning new kernels {median([x['autotune_s'] for x in m]):.1f} s)"
                      if all(x.get("autotune_s") is not None for x in m) else "")
-            parts.append(f"probe or warm-up steps {median([s - x['compile_s'] for s, x in zip(steps, m)]):.1f} s{tuned}")
+            parts.append(f"probe or warm-up steps {median([s - x['compile_s'] for s, x in zip(steps, m)]):.1f} "
+                         f"s{tuned}")
         else:
             parts.append(f"compile and probe or warm-up steps {median(steps):.1f} s")
     else:
@@ -130,7 +131,8 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         by_status[t["status"]] = by_status.get(t["status"], 0) + 1
     best = []
     seen, records = set(), []
-    for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]), key=lambda t: -(t["tokens_per_s"] or 0)):
+    for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]),
+                    key=lambda t: -(t["tokens_per_s"] or 0)):
         if t["key"] in seen:
             continue
         seen.add(t["key"])

@@ -11,7 +11,8 @@ REGISTRY: dict[str, "Knob"] = {}
 # where a knob's model transform runs, in the order trainscout.runtime applies them (torchtitan's): process settings,
 # module swaps, tensor then context parallel, the loss, activation checkpointing, per-layer compile, then (after the
 # engine shards the model with FSDP/DDP over the data ranks) whole-model compile
-STAGES = ("process", "modules", "tensor_parallel", "context_parallel", "loss", "checkpoint", "compile_layers", "sharded")
+STAGES = ("process", "modules", "tensor_parallel", "context_parallel", "loss", "checkpoint", "compile_layers",
+          "sharded")
 # the hooks through which a knob changes what a trial builds besides the plan (a knob that overrides none of them and
 # whose values leave the plan as it is changes nothing: spaces.plugins refuses such a plugin)
 RUNTIME_HOOKS = ("transform", "wrap_step", "memory", "optimizer")
@@ -23,7 +24,8 @@ _FALSE = {"false", "off", "no", "0"}
 def register(cls: type["Knob"]) -> type["Knob"]:
     """Class decorator: add a knob to the registry (its name must be new)."""
     if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"knob {cls.name!r} is registered twice ({type(REGISTRY[cls.name]).__module__}, {cls.__module__})")
+        raise ValueError(f"knob {cls.name!r} is registered twice ({type(REGISTRY[cls.name]).__module__}, "
+                         f"{cls.__module__})")
     REGISTRY[cls.name] = cls()
     return cls
 

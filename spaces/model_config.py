@@ -90,7 +90,8 @@ def sizes_of(hf) -> Sizes:
         if v is None and not required:
             return None
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError("--model", f"the {hf.model_type} config's {name}={v!r} is not allowed: give a positive integer")
+            raise ConfigError("--model", f"the {hf.model_type} config's {name}={v!r} is not allowed: give a positive "
+                                         "integer")
         return v
     hidden = size("hidden_size")
     # only a width the class declares: a stray key (BLOOM's published configs carry "n_inner": null) is not read

@@ -246,7 +246,8 @@ def import_file(store, path: str) -> ImportReport:
             new.append(store._row(row["key"], stored_record(row, path), origin_of(row, path)))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError("--import", f"{path} line {n} is not a trainscout measurement ({type(e).__name__}: "
-                                          f"{str(e)[:80]}): give a file written by `trainscout results DIR --export FILE`")
+                                          f"{str(e)[:80]}): give a file written by `trainscout results DIR --export "
+                                          "FILE`")
     if new:
         with store.engine.begin() as c:
             c.execute(MEASUREMENTS.insert(), new)

@@ -201,6 +201,7 @@ def conflict(a: dict, b: dict) -> str | None:
     if sa != sb:
         return f"status {sa} against {sb}"
     for what, x, y in (("tokens/s", ta, tb), ("peak memory GiB", pa, pb)):
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and min(x, y) > 0 and max(x, y) / min(x, y) - 1 > NOISE:
+        if (isinstance(x, (int, float)) and isinstance(y, (int, float)) and min(x, y) > 0
+                and max(x, y) / min(x, y) - 1 > NOISE):
             return f"{what} {x:,.4g} against {y:,.4g} (more than {NOISE:.0%} apart)"
     return None

@@ -250,7 +250,8 @@ class Store:
         if not self._has_quality():
             return None
         with self.engine.connect() as c:
-            row = c.execute(sa.select(QUALITY.c.result).where((QUALITY.c.key == key) & (QUALITY.c.kind == kind))).first()
+            row = c.execute(sa.select(QUALITY.c.result).where((QUALITY.c.key == key)
+                                                              & (QUALITY.c.kind == kind))).first()
         return json.loads(row[0]) if row else None
 
     def verified(self) -> dict[str, dict]:

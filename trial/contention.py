@@ -92,7 +92,8 @@ def timed_start() -> None:
     """The timed steps begin: the trials live now are present in them."""
     try:
         if "entry" in _mine:
-            _mine.update(t0=time.time(), live={e["trial"]: e for e in _entries() if e["alive"] and e.get("end") is None})
+            _mine.update(t0=time.time(),
+                         live={e["trial"]: e for e in _entries() if e["alive"] and e.get("end") is None})
     except OSError as e:
         _mine.update(why=f"the registry {registry()} could not be read ({e.strerror or e})")
 
@@ -114,7 +115,8 @@ def timed_end() -> dict:
         return {"unknown": f"the registry {registry()} could not be read ({e.strerror or e})"}
     present.pop(me["trial"], None)
     mine = set(me["devices"])
-    sharing = [e for e in present.values() if "cpu" in mine or "cpu" in e.get("devices", []) or mine & set(e["devices"])]
+    sharing = [e for e in present.values()
+               if "cpu" in mine or "cpu" in e.get("devices", []) or mine & set(e["devices"])]
     return {"trials": len(present), "sharing": len(sharing), "devices": me["devices"]}
 
 

@@ -176,8 +176,8 @@ def _read_config_json(path: str):
     missing = [n for n in ESSENTIAL if hasattr(default, n) and not given[n]]
     if missing:
         raise ConfigError("--model", f"{path}: {', '.join(missing)} not given, and transformers' {kind} defaults "
-                                     f"({', '.join(str(getattr(default, n)) for n in missing)}) describe another model: "
-                                     "give the model's sizes in the config.json")
+                                     f"({', '.join(str(getattr(default, n)) for n in missing)}) describe another "
+                                     "model: give the model's sizes in the config.json")
     filled = [n for n in DEFAULTABLE if not given[n] and getattr(hf, n, None) is not None]
     if filled and path not in _warned:
         _warned.add(path)

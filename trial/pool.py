@@ -242,7 +242,8 @@ class Pool:
             remove_placement_group(pg)
             free = ray.available_resources()
             have = ", ".join(f"{k} {free.get(k, 0):g}" for k in bundle)
-            raise Unscheduled(f"the cluster gave no room for its {world} ranks ({', '.join(f'{k} {v:g}' for k, v in bundle.items())} "
+            raise Unscheduled(f"the cluster gave no room for its {world} ranks "
+                              f"({', '.join(f'{k} {v:g}' for k, v in bundle.items())} "
                               f"each{', on one node' if one_node else ''}) within {wait_s:.0f} s (free now: {have}): "
                               "other searches or jobs hold the resources; give --max-concurrent a smaller number, or "
                               "run it when the cluster has room") from None

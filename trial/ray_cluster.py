@@ -49,7 +49,8 @@ def check_resources(world: int, device: str, flag: str, per_trial: dict | None =
             fit = int((have.get(res, 0) - (per_trial or {}).get(res, 0)) // each)
             extra = f" + {per_trial[res]:g} for the trial's Tune actor" if (per_trial or {}).get(res) else ""
             raise ConfigError(flag, f"{flag} {world} needs {n:g} {res} ({each:g} per rank{extra}) but this Ray cluster "
-                                    f"has {have.get(res, 0):g}: give {flag} {max(1, fit)} or fewer, or a larger cluster")
+                                    f"has {have.get(res, 0):g}: give {flag} {max(1, fit)} or fewer, or a larger "
+                                    "cluster")
 
 
 def _init(ray, address: str | None, flag: str) -> None:

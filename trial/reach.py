@@ -49,8 +49,8 @@ def check_address(address: str, flag: str) -> None:
     if why:
         raise ConfigError(flag, f"{flag} {shown}: something listens there but it is not a Ray cluster's head ({why}): "
                                 f"give HOST:PORT of the head's GCS (ray start --head prints it; default port "
-                                f"{DEFAULT_PORT}), or leave {flag} out" + (" (unset it)" if flag == "RAY_ADDRESS" else "")
-                                + " to start Ray on 127.0.0.1")
+                                f"{DEFAULT_PORT}), or leave {flag} out"
+                                + (" (unset it)" if flag == "RAY_ADDRESS" else "") + " to start Ray on 127.0.0.1")
 
 
 # HTTP/2's client preface and an empty SETTINGS frame: Ray's GCS is a gRPC server, which answers with its own SETTINGS

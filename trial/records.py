@@ -175,8 +175,8 @@ class Record(_Json):
 
     ORDER: ClassVar[tuple[str, ...]] = (
         "trial_id", "model", "model_config", "device", "world_size", "config", "plan", "recipe", "grad_accum",
-        "measured_accum", "timed_steps", "started_at", "wall_s", "reused", "versions", "hardware", "probe", "probe_compared",
-        "status", "error", "stderr_tail", "metrics", "attempt", "placement", "fault", "key", "source")
+        "measured_accum", "timed_steps", "started_at", "wall_s", "reused", "versions", "hardware", "probe",
+        "probe_compared", "status", "error", "stderr_tail", "metrics", "attempt", "placement", "fault", "key", "source")
 
     def __post_init__(self):
         self.status = status_of(self.status)

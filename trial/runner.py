@@ -40,9 +40,9 @@ def detect_device(device: str) -> str:
     return device
 
 
-def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5, warmup: int = 2,
-            measure_accum: int | None = None, global_batch: int | None = None, seq_len: int | None = None,
-            total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
+def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5,
+            warmup: int = 2, measure_accum: int | None = None, global_batch: int | None = None,
+            seq_len: int | None = None, total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
             fault: str | None = None, seed: int = 0, hw: dict | None = None, gate: bool = True,
             installed: frozenset | None = None) -> TrialSpec:
     """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
@@ -56,12 +56,14 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
     if measure_accum is not None and (not isinstance(measure_accum, int) or measure_accum < 0):
-        raise ConfigError("--measure-accum", f"--measure-accum {measure_accum} is not allowed: give an integer >= 0 (0 = full step)")
+        raise ConfigError("--measure-accum", f"--measure-accum {measure_accum} is not allowed: give an integer >= 0 "
+                                             "(0 = full step)")
     fault = fault or os.environ.get("TRAINSCOUT_FAULT") or None
     try:
         faults.parse(fault)
     except ValueError as e:  # checked here, not in the worker, where it would be a crash
-        raise ConfigError("TRAINSCOUT_FAULT" if fault == os.environ.get("TRAINSCOUT_FAULT") else "--inject-fault", str(e))
+        raise ConfigError("TRAINSCOUT_FAULT" if fault == os.environ.get("TRAINSCOUT_FAULT") else "--inject-fault",
+                          str(e))
     if hw is None:
         device = detect_device(device)
         hw = hardware.fingerprint(device, workers)

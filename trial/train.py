@@ -19,8 +19,8 @@ def load_exported(path: str) -> dict:
         with open(f, encoding="utf-8") as fh:
             exp = json.load(fh)
     except (OSError, ValueError) as e:
-        raise ConfigError("--config", f"--config {path}: cannot read an exported trainscout.json ({e.__class__.__name__}): "
-                                      "give the folder `trainscout export` wrote")
+        raise ConfigError("--config", f"--config {path}: cannot read an exported trainscout.json "
+                                      f"({e.__class__.__name__}): give the folder `trainscout export` wrote")
     if not isinstance(exp, dict) or not isinstance(exp.get("config"), dict) or not exp.get("model"):
         raise ConfigError("--config", f"--config {path}: not a trainscout export (no model/config): "
                                       "give the folder `trainscout export` wrote")
@@ -61,13 +61,14 @@ def check_data(path: str | None, dtype: str, seq_len: int, vocab: int | None = N
     if hi >= vocab or lo < 0:
         bad = hi if hi >= vocab else lo
         raise ConfigError("--data", f"--data {path} holds token id {bad}, outside the model's vocabulary of {vocab} "
-                                    f"(ids 0..{vocab - 1}): give data tokenized for this model, the right --data-dtype, "
-                                    "or a model whose vocab_size covers it")
+                                    f"(ids 0..{vocab - 1}): give data tokenized for this model, the right "
+                                    "--data-dtype, or a model whose vocab_size covers it")
 
 
-def train(config: str, *, model: str | None = None, steps: int = 100, data: str | None = None, data_dtype: str = "uint16",
-          out: str = "runs/train", workers: int | None = None, device: str = "auto", timeout: float | None = None,
-          address: str | None = None, on_step=None, save_dtype: str | None = None, **recipe) -> dict:
+def train(config: str, *, model: str | None = None, steps: int = 100, data: str | None = None,
+          data_dtype: str = "uint16", out: str = "runs/train", workers: int | None = None, device: str = "auto",
+          timeout: float | None = None, address: str | None = None, on_step=None, save_dtype: str | None = None,
+          **recipe) -> dict:
     """Train an exported configuration for `steps` optimizer steps in fresh workers, checkpointing into out; returns
     the summary (status, metrics, checkpoint folder) it also writes to out/train.json. The checkpoint keeps the master
     weights' dtype (what trained: fp32 under the mixed precisions) unless save_dtype casts it."""

@@ -42,8 +42,8 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     df = table.load_resolved(store)  # the trials, or the measurements of a store without searches
     if df.empty:
         from trainscout.store.secrets import masked
-        raise ConfigError("DIR", f"{masked(str(source))} holds no trials or measurements: run `trainscout search --out DIR` (or "
-                                 "`trainscout results DIR --import FILE`) first, then report")
+        raise ConfigError("DIR", f"{masked(str(source))} holds no trials or measurements: run `trainscout search --out "
+                                 "DIR` (or `trainscout results DIR --import FILE`) first, then report")
     searched = bool(df["search"].notna().any())
     df = cost.with_costs(df.assign(search=df["search"].fillna(NO_SEARCH)), prices)
     # the trial's number in the report: its Optuna trial number (the live table's and optuna-dashboard's; the report
@@ -75,7 +75,8 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     return Analysis(source=secrets.masked(shown) if "://" in shown else shown, df=df,
                     prices=prices, prices_path=prices_path, records=records, best=best,
                     hardware=cost.compare_hardware(df, prices), failures=failures, importance=importance,
-                    varied=varied, searched=searched, tie=ties.choose(list(records.values()), store.verified()), verdicts=verdicts)
+                    varied=varied, searched=searched, tie=ties.choose(list(records.values()), store.verified()),
+                    verdicts=verdicts)
 
 
 def _tied_keys(a: Analysis) -> set:

@@ -9,8 +9,8 @@ from trainscout.trial.status import Status
 
 from .analysis import Analysis, _tied_keys, analyse, measured, progress
 from .breakdown import VIEW_TOP, knob_pairs, memory_empty_reason, memory_rows, pair_groups, step_breakdown
-from .formatting import (NO_SEARCH, STATUS_COLOR, STATUS_TEXT, _e, _first_line, _na, config_text, contributed, days, gpu_s_text,
-                         label, num, search_name, usd, where)
+from .formatting import (NO_SEARCH, STATUS_COLOR, STATUS_TEXT, _e, _first_line, _na, config_text, contributed, days,
+                         gpu_s_text, label, num, search_name, usd, where)
 from .plots import (plot_cost, plot_importance, plot_knob_pairs, plot_knob_values, plot_memory, plot_pareto,
                     plot_progress, plot_step_breakdown, plot_timeline)
 from .text import _unit, progress_text, spent_text, tie_text
@@ -53,19 +53,22 @@ def render_html(a: Analysis) -> str:
     df, b = a.df, a.best
     counts = df["status"].value_counts()
     out = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trainscout report</title>"
-           f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><style>{CSS}</style></head><body><main>",
+           "<meta name=\"viewport\" content=\"width=device-width, "
+           f"initial-scale=1\"><style>{CSS}</style></head><body><main>",
            "<h1>trainscout report</h1>",
            f"<p class=\"meta\">{_e(a.source)} · "
            + (f"{df['search'].nunique()} search(es), {len(df)} trials · " if a.searched else
               f"{len(df)} measurements (no search rows: one row per measurement) · ")
-           + f"models {_e(', '.join(sorted(map(str, df['model'].dropna().unique()))) or 'n/a')} · generated {_e(a.generated)}</p>"]
+           + f"models {_e(', '.join(sorted(map(str, df['model'].dropna().unique()))) or 'n/a')} · generated "
+             f"{_e(a.generated)}</p>"]
     cards = [("trials" if a.searched else "measurements", " · ".join(f"{int(n)} {s}" for s, n in counts.items()))]
     if df["gpu_s"].notna().any():
         cards.insert(0, (f"{_unit(a)} spent", f"{df['gpu_s'].sum() / 3600:,.3g}"))
     if len(b):
         r = b.iloc[0]
-        cards = [("fastest: tokens/s", num(r["tokens_per_s"])), ("its projected run", f"{days(r['projected_days'])} days"),
-                 ("renting it", usd(r["rent_usd"])), ("buying the box", usd(r["box_usd"])), *cards]
+        cards = [("fastest: tokens/s", num(r["tokens_per_s"])),
+                 ("its projected run", f"{days(r['projected_days'])} days"), ("renting it", usd(r["rent_usd"])),
+                 ("buying the box", usd(r["box_usd"])), *cards]
     out.append("<div class=\"cards\">" + "".join(
         f"<div class=\"card{' small' if k in ('trials', 'measurements') else ''}\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
         for k, v in cards) + "</div>")
@@ -91,8 +94,8 @@ def render_html(a: Analysis) -> str:
     if len(b):
         tied = _tied_keys(a)
         shared = lambda r: " (shared)" if isinstance(r["shared"], str) else ""  # noqa: E731 (trial.contention)
-        rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else "") + shared(r), num(r["tokens_per_s"]), num(r["mfu"], ".3f"),
-                 _e(r["quality"]), num(r["peak_memory_gib"], ".2f"),
+        rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else "") + shared(r), num(r["tokens_per_s"]),
+                 num(r["mfu"], ".3f"), _e(r["quality"]), num(r["peak_memory_gib"], ".2f"),
                  days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),
                  _e(f"{r['model']} on {where(r)}{contributed(r)}"),
                  f"<span class=\"cfg\">{_e(config_text(r, a.varied))}</span>", f"<code>{_e(str(r['key'])[:12])}</code>"]
@@ -128,7 +131,8 @@ def render_html(a: Analysis) -> str:
     if len(a.hardware):
         rows = [[_e(h["model"]), _e(f"{h['hardware']} x{h['world_size']}"), f"{h['ok']}/{h['trials']}",
                  num(h["tokens_per_s"]), num(h["mfu"], ".3f"), days(h["projected_days"]), usd(h["rent_usd"]),
-                 usd(h["box_usd"]), _e("no price" if _na(h["price"]) else h["price"])] for _, h in a.hardware.iterrows()]
+                 usd(h["box_usd"]), _e("no price" if _na(h["price"]) else h["price"])]
+                for _, h in a.hardware.iterrows()]
         out.append(_table(["model", "hardware", "ok/trials", "best tokens/s", "MFU", "days", "rent", "box",
                            "price entry"], rows, numeric={2, 3, 4, 5, 6, 7}))
     if b["rent_usd"].notna().any():
@@ -178,8 +182,8 @@ def render_html(a: Analysis) -> str:
                   "Every measurement in the order it started (the store holds no search rows)")
                + ": micro-batch and accumulation as the trial ran them (the resolved plan, not <code>max</code>), "
                  "status and reason, device-seconds (wall time × ranks; ≈ est.: a trial ASHA stopped, the median "
-                 "of its search's trials that ran to the end; 0: served from the store or refused before running), and the "
-                 "command that exports the measurement.</p>")
+                 "of its search's trials that ran to the end; 0: served from the store or refused before running), and "
+                 "the command that exports the measurement.</p>")
     out.append(trial_table(a))
 
     out.append("<h2>Trial timeline</h2>")
@@ -202,8 +206,8 @@ def step_section(a: Analysis) -> list[str]:
     rows = step_breakdown(a)
     out = ["<h2 id=\"step-breakdown\">Where a step's time goes</h2>",
            "<p class=\"note\">One projected optimizer step (the recipe's global batch) of each of the fastest "
-           f"successful measurements (at most {VIEW_TOP}), in the parts its record holds: (accumulation − 1) × the median "
-           "accumulating micro-batch, the last micro-batch (which carries the gradient synchronisation) and the "
+           f"successful measurements (at most {VIEW_TOP}), in the parts its record holds: (accumulation − 1) × the "
+           "median accumulating micro-batch, the last micro-batch (which carries the gradient synchronisation) and the "
            "optimizer step. Hover a segment for its trial and time.</p>",
            f"<div class=\"plot\">{plot_step_breakdown(rows)}</div>"]
     if rows:
@@ -224,9 +228,9 @@ def memory_section(a: Analysis) -> list[str]:
         out.append(f"<p>{_e(memory_empty_reason(a))}</p>")
         return out
     cal = [r for r in rows if r["calibrated_gib"]]
-    out.append(f"<p class=\"note\">The fastest GPU measurements (at most {VIEW_TOP}): the upper bar is the memory model's "
-               "prediction per rank by component (<code>trial.memory.components</code> on the stored record, plus "
-               "the 1 GiB workspace allowance of its uncalibrated prediction), the lower bar the measured peak "
+    out.append(f"<p class=\"note\">The fastest GPU measurements (at most {VIEW_TOP}): the upper bar is the memory "
+               "model's prediction per rank by component (<code>trial.memory.components</code> on the stored record, "
+               "plus the 1 GiB workspace allowance of its uncalibrated prediction), the lower bar the measured peak "
                "(torch.cuda.max_memory_allocated, the fullest rank); the dashed line is the GPU's memory."
                + (" Red diamonds: the prediction calibrated on this store's measured peaks of that GPU (what a "
                   "search prunes with; the row's own peak is among them)." if cal else "") + "</p>")
@@ -256,8 +260,9 @@ def pairs_section(a: Analysis) -> list[str]:
     out.append("<p class=\"note\">Each dot: two successful measurements of the same model, world size, device, GPU "
                "and recipe whose configurations differ in one knob (of the knobs that apply to both; a knob that "
                "the change switches on or off is named in brackets where it is not at its default), as the ratio "
-               "of their tokens/s (to / from). Error bars: the relative spread of each measurement's timed steps (step_spread), combined in quadrature; "
-               "red: the median of a value pair. Hover a dot for the two trials.</p>")
+               "of their tokens/s (to / from). Error bars: the relative spread of each measurement's timed steps "
+               "(step_spread), combined in quadrature; red: the median of a value pair. Hover a dot for the two "
+               "trials.</p>")
     out.append(f"<div class=\"plot\">{plot_knob_pairs(a, groups)}</div>")
     rows = [[_e(g["knob"]), _e(f"{g['from']} → {g['to']}"), str(g["n"]), f"{g['median']:.3f}",
              f"{g['min']:.3f} – {g['max']:.3f}"] for g in groups]

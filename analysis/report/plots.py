@@ -25,7 +25,8 @@ def _group(row) -> str:
 
 def _colors(a: Analysis) -> dict:
     """One colour per model x hardware x world size, the same in every plot."""
-    return {g: COLORS[i % len(COLORS)] for i, g in enumerate(dict.fromkeys(_group(r) for r in a.best.to_dict("records")))}
+    groups = dict.fromkeys(_group(r) for r in a.best.to_dict("records"))
+    return {g: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}
 
 
 def plot_pareto(a: Analysis) -> str:
@@ -181,7 +182,8 @@ def plot_timeline(a: Analysis) -> str:
     for i, wall in stopped.items():
         r = a.df.loc[i]
         bars.append((_when(r["created_at"]) - timedelta(seconds=wall), wall, Status.STOPPED, f"#{r['n']} est."))
-    marks = [(_when(r["created_at"]), r["status"], bool(r["cached"])) for i, r in zip(a.df.index, a.df.to_dict("records"))
+    marks = [(_when(r["created_at"]), r["status"], bool(r["cached"]))
+             for i, r in zip(a.df.index, a.df.to_dict("records"))
              if (r["cached"] or not r["key"] or r["key"] not in a.records) and i not in stopped]
     marks = [m for m in marks if m[0]]
     fig = _figure(8, max(2.2, 0.32 * (len(bars) + bool(marks)) + 1.2))

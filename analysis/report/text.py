@@ -55,7 +55,8 @@ def summary(a: Analysis, top: int = 5) -> str:
     df = a.df
     counts = df["status"].value_counts()
     cached = int(df["cached"].sum())
-    parts = ", ".join(f"{int(n)} {s}" for s, n in counts.items()) + (f"; {cached} served from the store" if cached else "")
+    parts = (", ".join(f"{int(n)} {s}" for s, n in counts.items())
+             + (f"; {cached} served from the store" if cached else ""))
     searches = df["search"].nunique()
     if a.searched:
         lines = [f"report of {a.source}: {searches} search{'es' if searches != 1 else ''}, {len(df)} trials ({parts})"]
@@ -99,8 +100,8 @@ def summary(a: Analysis, top: int = 5) -> str:
         lines.append("every trial finished")
     for imp in a.importance[:3]:
         vals = ", ".join(f"{k} {v:.2f}" for k, v in imp["values"].items())
-        lines.append(f"knobs that mattered in {search_name(imp['search'])} ({imp['trials']} trials, {imp['evaluator']}): "
-                     + (vals if any(imp["values"].values()) else "none separated the fast trials from the rest"))
+        lines.append(f"knobs that mattered in {search_name(imp['search'])} ({imp['trials']} trials, "
+                     f"{imp['evaluator']}): " + (vals if any(imp["values"].values()) else "none separated the fast trials from the rest"))
     if not a.importance:
         lines.append("knobs that mattered: too few trials (a search with >= 3 trials and a knob that took two values)")
     return "\n".join(lines)

@@ -45,7 +45,8 @@ class Attention(Knob):
             raise ConfigError(self.name, "attention=flash needs a CUDA GPU and the flash-attn package "
                                          "(pip install flash-attn): set attention=sdpa")
         if value == "flash" and cfg["precision"] == "fp32":
-            raise ConfigError(self.name, "attention=flash needs 16-bit activations: set precision=bf16-mixed or attention=sdpa")
+            raise ConfigError(self.name, "attention=flash needs 16-bit activations: set precision=bf16-mixed or "
+                                         "attention=sdpa")
 
     def apply(self, plan, value, cfg, ctx):
         plan.attn_implementation = {"flash": "flash_attention_2"}.get(value, value)

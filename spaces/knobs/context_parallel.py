@@ -38,8 +38,9 @@ class ContextParallel(Knob):
             raise ConfigError(self.name, f"context_parallel={value} splits each sequence into {chunks} equal chunks: "
                                          f"--seq-len {ctx.seq_len} is not a multiple of {chunks}: use {near}")
         if ctx.device != "cuda":
-            raise ConfigError(self.name, f"context_parallel={value} needs CUDA GPUs: torch's ring attention shards only "
-                                         f"the CUDA SDPA kernels (on the CPU: {CPU_ERROR}): set context_parallel=1")
+            raise ConfigError(self.name, f"context_parallel={value} needs CUDA GPUs: torch's ring attention shards "
+                                         f"only the CUDA SDPA kernels (on the CPU: {CPU_ERROR}): set "
+                                         "context_parallel=1")
         if cfg["sdpa_backend"] == "math":
             raise ConfigError(self.name, f"context_parallel={value} shards the flash, memory-efficient or cuDNN SDPA "
                                          "kernel, not the math one: set sdpa_backend=auto")

@@ -27,7 +27,8 @@ class Fsdp(Knob):
     def check(self, value, cfg, ctx):
         if value != "off" and cfg["precision"] == "fp16-mixed":
             raise ConfigError(self.name, f"fsdp={value} with precision=fp16-mixed is not supported "
-                                         "(FSDP2 has no sharded loss scaler here): set precision=bf16-mixed or fsdp=off")
+                                         "(FSDP2 has no sharded loss scaler here): set precision=bf16-mixed or "
+                                         "fsdp=off")
 
     def numerics(self, value, cfg, ctx):
         if value != "off" and cfg.get("precision") != "fp32":  # MixedPrecisionPolicy(param_dtype): no autocast

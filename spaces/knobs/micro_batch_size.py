@@ -24,7 +24,8 @@ class MicroBatchSize(Knob):
             try:
                 raw = int(raw.strip())
             except ValueError:
-                raise ConfigError(self.name, f"micro_batch_size={raw} is not a whole number: use a positive integer or auto")
+                raise ConfigError(self.name, f"micro_batch_size={raw} is not a whole number: use a positive integer or "
+                                             "auto")
         if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
             return raw
         raise ConfigError(self.name, f"micro_batch_size={raw} is not allowed: use a positive integer or auto")
@@ -32,7 +33,8 @@ class MicroBatchSize(Knob):
     def per_rank_batch(self, cfg, ctx) -> int:
         dp = ctx.data_parallel_ranks(cfg)
         if not isinstance(ctx.global_batch, int) or ctx.global_batch < 1:
-            raise ConfigError("global_batch", f"global_batch={ctx.global_batch} is not allowed: give a positive integer")
+            raise ConfigError("global_batch", f"global_batch={ctx.global_batch} is not allowed: give a positive "
+                                              "integer")
         if ctx.global_batch % dp:
             raise ConfigError("global_batch", f"global_batch={ctx.global_batch} does not split over {dp} "
                                               f"data-parallel ranks: choose a multiple of {dp}")
@@ -52,8 +54,9 @@ class MicroBatchSize(Knob):
             fits = [m for m in REGISTRY["pipeline_microbatches"].choices if m >= stages and per_rank % m == 0]
             fix = f"choose pipeline_microbatches={fits[-1]}" if fits else "choose fewer pipeline_stages"
             raise ConfigError("pipeline_microbatches", f"pipeline_microbatches={n} does not split the per-rank batch "
-                                                       f"{per_rank} (global_batch {ctx.global_batch} / {dp} data-parallel "
-                                                       f"ranks): {fix}, or a global_batch that is a multiple of {n * dp}")
+                                                       f"{per_rank} (global_batch {ctx.global_batch} / {dp} "
+                                                       f"data-parallel ranks): {fix}, or a global_batch that is a "
+                                                       f"multiple of {n * dp}")
         return per_rank // n
 
     def concrete(self, value, cfg, ctx):

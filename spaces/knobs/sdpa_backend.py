@@ -18,10 +18,11 @@ class SdpaBackend(Knob):
 
     def check(self, value, cfg, ctx):
         if value in ("cudnn", "efficient") and ctx.device != "cuda":
-            raise ConfigError(self.name, f"sdpa_backend={value} runs on a CUDA GPU only: set sdpa_backend=flash, math or auto")
+            raise ConfigError(self.name, f"sdpa_backend={value} runs on a CUDA GPU only: set sdpa_backend=flash, math "
+                                         "or auto")
         if value in ("flash", "cudnn") and ctx.device == "cuda" and cfg["precision"] == "fp32":
-            raise ConfigError(self.name, f"sdpa_backend={value} needs 16-bit activations on a GPU: set precision=bf16-mixed "
-                                         "or sdpa_backend=efficient")
+            raise ConfigError(self.name, f"sdpa_backend={value} needs 16-bit activations on a GPU: set "
+                                         "precision=bf16-mixed or sdpa_backend=efficient")
         if value == "efficient" and ctx.device == "cuda" and ctx.model_config and not (
                 cfg["compile"] and cfg["compile_scope"] == "model"):
             _refuse_grouped_query(self.name, ctx.model_config)

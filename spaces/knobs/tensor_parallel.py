@@ -31,17 +31,17 @@ class TensorParallel(Knob):
     mesh_dim = "tp"
     formats = ("command",)
     launcher = "trainscout"
-    not_carried = ("transformers' TrainingArguments has no tensor-parallel field (TP there is from_pretrained(tp_plan=) "
-                   "in your own script with accelerate's parallelism_config): use --format command, whose launch.sh "
-                   "runs it with `trainscout train`")
+    not_carried = ("transformers' TrainingArguments has no tensor-parallel field (TP there is "
+                   "from_pretrained(tp_plan=) in your own script with accelerate's parallelism_config): use --format "
+                   "command, whose launch.sh runs it with `trainscout train`")
 
     def check(self, value, cfg, ctx):
         if value == 1:
             return
         if ctx.world_size % value:
-            raise ConfigError(self.name, f"tensor_parallel={value} does not divide the {ctx.world_size} rank(s): choose "
-                                         f"a divisor of {ctx.world_size}" + (" (on one rank only tensor_parallel=1)"
-                                                                             if ctx.world_size == 1 else ""))
+            one = " (on one rank only tensor_parallel=1)" if ctx.world_size == 1 else ""
+            raise ConfigError(self.name, f"tensor_parallel={value} does not divide the {ctx.world_size} rank(s): "
+                                         f"choose a divisor of {ctx.world_size}{one}")
         mc = ctx.model_config
         if not mc:
             return  # the model's rules where the context has the model (a trial's always does)
@@ -58,8 +58,8 @@ class TensorParallel(Knob):
                 raise ConfigError(self.name, f"tensor_parallel={value} does not divide the model's {n} {what}: "
                                              f"choose a degree that divides {n}")
         if cfg["precision"] == "fp16-mixed":
-            raise ConfigError(self.name, f"tensor_parallel={value} with precision=fp16-mixed is not supported (the loss "
-                                         "scaler does not unscale sharded gradients): set precision=bf16-mixed")
+            raise ConfigError(self.name, f"tensor_parallel={value} with precision=fp16-mixed is not supported (the "
+                                         "loss scaler does not unscale sharded gradients): set precision=bf16-mixed")
         if cfg.get("fp8", "off") != "off":
             raise ConfigError(self.name, f"tensor_parallel={value} with fp8={cfg['fp8']} needs torchao's float8 "
                                          "tensor-parallel styles, not wired here: set fp8=off or tensor_parallel=1")

@@ -85,7 +85,8 @@ class PipelineEngine(Engine):
         import torch.distributed as dist
         if self.clip:  # the global norm: each pipeline rank holds only its parts' gradients
             grads = [p.grad for p in self.params if p.grad is not None]
-            local = torch.nn.utils.get_total_norm(grads, 2.0) if grads else torch.zeros((), device=self.params[0].device)
+            local = (torch.nn.utils.get_total_norm(grads, 2.0) if grads
+                     else torch.zeros((), device=self.params[0].device))
             sq = local.float() ** 2
             dist.all_reduce(sq, group=self.pp_group)
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip, sq.sqrt())
@@ -115,7 +116,8 @@ class PipelineEngine(Engine):
     @classmethod
     def in_flight(cls, plan, activations, logits):
         pipe = plan.engine_config
-        P, n, chunks, schedule = pipe["stages"], pipe.get("microbatches", 1), pipe.get("chunks", 1), pipe.get("schedule")
+        P, n = pipe["stages"], pipe.get("microbatches", 1)
+        chunks, schedule = pipe.get("chunks", 1), pipe.get("schedule")
         if schedule == "gpipe":  # every forward before any backward: the last stage keeps every micro-batch's logits
             return activations * n, logits * n
         # 1F1B: the stage count; interleaved: one more; zero-bubble also holds deferred weight-gradient inputs

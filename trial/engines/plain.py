@@ -45,7 +45,8 @@ class TorchEngine(Engine):
                 self.replicated = replicate(model, mesh=mesh if mesh is not None else self.dims.mesh(device.type)["dp"])
                 return model
             from torch.nn.parallel import DistributedDataParallel
-            model = self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+            model = self.ddp = DistributedDataParallel(model,
+                                                       device_ids=[device.index] if device.type == "cuda" else None,
                                                        process_group=None if mesh is None else mesh.get_group())
         return model
 
