@@ -61,13 +61,15 @@ FOLDERS = {
         "command": "bash bench/search_vs_handset_gpu.sh 6m /tmp/sl (the hand-set trials after the search)"},
     "grid-h200": {"command": "bash bench/grid_gpu.sh pythia-160m bench/spaces/h200-small.yaml bench/data/grid-h200 "
                              "bench/data/grid-h200-160m.csv"},
-    "gpu-2026-12-06-s25/gaps_h100.jsonl": {"command": "python bench/atlas_gaps_gpu.py --parts ACB --out gaps_h100.jsonl"},
+    "gpu-2026-12-06-s25/gaps_h100.jsonl": {
+        "command": "python bench/atlas_gaps_gpu.py --parts ACB --out gaps_h100.jsonl"},
     "gpu-2026-12-06-s26/gaps_h100.jsonl": {
         "command": "python bench/atlas_gaps_gpu.py --parts DC --c-models pythia-410m --out gaps_h100.jsonl"},
     "gpu-2026-12-06-s26/l3b/lookup_trials.jsonl": {
-        "command": "trainscout trial --model bench/models/hub/llama-3.2-3b.json --set compile=true --set loss_kernel=LK "
-                   "--set tf32=false --set compile_scope=layers --set fp8=tensorwise --set optimizer_impl=fused "
-                   "--set micro_batch_size=2 --steps 3 --warmup 2 --json (LK: fused_linear, then compiled)"},
+        "command": "trainscout trial --model bench/models/hub/llama-3.2-3b.json --set compile=true --set "
+                   "loss_kernel=LK --set tf32=false --set compile_scope=layers --set fp8=tensorwise --set "
+                   "optimizer_impl=fused --set micro_batch_size=2 --steps 3 --warmup 2 --json (LK: fused_linear, then "
+                   "compiled)"},
     "gpu-2026-12-06-s26/lookup_first/trials.jsonl": {
         "command": "trainscout trial --model bench/models/hub/MODEL.json --set compile=true --set loss_kernel=compiled "
                    "--set precision=bf16 --set compile_scope=layers --set fp8=tensorwise --set micro_batch_size=MB "
@@ -327,7 +329,8 @@ def check_fast(rows: list[dict], records: bytes, out: str, log) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="rebuild and compare with the shipped files; exit 1 if they differ")
+    p.add_argument("--check", action="store_true",
+                   help="rebuild and compare with the shipped files; exit 1 if they differ")
     p.add_argument("--out", default=OUT, help="folder to write records.jsonl.gz and model.json into")
     p.add_argument("--table", action="store_true", help="print the shipped model.json's leave-one-out table only")
     p.add_argument("--fast", action="store_true",

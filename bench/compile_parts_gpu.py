@@ -49,8 +49,9 @@ for name, settings in CASES:
     parts = {label: round(sum(timers.get(k, ())), 2) for k, label in PARTS.items()}
     gate = (r.get("quality") or {}).get("seconds")
     row = {"case": name, "wall_s": round(wall, 2), "build_s": round(r["build_s"], 2), "model_s": round(r["model_s"], 2),
-           "compile_s": round(r["compile_s"], 2), "warmup_s": round(r["warmup_s"], 2), "timed_s": round(r["timed_s"], 2),
-           "gate_s": gate, "micro_s": round(sum(s["micro"][0] for s in r["steps"]) / len(r["steps"]), 3), **parts}
+           "compile_s": round(r["compile_s"], 2), "warmup_s": round(r["warmup_s"], 2),
+           "timed_s": round(r["timed_s"], 2), "gate_s": gate,
+           "micro_s": round(sum(s["micro"][0] for s in r["steps"]) / len(r["steps"]), 3), **parts}
     rows.append(row)
     print(json.dumps(row), flush=True)
     reset_process()  # as between a search's trials; it clears dynamo's timers too

@@ -90,7 +90,8 @@ def main() -> None:
             base = ["--set", "precision=bf16-mixed"]
         else:  # nothing with fp32 masters fits an H100 and 128 GiB of host (ZeRO-2 offload: killed at 121 GiB of host
             base = ["--set", "precision=bf16"]  # memory): pure bf16 weights and states, stochastic rounding (8 B/param)
-        flags = base + ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=1", "--set", "compile=false"]
+        flags = base + ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=1", "--set",
+                        "compile=false"]
         shape = ["--global-batch", "8", "--seq-len", "2048"]
         est = estimate(model, flags + shape + ["--gpu", name])
         r = trial(model, flags + shape + ["--measure-accum", "2"], steps=2, warmup=1, timeout=560)
@@ -98,8 +99,8 @@ def main() -> None:
         rows.append(row("mistral-7b " + " ".join(flags[1::2]), r, est.get("predicted_gib")))
         print(rows[-1], flush=True)
         if True:  # the 7B at speed: compiled layers and loss, the largest micro-batch that fits
-            fast = base + ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=max", "--set", "compile=true",
-                    "--set", "compile_scope=layers", "--set", "loss_kernel=compiled"]
+            fast = base + ["--set", "activation_checkpointing=full", "--set", "micro_batch_size=max",
+                           "--set", "compile=true", "--set", "compile_scope=layers", "--set", "loss_kernel=compiled"]
             r = trial(model, fast + ["--measure-accum", "2"], steps=3, warmup=2, timeout=400)
             raw["mistral-7b fast"] = r
             rows.append(row("mistral-7b " + " ".join(fast[1::2]), r))
@@ -115,7 +116,8 @@ def main() -> None:
             q = (r.get("metrics") or {}).get("quality") or {}
             raw[case] = r
             rows.append(row(case, r) + f" gate {q.get('gate')}: layer gain {q.get('layer_grad_gain')} at "
-                        f"{q.get('layer_grad_gain_at')}, parameter gain {q.get('grad_gain')} at {q.get('grad_gain_tensor')}, "
+                        f"{q.get('layer_grad_gain_at')}, parameter gain {q.get('grad_gain')} at "
+                        f"{q.get('grad_gain_tensor')}, "
                         f"op SQNR {q.get('op_sqnr_db')} dB; {(q.get('why') or '')[:200]}")
             print(rows[-1], flush=True)
     print(f"\nGPU: {name}\n| case | status | tokens/s | peak GiB | estimate GiB | peak/estimate | dtypes (w/g/opt) | "

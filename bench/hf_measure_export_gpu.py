@@ -4,7 +4,8 @@ import sys
 from trainscout.analysis.export import export
 from trainscout.trial import execute, prepare
 from trainscout.trial.runner import ensure_ray
-model, out, settings, kw = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4] if len(sys.argv) > 4 else "{}")
+model, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+kw = json.loads(sys.argv[4] if len(sys.argv) > 4 else "{}")
 ensure_ray()
 rec = execute(prepare(model, settings, device="cuda", steps=5, warmup=2, **kw), timeout=600)
 rec.key = rec.trial_id

@@ -32,7 +32,8 @@ class P(TrainerCallback):
 with tempfile.TemporaryDirectory() as out:
     args = hf.training_arguments(export, output_dir=out, max_steps=6, logging_steps=10**6, save_strategy="no")
     n = 6 * args.per_device_train_batch_size * args.gradient_accumulation_steps
-    Trainer(model=model, args=args, train_dataset=Tokens(n, exp["recipe"]["seq_len"], int(exp["model_config"]["vocab_size"])),
+    Trainer(model=model, args=args, train_dataset=Tokens(n, exp["recipe"]["seq_len"],
+                                                         int(exp["model_config"]["vocab_size"])),
             callbacks=[P()]).train()
 ka = prof.key_averages()
 print(ka.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))

@@ -66,7 +66,8 @@ def main():
         worst = max(rel(g[n], ref_g[n]) for n in ref_g)
         good = abs(loss - ref_loss) / ref_loss < 1e-4 and worst < 1e-3 and set(g) == set(ref_g)
         ok &= good
-        rows.append((name, "fused_linear vs eager (fp32)", f"{ref_loss:.5f} / {loss:.5f}", f"grad rel err max {worst:.2e}", good))
+        rows.append((name, "fused_linear vs eager (fp32)", f"{ref_loss:.5f} / {loss:.5f}",
+                     f"grad rel err max {worst:.2e}", good))
         # fp8 under bf16 autocast: first loss close, and 30 steps learn alike
         for recipe in ("tensorwise", "rowwise"):
             ref = copy.deepcopy(base)

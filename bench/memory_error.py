@@ -60,8 +60,8 @@ def main() -> int:
         errs = sorted(abs(r[idx] / r[1] - 1) for r in rows)
         med = errs[len(errs) // 2] if len(errs) % 2 else 0.5 * (errs[len(errs) // 2 - 1] + errs[len(errs) // 2])
         worst = max(rows, key=lambda r: abs(r[idx] / r[1] - 1))
-        print(f"{what}: n={len(rows)}  median |error| {100 * med:.1f} %  worst {100 * (worst[idx] / worst[1] - 1):+.1f} % "
-              f"({worst[0]})")
+        print(f"{what}: n={len(rows)}  median |error| {100 * med:.1f} %  worst "
+              f"{100 * (worst[idx] / worst[1] - 1):+.1f} % ({worst[0]})")
     return 0
 
 

@@ -88,7 +88,8 @@ def section_b():
                     m.to(torch.bfloat16)
                 torch.cuda.reset_peak_memory_stats()
                 s = step_time(m, ids, autocast=weights != "bf16")
-                log("B", f"{impl} {weights}", f"{s * 1e3:.1f} ms/step, peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+                log("B", f"{impl} {weights}", f"{s * 1e3:.1f} ms/step, peak "
+                                              f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
             except Exception as e:  # noqa: BLE001 - a case that fails is logged, the next runs
                 log("B", f"{impl} {weights}", f"FAILS {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             finally:
@@ -150,8 +151,8 @@ def section_d():
                     loss.backward()
                 theirs = fc.get_total_flops() / s
                 ours = flops.count(cfg).per_token(s)
-                log("D", f"{name} {attn}", f"FlopCounterMode {theirs / 1e9:.4f} GFLOP/token, trainscout {ours / 1e9:.4f}, "
-                                           f"ratio {ours / theirs:.4f}")
+                log("D", f"{name} {attn}", f"FlopCounterMode {theirs / 1e9:.4f} GFLOP/token, trainscout "
+                                           f"{ours / 1e9:.4f}, ratio {ours / theirs:.4f}")
             except Exception as e:  # noqa: BLE001 - a case that fails is logged, the next runs
                 log("D", f"{name} {attn}", f"FAILS {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             finally:

@@ -71,7 +71,8 @@ def run(case: str, device: str, seq: int, peak: float) -> dict:
         step()
     sync()
     step_s = (time.perf_counter() - t) / 3
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    acts += [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else []
     with torch.profiler.profile(activities=acts) as prof:
         step()
         sync()
@@ -113,15 +114,18 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     for c in a.case or []:
         if c.split(":")[0] not in SIZES or len(c.split(":")) < 2 or not c.split(":")[1].isdigit():
-            print(f"error: --case {c!r}: want MODEL:MICRO_BATCH[:compile], MODEL one of {sorted(SIZES)}", file=sys.stderr)
+            print(f"error: --case {c!r}: want MODEL:MICRO_BATCH[:compile], MODEL one of {sorted(SIZES)}",
+                  file=sys.stderr)
             return 2
     rows = [run(c, a.device, a.seq, a.peak_tflops * 1e12) for c in a.case or ["pythia-160m:32"]]
     groups = [g for g, _ in GROUPS] + ["other element-wise"]
-    print("\n| case | step s | tokens/s | MFU | MFU if only GEMMs + attention ran | GEMM TFLOP/s | " + " | ".join(groups) + " |")
+    print("\n| case | step s | tokens/s | MFU | MFU if only GEMMs + attention ran | GEMM TFLOP/s | "
+          + " | ".join(groups) + " |")
     print("|---" * (6 + len(groups)) + "|")
     for r in rows:
-        print(f"| {r['case']} | {r['step_s']:.4f} | {r['tokens_per_s']:,.0f} | {r['mfu']:.3f} | {r['mfu_if_only_gemm']:.3f} "
-              f"| {r['gemm_tflops']:.0f} | " + " | ".join(f"{r['shares'].get(g, 0):.1%}" for g in groups) + " |")
+        print(f"| {r['case']} | {r['step_s']:.4f} | {r['tokens_per_s']:,.0f} | {r['mfu']:.3f} | "
+              f"{r['mfu_if_only_gemm']:.3f} | {r['gemm_tflops']:.0f} | "
+              + " | ".join(f"{r['shares'].get(g, 0):.1%}" for g in groups) + " |")
     return 0
 
 

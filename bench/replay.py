@@ -57,7 +57,8 @@ def load_grid(path: str) -> tuple[dict, list[dict], dict]:
     except OSError as e:
         raise ConfigError("--csv", f"cannot read {path}: {e.strerror}: give a CSV written by bench/grid.py")
     except (UnicodeDecodeError, ValueError, csv.Error) as e:
-        raise ConfigError("--csv", f"{path} is not a grid CSV ({type(e).__name__}): give a CSV written by bench/grid.py")
+        raise ConfigError("--csv", f"{path} is not a grid CSV ({type(e).__name__}): give a CSV written by "
+                                   "bench/grid.py")
     missing = [c for c in ("grid", "status", "tokens_per_s", "step_tokens_per_s", "wall_s", "timed_s", "gpu_s")
                if rows and c not in rows[0]]
     if missing or not isinstance(meta, dict) or not rows:
@@ -221,7 +222,8 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
                                   stop=Done(ledger), callbacks=[progress, ledger],
                                   failure_config=tune.FailureConfig(max_failures=0))).fit()
     if ledger.error:
-        raise ConfigError("--csv", f"replay seed {seed}: {ledger.error}: record the grid of this space with bench/grid.py")
+        raise ConfigError("--csv", f"replay seed {seed}: {ledger.error}: record the grid of this space with "
+                                   "bench/grid.py")
     return {"seed": seed, "found": ledger.found is not None, "tokens_per_s": ledger.found, "trials": ledger.n,
             "counts": ledger.counts, "near_best_stopped": ledger.near_best_stopped, "gpu_s": ledger.spent,
             "wall_s": time.perf_counter() - t0, "trials_log": ledger.log}
@@ -229,7 +231,8 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
 
 def run(a) -> int:
     if not 0 <= a.tolerance < 1:
-        raise ConfigError("--tolerance", f"--tolerance {a.tolerance} is not allowed: give a fraction in [0, 1), e.g. 0.03")
+        raise ConfigError("--tolerance", f"--tolerance {a.tolerance} is not allowed: give a fraction in [0, 1), e.g. "
+                                         "0.03")
     if not a.budget > 0:
         raise ConfigError("--budget", f"--budget {a.budget} is not allowed: give a multiple of the grid's total "
                                       "GPU-seconds > 0 (1 = the grid's)")
@@ -237,7 +240,8 @@ def run(a) -> int:
         raise ConfigError("--json", f"--json {a.json}: its folder does not exist: give a path in an existing folder")
     meta, table, late = load_grid(a.csv)
     as_recorded(meta)
-    missing = [k for k in ("model", "hardware", "workers", "steps", "warmup", "seed", "recipe", "space") if k not in meta]
+    missing = [k for k in ("model", "hardware", "workers", "steps", "warmup", "seed", "recipe", "space")
+               if k not in meta]
     if missing:
         raise ConfigError("--csv", f"{a.csv}: its '{META.strip()}' line lacks {', '.join(missing)}: "
                                    "record it with bench/grid.py")
@@ -245,7 +249,8 @@ def run(a) -> int:
         fixed = {**late, **{k: get(k).parse(v) for k, v in meta["space"]["fixed"].items()}}
         searched = {k: tuple(get(k).parse(v) for v in vs) for k, vs in meta["space"]["searched"].items()}
     except (KeyError, TypeError, AttributeError, ConfigError) as e:
-        raise ConfigError("--csv", f"{a.csv}: cannot rebuild its space here ({e}): record the grid again with bench/grid.py")
+        raise ConfigError("--csv", f"{a.csv}: cannot rebuild its space here ({e}): record the grid again with "
+                                   "bench/grid.py")
     for name, value in parse_sets(a.set).items():  # --set: the part of the grid where a searched knob has one value
         if name not in searched:
             raise ConfigError("--set", f"--set {name}: not a searched knob of this grid: choose one of "

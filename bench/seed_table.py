@@ -88,10 +88,10 @@ def short_why(w: dict, gpu: str) -> str:
     """not_fitting's verdict in one table cell."""
     z2, z3 = w["zero2_offload"], w["zero3_offload"]
     return (f"no: {w['defaults_gib']:.0f} GiB at micro-batch 1, {w['checkpointed_gib']:.0f} with full checkpointing "
-            f"(> {w['share']:.0%} of {w['gpu_gib']:.0f}); ZeRO-2 / ZeRO-3 offload would fit the GPU ({z2['gpu_gib']:.0f} / "
-            f"{z3['gpu_gib']:.0f} GiB) but need {z2['host_gib']:.0f} / {z3['host_gib']:.0f} GiB of host memory "
-            f"({w['host_gib']:.0f} here). Fits {w.get('gpus', '> 32')} x {gpu} with fsdp=full_shard + full checkpointing "
-            f"({w.get('per_gpu_gib', '?')} GiB per GPU predicted)")
+            f"(> {w['share']:.0%} of {w['gpu_gib']:.0f}); ZeRO-2 / ZeRO-3 offload would fit the GPU "
+            f"({z2['gpu_gib']:.0f} / {z3['gpu_gib']:.0f} GiB) but need {z2['host_gib']:.0f} / {z3['host_gib']:.0f} GiB "
+            f"of host memory ({w['host_gib']:.0f} here). Fits {w.get('gpus', '> 32')} x {gpu} with fsdp=full_shard + "
+            f"full checkpointing ({w.get('per_gpu_gib', '?')} GiB per GPU predicted)")
 
 
 def verify_batch(rec, step_s: float) -> int | None:
@@ -136,10 +136,12 @@ def row_of(model: str, store, search_log: str, wall: float, verify_out: dict | N
             "memory_errors": [round(e, 4) for e in errs], "gpu": m.get("gpu"),
             "rent_usd": round(price.rent_usd(m["projected_days"], best.world_size)) if price else None,
             "box_usd": round(price.box_usd(best.world_size)) if price else None,
-            "seed_method_step_ratio": round(m["seed_method_step_s"] / m["step_s"], 3) if m.get("seed_method_step_s") else None}
+            "seed_method_step_ratio": (round(m["seed_method_step_s"] / m["step_s"], 3)
+                                       if m.get("seed_method_step_s") else None)}
     if verify_out:
-        row["verify"] = {k: verify_out.get(k) for k in ("status", "error", "steps", "global_batch", "recipe_global_batch",
-                                                          "projected_step_s", "measured_step_s", "ratio", "spread")}
+        row["verify"] = {k: verify_out.get(k) for k in ("status", "error", "steps", "global_batch",
+                                                        "recipe_global_batch", "projected_step_s", "measured_step_s",
+                                                        "ratio", "spread")}
     paper = PAPER.get(model)
     if paper:
         fpt = m["flops_per_token"]
@@ -173,14 +175,15 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         if r.get("paper"):
             p = r["paper"]
-            lines.append(f"\nThe seed paper on {r['model']}: {p['claim']}, which implies an MFU of {p['implied_mfu']:.2f} "
-                         f"(FLOPs/token as ours, {p['gpus']} x {p['tflops']:.0f} TFLOP/s bf16 dense); measured here on "
-                         f"one {r['gpu']}: MFU {r['mfu']:.3f}, {r['projected_days']:.1f} days.")
+            lines.append(f"\nThe seed paper on {r['model']}: {p['claim']}, which implies an MFU of "
+                         f"{p['implied_mfu']:.2f} (FLOPs/token as ours, {p['gpus']} x {p['tflops']:.0f} TFLOP/s bf16 "
+                         f"dense); measured here on one {r['gpu']}: MFU {r['mfu']:.3f}, {r['projected_days']:.1f} "
+                         "days.")
     errs = sorted(abs(e) for r in rows for e in r.get("memory_errors", []))
     if errs:
         med = errs[len(errs) // 2] if len(errs) % 2 else 0.5 * (errs[len(errs) // 2 - 1] + errs[len(errs) // 2])
-        lines.append(f"\nMemory model on these rows' successful trials (uncalibrated, no allowance but predict's 1 GiB): "
-                     f"n={len(errs)}, median |error| {100 * med:.1f} %, worst {100 * errs[-1]:.1f} %.")
+        lines.append("\nMemory model on these rows' successful trials (uncalibrated, no allowance but predict's 1 "
+                     f"GiB): n={len(errs)}, median |error| {100 * med:.1f} %, worst {100 * errs[-1]:.1f} %.")
     return "\n".join(lines) + "\n"
 
 

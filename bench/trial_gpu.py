@@ -56,12 +56,14 @@ GROUPS = {
         ]
     ],
     "pipeline": [  # Pythia-1B, 2 pipeline stages over 2 GPUs, each schedule
-        (f"1b x{{n}} pipeline 2 {sch} mbs4x8", "pythia-1b", {"pipeline_stages": 2, "pipeline_schedule": sch,
-                                                     "micro_batch_size": 4, "pipeline_microbatches": 8}, {"workers": "all"})
+        (f"1b x{{n}} pipeline 2 {sch} mbs4x8", "pythia-1b",
+         {"pipeline_stages": 2, "pipeline_schedule": sch, "micro_batch_size": 4, "pipeline_microbatches": 8},
+         {"workers": "all"})
         for sch in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
     ],
     "kernels": [  # Pythia-160M at the search's best (compiled, mbs 64): attention kernel and compile scope
-        (f"160m compile mbs64 {name}", "pythia-160m", {"micro_batch_size": 64, "compile": True, **s}, {}) for name, s in [
+        (f"160m compile mbs64 {name}", "pythia-160m", {"micro_batch_size": 64, "compile": True, **s}, {})
+        for name, s in [
             ("model sdpa auto", {"compile_scope": "model"}),
             ("model sdpa efficient", {"compile_scope": "model", "sdpa_backend": "efficient"}),
             ("layers", {"compile_scope": "layers"}),
@@ -90,7 +92,8 @@ GROUPS = {
             ("llama-1b", LLAMA, 16, "fused_linear", {"loss_kernel": "fused_linear"}),
             ("llama-1b", LLAMA, 16, "fp8 tensorwise", {"fp8": "tensorwise"}),
             ("llama-1b", LLAMA, 32, "fused_linear", {"loss_kernel": "fused_linear"}),
-            ("llama-1b", LLAMA, 32, "fp8 tensorwise + fused_linear", {"fp8": "tensorwise", "loss_kernel": "fused_linear"}),
+            ("llama-1b", LLAMA, 32, "fp8 tensorwise + fused_linear",
+             {"fp8": "tensorwise", "loss_kernel": "fused_linear"}),
         ]
     ],
     # the hand-set best of the Llama-1B shape beside a search of it (bench/search_vs_handset_gpu.sh): the search's
@@ -188,7 +191,8 @@ def main():
         with open(a.out, "a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
-    print(f"\n{'case':48} {'status':7} {'tokens/s':>10} {'MFU':>6} {'step s':>8} {'meas s':>8} {'peak GiB':>8} {'vs yard':>8} {'days':>6}")
+    print(f"\n{'case':48} {'status':7} {'tokens/s':>10} {'MFU':>6} {'step s':>8} {'meas s':>8} {'peak GiB':>8} "
+          f"{'vs yard':>8} {'days':>6}")
     for r in rows:
         ok = r["status"] == "ok"
         ratio = f"{r['tokens_per_s'] / r['yardstick']:.3f}" if ok and r["yardstick"] else ""

@@ -22,8 +22,9 @@ for i in range(a.trials):
         r = execute(spec, reuse=reuse)
         m, wall = r.metrics, time.perf_counter() - t
         rows[reuse].append((wall, m["tokens_per_s"]))
-        print(f"trial {i} {'reused' if r.reused else 'fresh '} ({r.reused}): wall {wall:.2f} s, build {m['build_s']:.2f} s, "
-              f"warm-up {m['warmup_s']:.2f} s, timed {m['timed_s']:.2f} s, {m['tokens_per_s']:,.0f} tokens/s", flush=True)
+        print(f"trial {i} {'reused' if r.reused else 'fresh '} ({r.reused}): wall {wall:.2f} s, build "
+              f"{m['build_s']:.2f} s, warm-up {m['warmup_s']:.2f} s, timed {m['timed_s']:.2f} s, "
+              f"{m['tokens_per_s']:,.0f} tokens/s", flush=True)
 warm = rows[True][1:]  # the first reused trial starts the group
 for name, rs in (("fresh", rows[False]), ("reused", warm)):
     print(f"{name}: median wall {statistics.median(w for w, _ in rs):.2f} s, "

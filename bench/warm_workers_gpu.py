@@ -33,8 +33,8 @@ def one(model, name, settings, reuse, rows, out):
     t = time.perf_counter()
     r = execute(spec, reuse=reuse, timeout=900)
     m = r.m
-    row = {"model": os.path.basename(model), "config": name, "reuse": reuse, "reused": r.reused, "status": str(r.status),
-           "tokens_per_s": m.get("tokens_per_s"), "wall_s": round(time.perf_counter() - t, 2),
+    row = {"model": os.path.basename(model), "config": name, "reuse": reuse, "reused": r.reused,
+           "status": str(r.status), "tokens_per_s": m.get("tokens_per_s"), "wall_s": round(time.perf_counter() - t, 2),
            "timed_s": m.get("timed_s"), "build_s": m.get("build_s"), "warmup_s": m.get("warmup_s"),
            "peak_gib": m.get("peak_memory_gib"), "error": r.error}
     row["overhead_s"] = round(row["wall_s"] - (row["timed_s"] or 0), 2)
@@ -81,7 +81,8 @@ def main():
                   f"{statistics.median(r['overhead_s'] for r in fresh):.1f} | "
                   f"{statistics.median(r['overhead_s'] for r in warm):.1f} | {len(fresh)} / {len(warm)}")
     bad = [r for r in rows if r["status"] != "ok"]
-    print(f"{len(rows)} trials, {len(bad)} not ok" + "".join(f"\n  {r['config']} reuse={r['reuse']}: {r['error']}" for r in bad))
+    print(f"{len(rows)} trials, {len(bad)} not ok" + "".join(f"\n  {r['config']} reuse={r['reuse']}: {r['error']}"
+                                                             for r in bad))
 
 
 if __name__ == "__main__":

@@ -140,7 +140,8 @@ def main() -> None:
             print(f"placed {time.time() - t0:.1f}" if ready else "waiting", file=answer, flush=True)
             remove_placement_group(pg)
         elif words[:1] == ["where"]:
-            print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), file=answer, flush=True)
+            print(json.dumps([a["Address"]["NodeID"] for a in alive_actors() if a["Name"] == words[1]]), file=answer,
+                  flush=True)
     ray.shutdown()
     stop()
 

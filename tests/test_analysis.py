@@ -22,7 +22,8 @@ def store_dir(tmp_path_factory, ray_local):
     d = str(tmp_path_factory.mktemp("out"))
     store = Store(default_url(d))
     store.add_search("s", {"model": "tiny"})
-    for i, settings in enumerate([{"precision": "fp32"}, {"precision": "fp32", "zero_stage": 2, "offload_optimizer": True},
+    for i, settings in enumerate([{"precision": "fp32"},
+                                  {"precision": "fp32", "zero_stage": 2, "offload_optimizer": True},
                                   {"precision": "fp32", "fsdp": "full_shard"}]):
         rec = run_trial("tiny", {**settings, "micro_batch_size": 4}, device="cpu", workers=2, steps=2, warmup=1,
                         global_batch=32)
@@ -145,7 +146,8 @@ def test_an_export_says_how_to_launch_it_and_its_folder_can_move(store_dir, tmp_
                f"trainscout.runtime.hf.training_arguments({str(out)!r})" in printed, printed
         exported = json.loads((out / "trainscout.json").read_text())
         assert exported["launch"]["launcher"] == "accelerate"
-        assert os.access(out / "launch.sh", os.X_OK) and "accelerate launch --config_file" in (out / "launch.sh").read_text()
+        assert os.access(out / "launch.sh", os.X_OK)
+        assert "accelerate launch --config_file" in (out / "launch.sh").read_text()
         for f in out.iterdir():
             text = f.read_text()
             assert str(tmp_path) not in text and str(store_dir) not in text, (f.name, text[:500])
@@ -162,8 +164,8 @@ def test_an_export_says_how_to_launch_it_and_its_folder_can_move(store_dir, tmp_
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     res = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate.yaml",
-                          "--main_process_port", str(port), "ranks.py"], cwd=folder, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, OUT=str(tmp_path / "run")))
+                          "--main_process_port", str(port), "ranks.py"], cwd=folder, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, OUT=str(tmp_path / "run")))
     ranks = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("rank"))
     assert res.returncode == 0 and ranks == ["rank 0 of 2 cpu", "rank 1 of 2 cpu"], (ranks, res.stderr[-2000:])
 
@@ -338,8 +340,8 @@ def test_the_summary_splits_what_trials_cost_outside_their_steps_into_the_parts_
     for r, compile_s in zip(recs, (4.0, 6.0)):
         r.metrics.update(build_s=8.0, model_s=1.0, compile_s=compile_s, warmup_s=0.5, gate_s=2.0)
     line = overhead_parts(recs, [12.0, 14.0])
-    assert line.startswith("model and engine 1.0 s, torch.compile 5.0 s, probe or warm-up steps 2.5 s, quality gate 2.0 s "
-                           "in 2 of 2, the rest 2.5 s")
+    assert line.startswith("model and engine 1.0 s, torch.compile 5.0 s, probe or warm-up steps 2.5 s, quality gate "
+                           "2.0 s in 2 of 2, the rest 2.5 s")
     for r, handoff in zip(recs, (0.2, 0.4)):  # records since session 21 split the rest
         r.metrics.update(handoff_s=handoff, reset_s=0.5, gc_s=0.7, autotune_s=1.0)
     assert "probe or warm-up steps 2.5 s (inductor autotuning new kernels 1.0 s)" in overhead_parts(recs, [12.0, 14.0])

@@ -279,9 +279,9 @@ def _planted(rows: list[dict]) -> tuple[list[dict], dict[int, str]]:
         dict(third, record=dict(third["record"], model="pythia-12b")),  # edited, hash left as exported
         edit(other, lambda r: r["record"]["versions"].update(torch="2.1.0") or r["provenance"].update(torch="2.1.0")),
     ]
-    why = {2: "physically impossible", 3: "is not global_batch x seq_len / step_s", 4: "above the GPU's", 5: "missing provenance: torch",
-           6: "fp8=tensorwise needs torchao", 7: "conflicting duplicate of line 1", 8: "content hash does not match",
-           9: "torch 2.1.0 is older than trainscout supports"}
+    why = {2: "physically impossible", 3: "is not global_batch x seq_len / step_s", 4: "above the GPU's",
+           5: "missing provenance: torch", 6: "fp8=tensorwise needs torchao", 7: "conflicting duplicate of line 1",
+           8: "content hash does not match", 9: "torch 2.1.0 is older than trainscout supports"}
     return planted, why
 
 
@@ -391,7 +391,8 @@ def test_the_atlas_page_is_one_self_contained_file_over_the_whole_atlas(tmp_path
 
 
 def test_the_page_stays_light_at_ten_thousand_rows(tmp_path):
-    spec = importlib.util.spec_from_file_location("atlas_page_bench", os.path.join(ROOT, "bench", "atlas_page_bench.py"))
+    spec = importlib.util.spec_from_file_location("atlas_page_bench",
+                                                  os.path.join(ROOT, "bench", "atlas_page_bench.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     atlas = bench.synthetic(10_000)

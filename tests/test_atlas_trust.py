@@ -274,7 +274,8 @@ def test_lookups_first_row_is_what_export_best_would_write():
             for r in fit:
                 row = next(x for x in atlas.rows if x["key"] == r["key"])
                 recs.append(Record.from_dict(dict(row["record"], key=r["key"],
-                                                  metrics=dict(row["record"]["metrics"], tokens_per_s=r["tokens_per_s"]))))
+                                                  metrics=dict(row["record"]["metrics"],
+                                                               tokens_per_s=r["tokens_per_s"]))))
             assert choose(recs).best.key == g["rows"][0]["key"], model
 
 
@@ -350,8 +351,8 @@ def test_a_saver_that_keeps_activations_on_the_host_is_tried_at_a_smaller_micro_
     hw = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "gpu_memory_gib": 79.2,
           "capability": "9.0"}
     host = 32 * 2**30
-    spec, mem, why, refused = predict._largest_fit(resolve_model("pythia-410m"), {"activation_offload": "on"}, 1, None, hw,
-                                                   frozenset(), lambda fam: None, 0.85 * 79.2 * 2**30, host)
+    spec, mem, why, refused = predict._largest_fit(resolve_model("pythia-410m"), {"activation_offload": "on"}, 1, None,
+                                                   hw, frozenset(), lambda fam: None, 0.85 * 79.2 * 2**30, host)
     assert spec is not None and why is None and not refused, why
     assert memory.host_refusal(spec, host, memory.MARGIN) is None
     assert 1 <= spec.plan.micro_batch_size < 256

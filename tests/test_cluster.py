@@ -207,7 +207,8 @@ def test_a_cluster_that_refuses_the_driver_is_said_in_one_line(token_head, tmp_p
     assert "refused this driver (Ray token authentication)" in line and "ray get-auth-token" in line, line
     assert not out.exists() and took < 60, took  # nothing written, no 32 s of retries
     res = subprocess.run(search(token_head["address"], out, 1, "--trials", "1"), cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+                         text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                      if not k.startswith("RAY_AUTH")}
                          | {"HOME": str(tmp_path)})  # no token at all, token mode not set
     [line] = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and "set RAY_AUTH_MODE=token" in line, res.stderr[-2000:]

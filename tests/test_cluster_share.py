@@ -110,8 +110,8 @@ def test_a_trials_time_limit_starts_when_its_ranks_are_placed(ray_cluster):
     for n in ray_cluster["cpu_nodes"]:
         assert send(f"block {n} 2") == "blocked"
     try:
-        p = start([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu", "--steps", "2",
-                   "--warmup", "1", *sets, "--address", ray_cluster["address"], "--timeout", "12", "--json"])
+        p = start([sys.executable, "-m", "trainscout.cli", "trial", "--model", "tiny", "--device", "cpu", "--steps",
+                   "2", "--warmup", "1", *sets, "--address", ray_cluster["address"], "--timeout", "12", "--json"])
         assert send("pending 120") == "pending", p.communicate(timeout=60)
         time.sleep(10)  # waiting for its placement: most of the trial's 12 s
         assert p.poll() is None, p.communicate()

@@ -134,7 +134,8 @@ def test_trial_refuses_the_sequence_length_in_one_line_with_exit_2(tmp_path):
     cfg = tmp_path / "neox.json"
     cfg.write_text(json.dumps(CONFIG))
     res = subprocess.run([sys.executable, "-m", "trainscout.cli", "estimate", "--model", str(cfg), "--workers", "2",
-                          "--seq-len", "63", "--set", "context_parallel=2"], capture_output=True, text=True, timeout=120)
+                          "--seq-len", "63", "--set", "context_parallel=2"], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 2, (res.stdout, res.stderr[-2000:])
     lines = [ln for ln in res.stderr.splitlines() if "context_parallel" in ln]
     assert len(lines) == 1 and "--seq-len 63 is not a multiple of 4: use --seq-len 60 or 64" in lines[0], res.stderr

@@ -147,7 +147,8 @@ def test_the_package_has_no_import_cycle():
     graph = import_graph()
     assert len(graph) > 40 and graph["trainscout.trial.worker"]  # the walk found the package and its imports
     # a package __init__ importing its own submodules is not a cycle; anything else is
-    found = [c for c in cycles(graph) if not all(m.startswith(min(c, key=len) + ".") or m == min(c, key=len) for m in c)]
+    found = [c for c in cycles(graph) if not all(m.startswith(min(c, key=len) + ".") or m == min(c, key=len)
+                                                 for m in c)]
     assert found == []
 
 

@@ -148,7 +148,8 @@ def test_a_failing_heartbeat_is_said(tmp_path, capsys):
     lease.release()
     err = [ln for ln in capsys.readouterr().err.splitlines() if "heartbeat" in ln]
     assert len(err) == 1, err  # rate-limited: one line for several failed beats
-    assert err[0].startswith("trainscout: warning: the heartbeat of lease claim:k failed (") and "no such table" in err[0]
+    assert err[0].startswith("trainscout: warning: the heartbeat of lease claim:k failed (")
+    assert "no such table" in err[0]
 
 
 def _writable(path) -> bool:

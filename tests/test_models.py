@@ -126,8 +126,10 @@ def write(tmp_path, d, name="config.json"):
 
 @pytest.mark.parametrize("cfg, expected", [
     (GPT2, Sizes(layers=2, hidden=64, heads=4, kv_heads=4, vocab=512, intermediate=256, tied=True, max_positions=128)),
-    (BLOOM, Sizes(layers=3, hidden=64, heads=4, kv_heads=4, vocab=384, intermediate=256, tied=True, max_positions=None)),
-    (LLAMA, Sizes(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, intermediate=160, tied=False, max_positions=256)),
+    (BLOOM, Sizes(layers=3, hidden=64, heads=4, kv_heads=4, vocab=384, intermediate=256, tied=True,
+                  max_positions=None)),
+    (LLAMA, Sizes(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, intermediate=160, tied=False,
+                  max_positions=256)),
 ], ids=["gpt2", "bloom", "llama"])
 def test_config_json_of_other_families(tmp_path, cfg, expected):
     """GPT-2 and BLOOM config.json files crashed every command (KeyError: 'num_hidden_layers'): the sizes are read
@@ -139,7 +141,8 @@ def test_config_json_of_other_families(tmp_path, cfg, expected):
     assert m.recipe.seq_len == min(2048, expected.max_positions or 2048)
     seq, attention = 16, "eager" if cfg is BLOOM else "sdpa"  # BLOOM has no SDPA attention in transformers
     if cfg is BLOOM:
-        with pytest.raises(ConfigError, match="attention=sdpa: BloomForCausalLM has no sdpa attention.*set attention=eager"):
+        with pytest.raises(ConfigError, match="attention=sdpa: BloomForCausalLM has no sdpa attention.*set "
+                                              "attention=eager"):
             build_model(m.config, "sdpa", seq)
     model = build_model(m.config, attention, seq)
     x = torch.randint(0, expected.vocab, (2, seq))

@@ -7,7 +7,8 @@ from trainscout.spaces.parallel import data_parallel_ranks, degrees
 
 
 def test_pipeline_stages_is_a_mesh_dimension_and_resolve_writes_it():
-    cfg, plan = resolve({"pipeline_stages": 2, "micro_batch_size": 1}, Context(world_size=4, num_layers=4, global_batch=8))
+    cfg, plan = resolve({"pipeline_stages": 2, "micro_batch_size": 1},
+                        Context(world_size=4, num_layers=4, global_batch=8))
     assert degrees(cfg) == {"pp": 2} and plan.mesh == {"pp": 2}
     dims = ParallelDims.of(plan, 4)
     assert (dims.dp, dims.replicas, dims.names, dims.shape) == (2, 2, ("dp", "pp"), (2, 2))

@@ -115,7 +115,8 @@ def test_pipeline_plan_splits_the_batch():
 
 def test_pipeline_trial_in_a_worker_group(ray_local):
     from trainscout.trial import execute, prepare
-    spec = prepare("tiny", {"pipeline_stages": 2, "pipeline_microbatches": 2, "micro_batch_size": 2, "precision": "fp32"},
+    spec = prepare("tiny", {"pipeline_stages": 2, "pipeline_microbatches": 2, "micro_batch_size": 2,
+                            "precision": "fp32"},
                    device="cpu", workers=2, steps=2, warmup=1, global_batch=8)
     r = execute(spec, timeout=240)
     assert r.status == "ok", (r.error, r.stderr_tail)

@@ -64,9 +64,9 @@ def plugin_search(plugin_env, tmp_path_factory):
     run (after them, alone, it took 17.5 s): (Popen, out, read() -> stderr once it ended, from a file)."""
     root = tmp_path_factory.mktemp("plugin-search")
     out = root / "plug"
-    fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa", "precision": "fp32",
-             "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none", "pipeline_stages": 1,
-             "optimizer_state": "fp32"}  # torchao's low-bit states compile their step: 49 s here on a cold cache
+    fixed = {"compile": "false", "loss_kernel": "eager", "zero_stage": 0, "tf32": "true", "attention": "sdpa",
+             "precision": "fp32", "micro_batch_size": 4, "fsdp": "off", "activation_checkpointing": "none",
+             "pipeline_stages": 1, "optimizer_state": "fp32"}  # torchao's low-bit states compile their step: 49 s here on a cold cache
     sets = [a for k, v in fixed.items() for a in ("--set", f"{k}={v}")]
     p = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
                           "--gpus-per-trial", "2", "--steps", "1", "--warmup", "0", "--trials", "2", "--seed", "0",
@@ -224,7 +224,8 @@ def test_a_real_search_samples_the_plugin_knob(plugin_search):
     from trainscout.analysis.table import store_of
     store = store_of(str(out))
     trials = store.trials("plug")
-    assert len(trials) == 2 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments") for t in trials)
+    assert len(trials) == 2 and all(t["config"]["cuda_alloc_conf"] in ("default", "expandable_segments")
+                                    for t in trials)
     assert all(t["config"]["mlp_checkpointing"] in (False, True) and t["status"] in ("ok", "stopped") for t in trials)
     for rec in store.measurements():
         want = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if rec.config["cuda_alloc_conf"] != "default" else {}

@@ -92,8 +92,8 @@ def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tm
     from trainscout.store import Store, default_url
     out = tmp_path / "q"
     rc = main(["search", "--model", "tiny", "--device", "cpu", "--gpus-per-trial", "1", "--steps", "2", "--warmup", "1",
-               "--trials", "2", "--out", str(out), "--set", "compile=false", "--set", "zero_stage=0", "--set", "fsdp=off",
-               "--set", "loss_kernel=eager", "--set", "precision=fp32", "--set", "pipeline_stages=1",
+               "--trials", "2", "--out", str(out), "--set", "compile=false", "--set", "zero_stage=0", "--set",
+               "fsdp=off", "--set", "loss_kernel=eager", "--set", "precision=fp32", "--set", "pipeline_stages=1",
                "--set", "micro_batch_size=8",  # verify trains 24 steps of its micro-batch: enough text to learn
                "--quality", "strict"])
     printed = capsys.readouterr().out

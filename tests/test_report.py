@@ -20,7 +20,8 @@ from trainscout.trial import run_trial
 pytestmark = pytest.mark.timeout(600)
 
 RUNS = [({"precision": "fp32", "micro_batch_size": 4}, None), ({"precision": "fp32", "micro_batch_size": 8}, None),
-        ({"precision": "bf16-mixed", "micro_batch_size": 4}, None), ({"precision": "fp32", "micro_batch_size": 2}, "crash")]
+        ({"precision": "bf16-mixed", "micro_batch_size": 4}, None),
+        ({"precision": "fp32", "micro_batch_size": 2}, "crash")]
 
 
 def make_store(d: str) -> str:
@@ -118,7 +119,8 @@ def test_costs_follow_the_price_table(store_dir, cpu_prices):
 
 
 @pytest.mark.parametrize("prices, says", [
-    ({"gpus": {"H100": {"rent_usd_per_gpu_hour": -1}}}, "gpus.H100.rent_usd_per_gpu_hour is -1 (negative): give a price >= 0"),
+    ({"gpus": {"H100": {"rent_usd_per_gpu_hour": -1}}},
+     "gpus.H100.rent_usd_per_gpu_hour is -1 (negative): give a price >= 0"),
     ({"gpus": {"H10O": {"gpu_usd": 1}}}, "gpus.H10O: unknown GPU"),
     ({"gpus": {"A6000": {"gpu_usd": "cheap"}}}, "gpus.A6000.gpu_usd is 'cheap'"),
     ({"gpus": {"L4": {"price": 1}}}, "gpus.L4.price is not a price field"),

@@ -110,10 +110,10 @@ def test_a_pipeline_measurement_is_not_exported_as_plain_ddp(tmp_path):
     from trainscout.trial.records import Record
     cfg, plan = resolve({"pipeline_stages": 2, "micro_batch_size": 2, "precision": "fp32"},
                         Context(world_size=2, num_layers=2, global_batch=16))
-    rec = Record.from_dict({"model": "tiny", "config": cfg, "status": "ok", "model_config": resolve_model("tiny").config,
-                            "device": "cpu", "world_size": 2, "plan": plan.to_dict(), "recipe": TINY_RECIPE.to_dict(),
-                            "grad_accum": plan.grad_accum, "hardware": {"device": "cpu"}, "versions": {},
-                            "metrics": {"tokens_per_s": 1.0}})
+    rec = Record.from_dict({"model": "tiny", "config": cfg, "status": "ok",
+                            "model_config": resolve_model("tiny").config, "device": "cpu", "world_size": 2,
+                            "plan": plan.to_dict(), "recipe": TINY_RECIPE.to_dict(), "grad_accum": plan.grad_accum,
+                            "hardware": {"device": "cpu"}, "versions": {}, "metrics": {"tokens_per_s": 1.0}})
     with pytest.raises(ConfigError, match="use --format command"):
         export(rec, str(tmp_path / "hf"), ("hf",))
     assert not (tmp_path / "hf").exists()
@@ -137,8 +137,8 @@ def test_a_relative_config_json_model_searches_verifies_and_trains(tmp_path, mon
     monkeypatch.chdir(work)  # in this process, on the session's Ray (a subprocess search starts its own: 15-20 s)
     capsys.readouterr()
     assert main(["search", "--model", "./my-config.json", "--device", "cpu", "--gpus-per-trial", "1", "--trials", "1",
-                 "--steps", "1", "--warmup", "0", "--global-batch", "8", "--seq-len", "64", "--out", str(tmp_path / "s"),
-                 *fixed]) == 0
+                 "--steps", "1", "--warmup", "0", "--global-batch", "8", "--seq-len", "64", "--out",
+                 str(tmp_path / "s"), *fixed]) == 0
     assert "1 ok" in capsys.readouterr().out
     monkeypatch.chdir(elsewhere)  # the rest as the same user would run it from another directory
     assert main(["verify", str(tmp_path / "s"), "--steps", "1", "--warmup", "0"]) == 0

@@ -24,7 +24,8 @@ FAST = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_s
 
 def search_cli(out, *extra, fast=True):
     return [sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-            "--gpus-per-trial", "2", "--steps", "3", "--warmup", "1", "--out", str(out), *(FAST if fast else []), *extra]
+            "--gpus-per-trial", "2", "--steps", "3", "--warmup", "1", "--out", str(out), *(FAST if fast else []),
+            *extra]
 
 
 def search_here(out, *extra, fast=True) -> int:
@@ -91,7 +92,8 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray
     # one numbering: the live table's "#", the report's and Optuna's trial number are the same
     shown = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s*(\d+) ([0-9a-f]{5,10}) +([a-z]+\*?) ",
                                                               res.out, re.M)}
-    assert len(shown) == len(trials) and all(ran[tid].number == shown[tid[-10:]] for tid in ran), (shown, res.out[-2000:])
+    assert len(shown) == len(trials) and all(ran[tid].number == shown[tid[-10:]]
+                                             for tid in ran), (shown, res.out[-2000:])
     from trainscout.analysis.report import analyse
     df = analyse(str(out)).df
     assert {r["trial"]: r["n"] for r in df.to_dict("records")} == {tid: t.number for tid, t in ran.items()}
@@ -165,7 +167,8 @@ def test_bad_space_files_exit_2_with_one_line(tmp_path, capsys, content, field):
     path = tmp_path / "space.yaml"
     path.write_text(content)
     out = tmp_path / "out"
-    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--space", str(path), "--out", str(out)])
+    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--space", str(path), "--out",
+               str(out)])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and field in err and "Traceback" not in err, err
     assert not out.exists() and not os.path.exists(MARKER)  # nothing written half-way, no payload ran
@@ -174,7 +177,8 @@ def test_bad_space_files_exit_2_with_one_line(tmp_path, capsys, content, field):
 def test_huge_space_file_is_refused(tmp_path, capsys):
     path = tmp_path / "space.yaml"
     path.write_text("# " + "x" * (10 << 20))
-    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--space", str(path), "--out", str(tmp_path / "o")])
+    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "2", "--space", str(path), "--out",
+               str(tmp_path / "o")])
     assert rc == 2 and "at most" in capsys.readouterr().err
 
 
@@ -287,7 +291,8 @@ def test_start_points_from_the_store_take_the_best_mfu_of_other_models_on_this_g
     assert first["micro_batch_size"] == "max" and first not in have
     assert all(first[k] == best.config[k] for k in first if k in best.config and k != "micro_batch_size")  # its knobs
     # the same best with a failed quality gate (it trains another model): not a start point to copy
-    failed = best.replace(metrics=dict(best.metrics, quality={"gate": "failed", "changes": {"fp8": "x"}, "why": "test"}))
+    failed = best.replace(metrics=dict(best.metrics, quality={"gate": "failed", "changes": {"fp8": "x"},
+                                                              "why": "test"}))
     again = store_points(args, space, hw, [failed if r is best else r for r in grid], have)
     assert again and f"MFU {best.m['mfu']:.3f}" not in again[0][1], (again[0][1], best.m["mfu"])
     assert store_points(args, space, dict(hw, gpu="NVIDIA A100"), grid, have) == []  # another GPU kind: none
@@ -373,7 +378,8 @@ def test_a_cpu_search_starts_from_the_defaults_with_the_knobs_it_is_given(tmp_pa
     """`search --trials 1 --set ...` on the CPU runs the start point: the knobs given as given, every other searched
     knob at its default (it drew random values for them: eager attention, full checkpointing, FSDP on one GPU)."""
     out = tmp_path / "start"
-    assert search_here(out, "--trials", "1", "--seed", "7", "--set", "precision=fp32", "--set", "micro_batch_size=4") == 0
+    assert search_here(out, "--trials", "1", "--seed", "7", "--set", "precision=fp32", "--set",
+                       "micro_batch_size=4") == 0
     [t] = store_of(out).trials("start")
     defaults = {k.name: k.default for k in all_knobs()}
     given = {"precision": "fp32", "micro_batch_size": 4, "compile": False, "loss_kernel": "eager", "zero_stage": 0,

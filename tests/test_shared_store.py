@@ -210,9 +210,9 @@ def pg_searches(postgres, ray_cluster, tmp_path_factory):
             pass
         time.sleep(0.5)
     (root / "elsewhere" / "s-a").mkdir(parents=True)
-    twin = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--resume", str(root / "elsewhere" / "s-a"),
-                           "--storage", bare, "--address", addr], cwd=ROOT, env=postgres.env(), capture_output=True,
-                          text=True, timeout=300)
+    twin = subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--resume",
+                           str(root / "elsewhere" / "s-a"), "--storage", bare, "--address", addr], cwd=ROOT,
+                          env=postgres.env(), capture_output=True, text=True, timeout=300)
     outs = {"a": a.communicate(timeout=600), "b": b.communicate(timeout=600)}
     codes = {"a": a.returncode, "b": b.returncode}
     together_s = time.time() - t0

@@ -88,7 +88,8 @@ def test_defaults_resolve_to_plain_ddp():
     ({"fsdp": "full_shard", "precision": "fp16-mixed"}, "fsdp", "set precision=bf16-mixed or fsdp=off"),
     ({"zero_stagee": 1}, "zero_stagee", "did you mean zero_stage"),
     ({"compile_scope": "layers"}, "compile_scope", "set compile=true"),
-    ({"compile": True, "compile_scope": "layers", "zero_stage": 1}, "compile_scope", "set compile_scope=model or zero_stage=0"),
+    ({"compile": True, "compile_scope": "layers", "zero_stage": 1}, "compile_scope",
+     "set compile_scope=model or zero_stage=0"),
 ])
 def test_constraints_refuse_with_the_fix(settings, field, fix):
     ctx = GPU if settings.get("precision") == "fp16-mixed" and "fsdp" in settings else CTX
@@ -178,7 +179,8 @@ def _special_values(knob) -> list:
 # small recipes (global batch 1..4) on 1-8 ranks, CPU and an H200; pipeline settings (none first) with a schedule of
 # one model chunk per rank and one of two (the chunks are what the layer count must split into)
 SMALL = [Context(world_size=w, device=box.device, num_layers=L, global_batch=g, capability=box.capability,
-                 installed=box.installed) for w in (1, 2, 4, 8) for g in (1, 2, 3, 4) for L in (2, 4) for box in (CTX, GPU)]
+                 installed=box.installed) for w in (1, 2, 4, 8) for g in (1, 2, 3, 4) for L in (2, 4)
+         for box in (CTX, GPU)]
 PIPELINES = [{}] + [{"pipeline_stages": s, "pipeline_microbatches": m, "pipeline_schedule": sc}
                     for s in spaces.get("pipeline_stages").choices[1:]
                     for m in spaces.get("pipeline_microbatches").choices
@@ -250,7 +252,8 @@ def test_registry_loads_once_for_concurrent_threads():
             "from trainscout.spaces import Context, resolve\n"
             "ctx = Context(world_size=1, num_layers=4, global_batch=64)\n"
             "with ThreadPoolExecutor(8) as p:\n"
-            "    print(sum(1 for _ in p.map(lambda i: resolve({'micro_batch_size': 8, 'zero_stage': i % 4}, ctx), range(64))))\n")
+            "    print(sum(1 for _ in p.map(lambda i: resolve({'micro_batch_size': 8, 'zero_stage': i % 4}, ctx), "
+            "range(64))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "64", out.stderr[-2000:]
 

@@ -75,7 +75,8 @@ def test_a_real_tiny_search(tmp_path, ray_local, capsys):
     a = report.analyse(str(out))
     assert a.verdicts[0][1].word == KEEP and "verdict: keep searching" in report.summary(a)
     # the same real rows under a shorter window: the rule reads them all the same way
-    rows = [{"status": t["status"], "tokens_per_s": t["tokens_per_s"], "config": t["config"]} for t in store.trials("tiny")]
+    rows = [{"status": t["status"], "tokens_per_s": t["tokens_per_s"], "config": t["config"]}
+            for t in store.trials("tiny")]
     oks = [r["tokens_per_s"] for r in rows if r["status"] == "ok"]
     if len(oks) >= 2:
         short = verdict(rows, None, window=1, min_measured=2)
