@@ -383,4 +383,4 @@ if (location.hash === "#bench") {  // headless timing: each filter once, the tim
   document.body.appendChild(out);
 }
 </script></body></html>
-"""
+"""  # noqa: E501 - the page's HTML, CSS and script as the browser gets them

@@ -9,9 +9,9 @@ in LEVELS where no row of it is measured; the architecture's family, dense or a 
 every level but the last) and, among those, the two measured model shapes nearest in parameter count (another
 architecture counts as farther), each row's ratio carried to the configuration by the measured effect of every
 knob it differs in (calibrate.knob_effects: pairs of rows, on any GPU kind, that differ in that knob alone, on the
-same GPU count, from the model shape nearest). Leave-one-out over the shipped rows shows what that is worth: each row predicted
-from the rows of the other models only (its own model held out, as for a model never measured), and from the other
-rows (its repeats held out too); `loo_table` prints both.
+same GPU count, from the model shape nearest). Leave-one-out over the shipped rows shows what that is worth: each row
+predicted from the rows of the other models only (its own model held out, as for a model never measured), and from the
+other rows (its repeats held out too); `loo_table` prints both.
 
 Everything a row needs is computed once by bench/build_atlas.py (the roofline and the memory terms build the model
 on the meta device) and shipped in atlas/model.json, so lookup answers from it without torch; a model
@@ -112,6 +112,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     count = flops.count(spec_model.config)
     peak_tflops = metrics.gpu_peak_tflops(hw_name)
     effects = knob_effects(pool)  # what each knob alone did, on any GPU kind
+    measured_kind = any(s.gpu == kind for s in pool)
     for r in rows:
         same_count = [s for s in on_kind if s.world == r["gpus"]]
         ratio, used, level = calibrate(r.pop("_fam"), n, arch, same_count or on_kind,
@@ -120,8 +121,17 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         step = max(gpu_s, host_s)  # never under the host's floor (Sample.predicted_s)
         if host_s > gpu_s:  # said: the step is the engine's host work, not the GPU's (steptime.host_s)
             r["describe"] += f" [host-bound: the engine's hooks take {host_s:.2f} s a step, the GPU {gpu_s:.2f}]"
-        tps = r["tokens_per_step"] / step
         fpt = count.per_token(r["tokens_per_step"] // r["global_batch"])  # MFU as the atlas counts it (trial/mfu.py)
+        ceiling = max((s.mfu for s in used if s.mfu), default=None)
+        mfu = metrics.mfu(r["tokens_per_step"] / step, fpt, peak_tflops, r["gpus"])
+        if not measured_kind and ceiling and mfu and mfu > ceiling:
+            # a kind never measured runs no nearer its peak than the rows it is calibrated on: their ratio to the
+            # roofline, carried to a GPU of another balance of compute and bandwidth (the H20: little compute for
+            # its bandwidth), had its FP8 products run above its bf16 peak (MFU > 1), which no record may claim
+            step *= mfu / ceiling
+            r["describe"] += (f" [capped at MFU {ceiling:.2f}, the highest of the rows it is calibrated on: the "
+                              f"roofline carried to {kind} gave {mfu:.2f}]")
+        tps = r["tokens_per_step"] / step
         r.update(step_s=step, tokens_per_s=tps, level=level, ratio=ratio, calibrated_on=sorted({s.model for s in used}),
                  calibrated_ids=sorted(s.id for s in used), calibrated_gpus=sorted({str(s.gpu) for s in used}),
                  calibrated_families=sorted({s.family for s in used}),
@@ -272,7 +282,8 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
         return None, None, host_why, False
     if smallest is None:
         return None, None, "no micro-batch divides the batch", True
-    return None, None, f"predicted {smallest[1] / GiB:.1f} GiB at micro-batch {smallest[0]} > {cap / GiB:.1f} GiB", False
+    return (None, None, f"predicted {smallest[1] / GiB:.1f} GiB at micro-batch {smallest[0]} > {cap / GiB:.1f} GiB",
+            False)
 
 
 # --- what bench/build_atlas.py ships ----------------------------------------------------------------------------

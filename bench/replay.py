@@ -148,7 +148,8 @@ def ledger_classes():
             if self.done:
                 return
             r = trial.last_result or {}
-            kind = Status.STOPPED if r.get("status") == Status.RUNNING else "stored" if r.get("cached") else r.get("status")
+            kind = (Status.STOPPED if r.get("status") == Status.RUNNING
+                    else "stored" if r.get("cached") else r.get("status"))
             self.n += 1
             cost, row = self.charge(trial.config, r, kind)
             self.spent += cost

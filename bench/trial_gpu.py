@@ -1,8 +1,9 @@
 """GPU trials: yardstick rows, engines on Pythia-410M, projection vs a full step, the memory model's
 calibration set (Pythia-160M/410M/1B), and Pythia-1B spread over all GPUs of a box (ZeRO, FSDP2, pipeline).
 
-Usage: python bench/trial_gpu.py [--group yardstick|engines|projection|memory|kernels|loss|fp8_lce|handset_llama|multi|pipeline|all] [--case TEXT] [--out results.jsonl]
-       [--store DIR] [--parallel K]
+Usage: python bench/trial_gpu.py
+       [--group yardstick|engines|projection|memory|kernels|loss|fp8_lce|handset_llama|multi|pipeline|all]
+       [--case TEXT] [--out results.jsonl] [--store DIR] [--parallel K]
 Each case is a real `trainscout trial` (fresh Ray Train worker processes); prints one JSON line per case and a
 table last. --parallel runs K one-GPU cases at once (one per GPU); --store also keeps every record in a results
 store (for `trainscout estimate --calibrate DIR` and bench/memory_error.py). The yardstick rows use its settings:

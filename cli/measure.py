@@ -323,7 +323,8 @@ def verify_quality(a) -> int:
     else:
         print("  the reference never reached the candidate's final loss: no speed at equal loss")
     if r["verdict"] == "failed":
-        print(f"  failed: {r.get('why') or 'the loss is not within +' + format(TOLERANCE, '.0%') + ' of the reference'}")
+        why = r.get("why") or "the loss is not within +" + format(TOLERANCE, ".0%") + " of the reference"
+        print(f"  failed: {why}")
     return code
 
 

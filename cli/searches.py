@@ -20,9 +20,9 @@ Output folders: a new search into a folder (or --storage) that already holds a s
 name) is refused: continue it with --resume DIR, or give another --out. --resume DIR continues the search with the
 settings it was started with; it may take a larger --trials (it says so), a --time-budget for this run, --storage
 and --address; --model, --space, --set, --steps, --seed and the other settings may be repeated but not changed
-(refused, naming the flag). A search does not measure a configuration twice while others are left. While a
-search runs in a folder, a second one there is refused. Ctrl-C stops the running trials, keeps every result measured and exits
-130; --resume continues."""
+(refused, naming the flag). A search does not measure a configuration twice while others are left. While a search runs
+in a folder, a second one there is refused. Ctrl-C stops the running trials, keeps every result measured and exits 130;
+--resume continues."""
 
 
 # The CPU demo: tiny model, 2 workers, 6 trials, the knobs fixed where they would need a compiler (demo_sets)
@@ -35,8 +35,9 @@ def demo_sets() -> dict:
     return {k.name: fmt(k.demo) for k in all_knobs() if k.demo is not None}
 
 
+# applied after parsing: a resume must know which flags were given
 SEARCH_DEFAULTS = {"device": "auto", "gpus_per_trial": 1, "out": "runs/search", "seed": 0, "steps": 5, "warmup": 2,
-                   "max_failures": 0, "one_node": True}  # applied after parsing: a resume must know which flags were given
+                   "max_failures": 0, "one_node": True}
 
 
 TRACKERS = ("mlflow", "wandb", "tensorboard")  # search --track: Ray Tune's own logger callbacks (search/driver.py)
@@ -235,7 +236,8 @@ INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a tr
 
 def cmd_results(a) -> int:
     """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
-    from trainscout.analysis.table import METRICS, best_choice, dumps, fit_table, load_resolved, store_of, terminal_width
+    from trainscout.analysis.table import (METRICS, best_choice, dumps, fit_table, load_resolved, store_of,
+                                           terminal_width)
     from trainscout.store import one_line, storage_url
     if a.export_file or a.import_file:
         if a.import_file:

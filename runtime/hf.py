@@ -162,8 +162,8 @@ def _fsdp_for_installed(args: dict) -> dict:
 
 def read_arguments(export: str) -> dict:
     """The export's training_args.json as keyword arguments of the installed transformers' TrainingArguments: spelled
-    for it (for_installed; trainscout.json names the version it was written for) and with the paths it holds made absolute
-    against the export folder (written relative, so the folder can move). Every field as written otherwise."""
+    for it (for_installed; trainscout.json names the version it was written for) and with the paths it holds made
+    absolute against the export folder (written relative, so the folder can move). Every field as written otherwise."""
     with open(os.path.join(export, "training_args.json"), encoding="utf-8") as f:
         args = json.load(f)
     for name in PATH_FIELDS:

@@ -1,1 +1,2 @@
-"""Search the knob space with real trials: Ray Tune schedules, Optuna samples, ASHA stops early, a SQL store remembers."""
+"""Search the knob space with real trials: Ray Tune schedules, Optuna samples, ASHA stops early, a SQL store
+remembers."""

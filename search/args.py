@@ -45,7 +45,8 @@ class SearchArgs:
     name: str | None = None
     max_failures: int = 0  # a crashed trial is measured again up to this many times (oom/invalid/timeout never)
     quality: str = "mark"  # mark: every best says whether it trains the same model; strict: only those are best
-    max_concurrent: int | None = None  # trials at once (None: what the cluster holds; attached: a fair share of its room)
+    # trials at once (None: what the cluster holds; attached: a fair share of its room)
+    max_concurrent: int | None = None
     one_node: bool = True  # each trial's ranks on one node (placement group STRICT_PACK); False: may be split
     space_content: dict | None = None  # the space file as read when the search started: a resume uses it
 

@@ -38,7 +38,8 @@ class Printer:
     def __init__(self, space: Space, stream=None, *, total: int | None = None, budget_s: float | None = None,
                  ranks: int = 1, unit: str = "GPU"):
         self.space, self.stream, self.best, self.n = space, stream, None, 0
-        self.counted = 0  # rows that count toward --trials (not refused or pruned before running, nor lost: NOT_COUNTED)
+        # rows that count toward --trials (not refused or pruned before running, nor lost: NOT_COUNTED)
+        self.counted = 0
         self.to_stderr = stream is sys.stderr  # --json: the table goes to stderr, stdout holds the JSON alone
         self.header = False
         # the progress line: trials to go (None: until the budget), the budget, the ranks each trial holds

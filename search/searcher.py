@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from trainscout.trial.status import NOT_MEASURED, Status
 
-from .outcomes import FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
+from .outcomes import (FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs,
+                       set_constraint)
 from .space import knob_params
 from .start import spec_at
 from .trainable import FREE_RUN, METRIC

@@ -42,8 +42,8 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False, started: flo
     """Run (or, resume=True, continue) a search; returns a summary with the best configurations ("interrupted":
     True when Ctrl-C ended it). A new search into a store that holds a search of its name (the --out folder's) is
     refused, and so is a second search on a folder while one runs there. A time budget counts from `started` (the
-    command's start, time.time(); default: now) and the search has ended, its summary printed, by then. track:
-    the trackers each trial is logged to as a run (mlflow, wandb, tensorboard: Ray Tune's callbacks, driver.trackers)."""
+    command's start, time.time(); default: now) and the search has ended, its summary printed, by then. track: the
+    trackers each trial is logged to as a run (mlflow, wandb, tensorboard: Ray Tune's callbacks, driver.trackers)."""
     started = time.time() if started is None else started
     deadline = started + args.time_budget_s if args.time_budget_s else None
     stream = stream or sys.stdout

@@ -23,10 +23,10 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
     probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
     CPU the smallest that fits the host's memory (_largest_fit says why). On a GPU the knobs' start values follow,
-    step by step (Knob.start: compile on with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor cores). With two or more trials at
-    once they run side by side. Where the defaults do not fit even at the smallest micro-batch, the memory saver of
-    the space predicted fastest of those that make them fit (the GPU and the host) is added first (fits), and
-    `notes` says which and why. A CPU search of a
+    step by step (Knob.start: compile on with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor
+    cores). With two or more trials at once they run side by side. Where the defaults do not fit even at the smallest
+    micro-batch, the memory saver of the space predicted fastest of those that make them fit (the GPU and the host) is
+    added first (fits), and `notes` says which and why. A CPU search of a
     real model (pythia-14m, 3 trials) drew 1 invalid and 2 pruned configurations and measured nothing; `--trials 1
     --set micro_batch_size=...` drew random values for the knobs left (eager attention, full checkpointing, FSDP on
     one GPU)."""

@@ -38,7 +38,8 @@ _lock = threading.RLock()
 
 def _load() -> None:
     """Import every built-in knob file, then the knobs of installed plugins (entry-point group trainscout.knobs;
-    spaces.plugins: a plugin that fails is named and left out). Thread-safe: a second thread waits until the registry is complete (trials started from threads share it)."""
+    spaces.plugins: a plugin that fails is named and left out). Thread-safe: a second thread waits until the registry is
+    complete (trials started from threads share it)."""
     global _loaded
     if _loaded:
         return

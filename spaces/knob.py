@@ -101,7 +101,8 @@ class Knob:
     hook_rank: ClassVar[int] = 0
     column: ClassVar[int] = 0
     demo: ClassVar[Any] = None
-    # the knob also takes "auto", never searched: `concrete` decides what it runs (compile_scope, experts, optimizer_impl)
+    # the knob also takes "auto", never searched: `concrete` decides what it runs (compile_scope, experts,
+    # optimizer_impl)
     auto: ClassVar[bool] = False
     mesh_dim: ClassVar[str | None] = None  # the device-mesh dimension this knob's value is the degree of
     formats: ClassVar[tuple[str, ...] | None] = None  # export formats that carry it when set (None: the engine's)
@@ -187,8 +188,8 @@ class Knob:
 
     # --- runtime ------------------------------------------------------------------------------------------
     def transform(self, model, plan: Plan):
-        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one). A
-        knob that declares `transform(self, model, plan, dims=None)` is given the trial's spaces.parallel.ParallelDims."""
+        """Change the model as the plan says (at this knob's stage); return the model (the same or a new one). A knob
+        that declares `transform(self, model, plan, dims=None)` is given the trial's spaces.parallel.ParallelDims."""
         return model
 
     def wrap_step(self, step, plan: Plan, dims):

@@ -95,7 +95,8 @@ def sizes_of(hf) -> Sizes:
         return v
     hidden = size("hidden_size")
     # only a width the class declares: a stray key (BLOOM's published configs carry "n_inner": null) is not read
-    declared = {f.name for f in dataclasses.fields(hf)} | set(hf.attribute_map) if dataclasses.is_dataclass(hf) else None
+    declared = ({f.name for f in dataclasses.fields(hf)} | set(hf.attribute_map) if dataclasses.is_dataclass(hf)
+                else None)
     inter = next((size(n) for n in _INTERMEDIATE if (declared is None or n in declared)
                   and getattr(hf, n, None) is not None), 4 * hidden)
     heads = size("num_attention_heads", required=False)

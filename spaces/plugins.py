@@ -3,11 +3,12 @@
 A plugin that fails to import, whose knob collides with a registered name, has no `apply`, changes nothing (no value
 away from its default changes the plan its `apply` writes, and it overrides none of Knob's runtime hooks:
 transform, wrap_step, memory, optimizer), requires a knob no one registers or a value outside that knob's domain,
-or raises when its domain, default, description, requirements or `apply` at its default are read, is left out with one warning naming its package, its entry point and the error; every
-other knob works (`trainscout knobs` included: an unguarded `ep.load()` made every command end in the plugin's
-traceback). A plugin knob that raises later, for a value or a model it is given, is named the same way where that
-happens: `parse`, `concrete`, `check`, `apply` as bad input for that knob (`call`), `transform` and `optimizer` as
-the trial's crash, `memory` left out of the memory model with a warning.
+or raises when its domain, default, description, requirements or `apply` at its default are read, is left out with one
+warning naming its package, its entry point and the error; every other knob works (`trainscout knobs` included: an
+unguarded `ep.load()` made every command end in the plugin's traceback). A plugin knob that raises later, for a value or
+a model it is given, is named the same way where that happens: `parse`, `concrete`, `check`, `apply` as bad input for
+that knob (`call`), `transform` and `optimizer` as the trial's crash, `memory` left out of the memory model with a
+warning.
 """
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ def call(knob: Knob, method: str, *args) -> Any:
 
 
 def takes_dims(knob: Knob) -> bool:
-    """Whether the knob's transform takes the trial's ParallelDims (a `dims` keyword); older knobs take (model, plan)."""
+    """Whether the knob's transform takes the trial's ParallelDims (a `dims` keyword); older knobs take (model,
+    plan)."""
     import inspect
     return "dims" in inspect.signature(knob.transform).parameters
 

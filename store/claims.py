@@ -214,8 +214,8 @@ class Lease:
         if not other:
             return (f"search {what}: this driver's lease was freed by another (its row is gone) after it went without "
                     f"a heartbeat: this one stops; continue with --resume once no other driver runs it")
-        after = f" after {other['after_s']:.0f} s without a heartbeat" if isinstance(other.get("after_s"), (int, float)) \
-            else ""
+        after = (f" after {other['after_s']:.0f} s without a heartbeat"
+                 if isinstance(other.get("after_s"), (int, float)) else "")
         return (f"search {what}: another driver (host {other.get('host', '?')}, pid {other.get('pid', '?')}) took "
                 f"over this search's lease{after}: this one stops; its trials are theirs")
 

@@ -131,7 +131,8 @@ def search_command(args: dict, models_dir: str | None = None) -> str:
     if args.get("time_budget_s"):
         parts.append(f"--time-budget {args['time_budget_s']:g}s")
     if args.get("space"):
-        parts.append(f"--space {args['space'] if not os.path.isabs(args['space']) else os.path.basename(args['space'])}")
+        space = args["space"] if not os.path.isabs(args["space"]) else os.path.basename(args["space"])
+        parts.append(f"--space {space}")
     for k, v in sorted((args.get("sets") or {}).items()):
         parts.append(f"--set {k}={v}")
     for k, v in sorted((args.get("recipe") or {}).items()):

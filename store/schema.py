@@ -45,7 +45,8 @@ SEARCH_TRIALS = sa.Table(
     sa.Column("search", sa.String(200), primary_key=True),
     sa.Column("trial", sa.String(64), primary_key=True),   # Ray Tune trial id
     sa.Column("key", sa.String(64)),
-    sa.Column("status", sa.String(16), nullable=False),    # a Status: ok | oom | invalid | crash | timeout | stopped | pruned
+    # a Status: ok | oom | invalid | crash | timeout | stopped | pruned
+    sa.Column("status", sa.String(16), nullable=False),
     sa.Column("cached", sa.Boolean, nullable=False, default=False),
     sa.Column("tokens_per_s", sa.Float),
     sa.Column("config", sa.Text, nullable=False),

@@ -156,7 +156,8 @@ def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:
             faults.probe_built(spec.fault, built)
             _probe_step(built[-1], plan, spec, accum, device)
             if device.type == "cuda":  # fits, but too close to the edge: the timed steps would hit it
-                peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+                peak = torch.cuda.max_memory_allocated(device)
+                total = torch.cuda.get_device_properties(device).total_memory
                 if peak > PROBE_HEADROOM * total:
                     raise torch.OutOfMemoryError(f"probe peak {peak / 2**30:.1f} GiB is over {PROBE_HEADROOM:.0%} "
                                                  f"of {total / 2**30:.1f} GiB")

@@ -109,7 +109,7 @@ class RankResult(_Json):
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"loss", "below"})
 
     rank: int
-    steps: list[dict]               # per timed step: micro (seconds per micro-batch), optim, total, host_first_micro, loss
+    steps: list[dict]               # timed steps: micro (seconds a micro-batch), optim, total, host_first_micro, loss
     micro_batch_size: int
     grad_accum: int
     measured_accum: int
@@ -196,5 +196,6 @@ class Record(_Json):
 
     @property
     def micro_batch(self):
-        """The micro-batch it ran (its plan's; micro_batch_size=max: the one the probe settled on); None without a plan."""
+        """The micro-batch it ran (its plan's; micro_batch_size=max: the one the probe settled on); None without a
+        plan."""
         return self.plan.micro_batch_size if self.plan else None

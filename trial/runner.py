@@ -42,7 +42,8 @@ def detect_device(device: str) -> str:
 
 def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", workers: int = 1, steps: int = 5,
             warmup: int = 2, measure_accum: int | None = None, global_batch: int | None = None,
-            seq_len: int | None = None, total_steps: int | None = None, total_tokens: int | None = None, grad_clip: float | None = None,
+            seq_len: int | None = None, total_steps: int | None = None, total_tokens: int | None = None,
+            grad_clip: float | None = None,
             fault: str | None = None, seed: int = 0, hw: dict | None = None, gate: bool = True,
             installed: frozenset | None = None) -> TrialSpec:
     """Everything a trial needs, validated: raises ConfigError (one line naming the field and the fix).
@@ -365,7 +366,8 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # each timed step's loss (verify --quality compares them), from the rank that has them
         "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
         "micro_batch_size": spec.plan.micro_batch_size,
-        # the dtypes rank 0's optimizer really stepped (trial.dtypes: a trial whose dtypes differ from its label crashes)
+        # the dtypes rank 0's optimizer really stepped (trial.dtypes: a trial whose dtypes differ from its label
+        # crashes)
         "dtypes": ranks[0].dtypes,
         # other trials on its node during the timed steps, and those sharing its CPU or GPU (trial.contention)
         "shared_with": contention.merge([r.shared for r in ranks]),

@@ -107,7 +107,8 @@ def knob_importance(trials: pd.DataFrame, search: str) -> dict | None:
     made = []
     for r, c in zip(rows, cfgs):
         tps = r["tokens_per_s"]
-        value = float(tps) if r["status"] in (Status.OK, Status.STOPPED) and tps is not None and not pd.isna(tps) else 0.0
+        value = (float(tps) if r["status"] in (Status.OK, Status.STOPPED) and tps is not None and not pd.isna(tps)
+                 else 0.0)
         params = {n: c[n] for n in searched if c[n] is not None and get(n).applies(c)}
         made.append(optuna.trial.create_trial(params=params, distributions={n: searched[n] for n in params},
                                               value=value))

@@ -101,7 +101,8 @@ def summary(a: Analysis, top: int = 5) -> str:
     for imp in a.importance[:3]:
         vals = ", ".join(f"{k} {v:.2f}" for k, v in imp["values"].items())
         lines.append(f"knobs that mattered in {search_name(imp['search'])} ({imp['trials']} trials, "
-                     f"{imp['evaluator']}): " + (vals if any(imp["values"].values()) else "none separated the fast trials from the rest"))
+                     f"{imp['evaluator']}): "
+                     + (vals if any(imp["values"].values()) else "none separated the fast trials from the rest"))
     if not a.importance:
         lines.append("knobs that mattered: too few trials (a search with >= 3 trials and a knob that took two values)")
     return "\n".join(lines)

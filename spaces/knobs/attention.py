@@ -8,7 +8,8 @@ _noted: set[str] = set()
 
 
 def _attentions(ctx) -> frozenset | None:
-    """The attention values the context's model implements (None: not known here, spaces.model_config.model_attentions)."""
+    """The attention values the context's model implements (None: not known here,
+    spaces.model_config.model_attentions)."""
     if not ctx.model_config or "model_type" not in ctx.model_config:
         return None
     return model_attentions(ctx.model_config)

@@ -11,7 +11,7 @@ CPU_ERROR = ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default 
 
 @register
 class ContextParallel(Knob):
-    """Context parallel degree: split every sequence's tokens over this many ranks, ring attention between them (torch.distributed.tensor.experimental.context_parallel; CUDA SDPA kernels)."""
+    """Context parallel degree: split every sequence's tokens over this many ranks, ring attention between them (torch.distributed.tensor.experimental.context_parallel; CUDA SDPA kernels)."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
 
     name = "context_parallel"
     default = 1

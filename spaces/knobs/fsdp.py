@@ -8,7 +8,7 @@ class Fsdp(Knob):
 
     full_shard_offload: full_shard with FSDP2's CPUOffloadPolicy: the fp32 parameter shards, their gradients and AdamW's
     states live in host memory and the optimizer steps there (works on one GPU); each layer's parameters cross PCIe
-    for its forward and backward."""
+    for its forward and backward."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
 
     name = "fsdp"
     default = "off"

@@ -9,7 +9,7 @@ def divisors(n: int) -> list[int]:
 
 @register
 class MicroBatchSize(Knob):
-    """Sequences per forward/backward on one rank (max: the largest that fits, probed in one process); accumulation = per-rank batch / micro-batch."""
+    """Sequences per forward/backward on one rank (max: the largest that fits, probed in one process); accumulation = per-rank batch / micro-batch."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
 
     name = "micro_batch_size"
     default = "auto"  # the largest divisor of the per-rank batch that is <= 8

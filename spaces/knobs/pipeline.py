@@ -15,7 +15,7 @@ BUBBLE = {"gpipe": 1.0, "1f1b": 1.0, "interleaved_1f1b": 1 / CHUNKS["interleaved
 
 @register
 class PipelineStages(Knob):
-    """Pipeline parallelism: split the layers over this many ranks (torch.distributed.pipelining); data parallel over the rest."""
+    """Pipeline parallelism: split the layers over this many ranks (torch.distributed.pipelining); data parallel over the rest."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
 
     name = "pipeline_stages"
     default = 1

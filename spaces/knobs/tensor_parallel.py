@@ -21,7 +21,7 @@ SPLIT_SHARE = 24 / 34
 
 @register
 class TensorParallel(Knob):
-    """Tensor parallel degree: split each decoder layer's attention heads and MLP columns over this many ranks (torch.distributed.tensor.parallel; data parallel over the rest: FSDP2 on a 2-D mesh, or FSDP2's replicate)."""
+    """Tensor parallel degree: split each decoder layer's attention heads and MLP columns over this many ranks (torch.distributed.tensor.parallel; data parallel over the rest: FSDP2 on a 2-D mesh, or FSDP2's replicate)."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
 
     name = "tensor_parallel"
     default = 1

@@ -44,7 +44,8 @@ class PipelineEngine(Engine):
         n_layers, parts = len(decoder_layers(model)), pp * chunks
         per = n_layers // parts
         dtype = autocast_dtype(plan.precision)
-        prepare_model(model, plan, dims=self.dims)  # on the whole model: each part takes its layers as the transforms left them
+        # on the whole model: each part takes its layers as the transforms left them
+        prepare_model(model, plan, dims=self.dims)
         self.loss_function, self.vocab = model.loss_function, model.config.vocab_size
         self.stages, mods = [], []
         for c in range(chunks):
