@@ -65,7 +65,8 @@ def test_hf_export_trains_two_steps(store_dir, tmp_path):
     args = json.loads((out / "training_args.json").read_text())
     assert "transformers_version" not in args  # not a field: trainscout.json names the version it was written for
     provenance = json.loads((out / "trainscout.json").read_text())
-    assert provenance["model"] == "tiny" and provenance["versions"]["torch"] and provenance["hardware"]["device"] == "cpu"
+    assert (provenance["model"] == "tiny" and provenance["versions"]["torch"]
+            and provenance["hardware"]["device"] == "cpu")
     args.update(max_steps=2, output_dir=str(tmp_path / "run"))
     targs = TrainingArguments(**args)
     assert targs.per_device_train_batch_size == 4 and targs.gradient_accumulation_steps == 4

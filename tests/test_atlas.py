@@ -182,9 +182,10 @@ def test_leave_one_out_holds_out_the_model_and_is_what_the_docs_print():
 
 def test_a_knobs_effect_measured_on_other_models_carries_to_a_model_never_measured():
     """Issue 47: held out, the H100's eager Pythia-1B rows at micro-batch 4 are calibrated on other models' rows
-    (compiled 1.6B rows at level 5 until session 25 measured Pythia-160M eager on the H100); each such row's ratio is carried back by what compile, the loss kernel, FP8, ... did
-    alone on the other models' rows (knob_effects, any GPU kind, the same GPU count), no longer +22..+80 % off. The
-    effects are fit without the held-out model: none of its pairs is among them."""
+    (compiled 1.6B rows at level 5 until session 25 measured Pythia-160M eager on the H100); each such row's ratio is
+    carried back by what compile, the loss kernel, FP8, ... did alone on the other models' rows (knob_effects, any GPU
+    kind, the same GPU count), no longer +22..+80 % off. The effects are fit without the held-out model: none of its
+    pairs is among them."""
     from trainscout.atlas.calibrate import knob_effects
     pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
     held = next(s for s in pool if s.model == "pythia-1b" and s.gpu == "H100")

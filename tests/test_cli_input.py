@@ -825,7 +825,8 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
     n = len(before)  # a warm worker's trial takes well under a second: Ctrl-C may land after the second
     assert 1 <= n < 3, before
     ended = "1 trial ended and is kept" if n == 1 else f"{n} trials ended and are kept"
-    assert f"interrupted: {ended} in the store; continue with: trainscout search --resume {out}" in cap.err, cap.err[-3000:]
+    assert (f"interrupted: {ended} in the store; continue with: trainscout search --resume {out}"
+            in cap.err), cap.err[-3000:]
     study = optuna.load_study(study_name="s", storage=default_url(str(out)))
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]  # one was left per Ctrl-C
 

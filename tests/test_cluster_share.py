@@ -53,7 +53,8 @@ def test_two_searches_on_one_cluster_both_measure_three_runs_in_a_row(ray_cluste
         ended = [p.communicate(timeout=600) for p in procs]
         took.append(round(time.time() - t0, 1))
         for out, p, (stdout, stderr) in zip(outs, procs, ended):
-            assert p.returncode == 0, f"run {run + 1}, search {out.name}: exit {p.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}"
+            assert p.returncode == 0, (f"run {run + 1}, search {out.name}: exit {p.returncode}\n{stdout[-3000:]}\n"
+                                       f"{stderr[-3000:]}")
             statuses = [t["status"] for t in rows(out)]
             assert "ok" in statuses and "unscheduled" not in statuses, (run, out.name, statuses, stdout[-3000:])
         starts = [next(ln for ln in o.splitlines() if " at once (" in ln) for o, _ in ended]

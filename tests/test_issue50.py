@@ -248,7 +248,7 @@ def test_export_over_an_earlier_export_is_refused(h200_grid, tmp_path, capsys):
     assert (out / "trainscout.json").read_bytes() == before
 
 
-# --- 5. a stale JIT-build lock (a rank killed while building DeepSpeed's op) is named in the trial's error -------------
+# --- 5. a stale JIT-build lock (a rank killed while building DeepSpeed's op) is named in the trial's error ------------
 def test_stale_build_locks_are_old_and_held_by_no_process(tmp_path):
     from trainscout.trial.runner import stale_build_locks
     old, young, held = (tmp_path / n / "lock" for n in ("cpu_adam", "fused_adam", "deepspeed_shm_comm"))
@@ -290,8 +290,8 @@ def test_a_zero_trial_waiting_on_a_stale_build_lock_names_it(tmp_path, ray_local
 
 
 # --- 1 (the real runs). Both commands start in memory_monitor_runs, which section 5's trial asks for: they run while
-# its ranks wait out their 30 s limit on the stale lock (its CPU mostly idle; one after another, after it, they took 17 s
-# of this file's 70 on 2 cores)
+# its ranks wait out their 30 s limit on the stale lock (its CPU mostly idle; one after another, after it, they took
+# 17 s of this file's 70 on 2 cores)
 @pytest.fixture(scope="module")
 def memory_monitor_runs(tmp_path_factory):
     """A trial and a search, each a subprocess whose Ray's memory monitor kills its workers (low_memory_env), started

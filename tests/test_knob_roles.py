@@ -178,7 +178,8 @@ def test_a_plugin_knobs_column_and_export_role_are_honoured(widget, h200_grid, t
     on = off.replace(config={**off.config, WIDGET: "on"}, plan=off.plan.replace(knobs={WIDGET: "on"}), key="w" * 32,
                      metrics={**off.metrics, "tokens_per_s": off.m["tokens_per_s"] * 1.25})
     off = off.replace(config={**off.config, WIDGET: "off"})
-    assert hf_args(on, "run", {})["dataloader_num_workers"] == 2 and "dataloader_num_workers" not in hf_args(off, "run", {})
+    assert (hf_args(on, "run", {})["dataloader_num_workers"] == 2
+            and "dataloader_num_workers" not in hf_args(off, "run", {}))
     assert accelerate_config(on, {}) == accelerate_config(off, {})
     assert hook_only(on) == [f"{WIDGET}=on"] and hook_only(off) == []
     cost = hook_costs(on, hook_only(on), [on, off])[f"{WIDGET}=on"]

@@ -1,9 +1,10 @@
 """A worker node lost without a word: its raylet SIGKILLed while a search's trial runs there (a real multi-node Ray
 cluster on 127.0.0.1, tests/raycluster.py; a real `trainscout search` on the CPU tiny model, Ray Tune, Optuna, gloo).
 The GCS learns of such a death only from its health checks, seconds later; before it does, the calls to the node's
-actors fail with `ActorUnavailableError ... Socket closed`, which says nothing of a node. The trial is `node_lost` all the same,
-naming the node, asked of Ray (the actor's node, whether it is alive and its raylet answers), not read from the text.
-Before: the trial ended `crash` (that error), counted toward --trials, and was measured as the configuration's."""
+actors fail with `ActorUnavailableError ... Socket closed`, which says nothing of a node. The trial is `node_lost` all
+the same, naming the node, asked of Ray (the actor's node, whether it is alive and its raylet answers), not read from
+the text. Before: the trial ended `crash` (that error), counted toward --trials, and was measured as the
+configuration's."""
 import json
 import os
 import sys

@@ -150,9 +150,10 @@ def test_a_lean_gate_step_gives_the_same_loss_and_gradients():
 
 
 def test_a_failed_gates_settings_are_read_one_way_by_the_search_and_the_atlas(corrupt, tmp_path):
-    """One reading of a failed verdict's settings (trial.quality.failed_settings). A real gate step (tiny, CPU) that fails, stored and read back as a search does (search/trainable): the search's
-    reason for not measuring it and the atlas' settings to avoid (atlas/lookup) both come from
-    trial.quality.failed_settings; a passed verdict names none."""
+    """One reading of a failed verdict's settings (trial.quality.failed_settings). A real gate step (tiny, CPU) that
+    fails, stored and read back as a search does (search/trainable): the search's reason for not measuring it and the
+    atlas' settings to avoid (atlas/lookup) both come from trial.quality.failed_settings; a passed verdict names
+    none."""
     from trainscout.atlas.lookup import _failed_settings
     from trainscout.search.trainable import _failed_gate, _known_gate
     from trainscout.store import open_store

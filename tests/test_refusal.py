@@ -53,8 +53,10 @@ def test_one_rule_names_every_capacity_it_is_over_and_a_start_point_is_held_to_i
     # on the host
     error, extra = memory.refusal(spec, gpu, host)
     on_gpu, on_host = error.split("; ")
-    assert on_gpu == f"predicted {extra['predicted_gib']:.1f} GiB per rank > 79 GiB + 10%" and extra["predicted_gib"] > 87
-    assert on_host.startswith("predicted ") and "GiB of host memory for the trial's 1 rank(s) > 16 GiB less 10%" in on_host
+    assert on_gpu == f"predicted {extra['predicted_gib']:.1f} GiB per rank > 79 GiB + 10%"
+    assert extra["predicted_gib"] > 87
+    assert on_host.startswith("predicted ")
+    assert "GiB of host memory for the trial's 1 rank(s) > 16 GiB less 10%" in on_host
     assert memory.refusal(spec, None, host)[0] == on_host and memory.refusal(spec, gpu)[0] == on_gpu  # each alone
     predicted = memory.predict(spec)
     assert memory.refusal(spec, predicted) is None  # the trials' line: within the margin, it is tried

@@ -39,8 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--set", "compile=false", "--set", "loss_kernel=eager", "--set", "zero_stage=0", "--set", "tf32=true",
         "--set", "attention=sdpa"]
 EXPECTED = {"oom": "oom", "crash": "crash", "hang": "timeout", "assert": "crash"}  # fault kind -> status
-TIMEOUT = 18  # per trial, its worker group's start included: a clean tiny trial took 6-14 s on 2 cores (CI, 2026-12-04);
-# a hang is killed at this limit, and R1's hang waits it out (25 s before: 7 s of the suite)
+TIMEOUT = 18  # per trial, its worker group's start included: a clean tiny trial took 6-14 s on 2 cores (CI,
+# 2026-12-04); a hang is killed at this limit, and R1's hang waits it out (25 s before: 7 s of the suite)
 
 
 def pinned() -> list[str]:
@@ -513,7 +513,8 @@ def test_r2_driver_killed_three_times_then_resumed_completes_exactly_n(tmp_path,
 WRITER = textwrap.dedent("""
     import json, os, sys, time
     from trainscout.store import Store
-    url, who, n, shared, log, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+    url, who, n, shared = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    log, go = sys.argv[5], sys.argv[6]
     store = Store(url)
     print("ready", flush=True)
     while not os.path.exists(go):

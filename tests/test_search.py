@@ -214,7 +214,8 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     space, _, hw = validate(args)
     hw = dict(hw, device="cuda", gpu_memory_gib=80.0, gpu="NVIDIA H100", gpu_count=1)
     point, compiled = start_points(args, space, hw, None)
-    assert point["micro_batch_size"] == "max" and point["zero_stage"] == 0 and point["activation_checkpointing"] == "none"
+    assert (point["micro_batch_size"] == "max" and point["zero_stage"] == 0
+            and point["activation_checkpointing"] == "none")
     assert point["compile"] is False and "compile_scope" not in point  # compile is searched: both defaults,
     assert compiled["compile"] is True and compiled["compile_scope"] == "layers"  # each layer compiled (auto)
     assert point["loss_kernel"] == "eager" and compiled["loss_kernel"] == "compiled"  # and the loss on its own

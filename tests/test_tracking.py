@@ -1,7 +1,7 @@
 """search --track (issue 49, item 4): each trial a run of Ray Tune's own callbacks, its knobs as params, per-step
-tokens/s and the final metrics, the search's name as the experiment. MLflow for real with its SQLite store in the output folder (mlflow-skinny
-is in the test extra), TensorBoard's event files read back (tensorboardX comes with ray[tune]). A real in-process
-search of tiny on the CPU, 2 trials, on the session's Ray."""
+tokens/s and the final metrics, the search's name as the experiment. MLflow for real with its SQLite store in the output
+folder (mlflow-skinny is in the test extra), TensorBoard's event files read back (tensorboardX comes with ray[tune]). A
+real in-process search of tiny on the CPU, 2 trials, on the session's Ray."""
 import glob
 import os
 import struct
