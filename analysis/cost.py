@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 BUILTIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prices.json")
 NUMBERS = ("gpu_usd", "machine_usd", "rent_usd_per_gpu_hour")
-FIELDS = ("match", *NUMBERS, "gpus_per_machine", "source")
+FIELDS = ("kind", "match", *NUMBERS, "gpus_per_machine", "source")
 CPU = "CPU"  # the hardware name of a CPU run (a prices file may price it with "match": "^CPU$")
 
 
@@ -31,12 +31,13 @@ class Price:
     """One GPU's list prices: to buy (the GPU, a whole machine of them) and to rent (per GPU-hour), with the source."""
 
     name: str
-    match: str                    # case-insensitive regular expression searched in the GPU name
+    match: str | None             # a GPU that is no kind (trial/gpus.py): a case-insensitive regular expression
     gpu_usd: float                # purchase price of one GPU
     gpus_per_machine: int
     machine_usd: float            # purchase price of one whole machine, its GPUs included
     rent_usd_per_gpu_hour: float
     source: str
+    kinds: tuple[str, ...] = ()   # the GPU kinds it prices, by exact identity (trial.gpus.gpu_kind)
 
     @property
     def host_usd(self) -> float:
@@ -81,7 +82,9 @@ def _checked(path: str, name: str, entry, known: dict | None) -> dict:
         if field not in FIELDS:
             raise ConfigError("--prices", f"{where}.{field} is not a price field: use {', '.join(FIELDS)}")
     if known is None:
-        missing = [f for f in FIELDS if f not in entry and f != "source"]
+        missing = [f for f in FIELDS if f not in entry and f not in ("source", "kind", "match")]
+        if "kind" not in entry and "match" not in entry:
+            missing.append("kind (or match)")
         if missing:
             raise ConfigError("--prices", f"{where}: unknown GPU (known: {', '.join(_builtin_names())}): fix the "
                                           f"name, or define a new one with {', '.join(missing)}")
@@ -96,6 +99,13 @@ def _checked(path: str, name: str, entry, known: dict | None) -> dict:
         v = entry["gpus_per_machine"]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError("--prices", f"{where}.gpus_per_machine is {v!r}: give a whole number >= 1")
+    if "kind" in entry:
+        from trainscout.trial.gpus import BY_NAME, known_kinds
+        given = entry["kind"] if isinstance(entry["kind"], list) else [entry["kind"]]
+        bad = next((k for k in given if not isinstance(k, str) or k not in BY_NAME), None) if given else "[]"
+        if bad is not None:
+            raise ConfigError("--prices", f"{where}.kind {bad!r} is not a GPU kind: give one of {known_kinds()} "
+                                          "(or a list of them)")
     if "match" in entry:
         try:
             re.compile(entry["match"]) if isinstance(entry["match"], str) and entry["match"] else None
@@ -141,18 +151,27 @@ def load_prices(path: str | None = None) -> list[Price]:
                 added[name] = dict(entry, source=entry.get("source", os.path.basename(path)))
     out = []
     for name, e in {**added, **merged}.items():
-        out.append(Price(name=name, match=e["match"], gpu_usd=float(e["gpu_usd"]),
+        kinds = e.get("kind") or ()
+        out.append(Price(name=name, match=e.get("match"), gpu_usd=float(e["gpu_usd"]),
                          gpus_per_machine=int(e["gpus_per_machine"]), machine_usd=float(e["machine_usd"]),
-                         rent_usd_per_gpu_hour=float(e["rent_usd_per_gpu_hour"]), source=e["source"]))
+                         rent_usd_per_gpu_hour=float(e["rent_usd_per_gpu_hour"]), source=e["source"],
+                         kinds=(kinds,) if isinstance(kinds, str) else tuple(kinds)))
     return out
 
 
 def price_for(hardware: str | None, prices: list[Price]) -> Price | None:
-    """The first entry whose pattern is found in the hardware name; None for an unknown GPU."""
+    """The first entry for the hardware name: for a GPU of a known kind (trial.gpus.gpu_kind, exact identity) one
+    naming that kind, or whose `match` is the kind's name whole; for any other name (a GPU that is no kind there,
+    'CPU') one whose `match` is found in it. None: no price (an H20 is not priced as an H200, nor a GH200)."""
     if not hardware:
         return None
+    from trainscout.trial.gpus import gpu_kind
+    kind = gpu_kind(hardware)
     for p in prices:
-        if re.search(p.match, hardware, flags=re.IGNORECASE):
+        if kind is not None:
+            if kind in p.kinds or (p.match and re.fullmatch(p.match, kind, flags=re.IGNORECASE)):
+                return p
+        elif p.match and re.search(p.match, hardware, flags=re.IGNORECASE):
             return p
     return None
 

@@ -1,11 +1,115 @@
 """DeepSpeed ZeRO 1/2/3 with optional CPU offload; DeepSpeed's own mixed precision and accumulation."""
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 from trainscout.runtime import prepare_model
 
 from .base import Engine, causal_lm_loss, optimizer, register_engine
 
 DS_BUCKET = 5e8  # DeepSpeed's default reduce/allgather bucket, in elements
+# torch's JIT-build lock (TORCH_EXTENSIONS_DIR/<op>/lock, torch.utils.file_baton.FileBaton) is held open by its builder
+# from its creation to its removal: one that no process holds and this old was left by a builder that was killed (a
+# trial's timeout, an OOM) and every later build of that op waits on it for good. The grace covers the instant between
+# the builder closing it and removing it.
+LOCK_GRACE_S = 5.0
+STALE_LOCK_S = 300.0  # older than any build of an op takes: a lock not provably stale is named past this age
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "ceph", "beegfs", "glusterfs", "9p", "fuse")
+
+
+class StaleBuildLock(RuntimeError):
+    """A compiled extension's build lock that no process here holds, which this rank could not prove stale (a
+    network filesystem, another host's builder may hold it; processes of its owner this rank cannot read)."""
+
+
+def _locks(root: str | None) -> list[str]:
+    import glob
+
+    from torch.utils.cpp_extension import get_default_build_root
+    if root:
+        return glob.glob(os.path.join(root, "*", "lock"))
+    base = get_default_build_root()  # torch adds a folder of its Python and CUDA versions under it
+    return glob.glob(os.path.join(base, "*", "lock")) + glob.glob(os.path.join(base, "*", "*", "lock"))
+
+
+def _held_by(uid: int) -> tuple[set[str], bool]:
+    """(the files the processes of user uid on this host hold open, whether every one of them could be read)."""
+    import glob
+    held, whole = set(), True
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            if os.stat(proc).st_uid != uid:
+                continue
+            fds = os.listdir(os.path.join(proc, "fd"))
+        except FileNotFoundError:  # the process ended meanwhile
+            continue
+        except OSError:
+            whole = False
+            continue
+        for fd in fds:
+            try:
+                held.add(os.readlink(os.path.join(proc, "fd", fd)))
+            except OSError:
+                continue
+    return held, whole
+
+
+def _network_fs(path: str) -> str | None:
+    """The type of the filesystem path is on where a builder on another host could hold its files, else None."""
+    best, kind = "", None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                _, mount, fstype, *_ = line.split()
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                    best, kind = mount, fstype
+    except OSError:
+        return None
+    return kind if kind and kind.split(".")[0] in NETWORK_FS else None
+
+
+def clear_stale_build_locks(root: str | None = None, grace_s: float = LOCK_GRACE_S) -> list[str]:
+    """Remove the build locks of compiled extensions (root: TORCH_EXTENSIONS_DIR, else torch's default folder) that are
+    provably stale: at least grace_s old, on a local filesystem, held open by no process of their owner, every one of
+    which could be read. Before DeepSpeed builds or loads its ops, so that none waits to its time limit on a lock a
+    killed builder left. Returns the removed paths; StaleBuildLock (one line,
+    naming the lock and the fix) for one no process holds that could not be proved stale and is older than a build
+    takes. The ranks of one host take turns (an flock beside the locks): one removes, then builds under its own."""
+    import fcntl
+    locks = _locks(root)
+    if not locks:
+        return []
+    removed: list[str] = []
+    with open(os.path.join(os.path.dirname(os.path.dirname(locks[0])), ".trainscout-lock-check"), "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        for path in sorted({os.path.realpath(p) for p in _locks(root)}):
+            for _ in range(2):  # a young lock no process holds: looked at again once it is grace_s old
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    break
+                age = time.time() - st.st_mtime
+                held, whole = _held_by(st.st_uid)
+                if path in held:
+                    break
+                if age < grace_s:
+                    time.sleep(grace_s - age)
+                    continue
+                fs = _network_fs(path)
+                if whole and fs is None:
+                    os.remove(path)
+                    removed.append(path)
+                elif age >= STALE_LOCK_S:
+                    why = f"on a {fs} filesystem, where a builder on another host may hold it" if fs else \
+                        "some processes of its owner could not be read"
+                    raise StaleBuildLock(
+                        f"a stale build lock of a compiled extension: {path} ({age / 60:.0f} min old; no process here "
+                        f"holds it, {why}): DeepSpeed's build of that op would wait on it for good: remove it "
+                        f"(rm {path}) once no build of it runs, and measure again")
+                break
+    return removed
 
 
 def deepspeed_config(plan, recipe: dict, grad_accum: int) -> dict:
@@ -54,6 +158,9 @@ class DeepSpeedEngine(Engine):
     formats = ("hf", "deepspeed", "accelerate", "command")
 
     def __init__(self, model, plan, recipe, device, world, measured_accum=1, dims=None):
+        for path in clear_stale_build_locks(os.environ.get("TORCH_EXTENSIONS_DIR")):  # before DeepSpeed builds its ops
+            print(f"trainscout: removed a stale build lock of a compiled extension (no process held it): {path}",
+                  file=sys.stderr, flush=True)
         import deepspeed
         prepare_model(model, plan, dims=dims)
         self.config = deepspeed_config(plan, recipe, measured_accum)
