@@ -161,7 +161,7 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
         """Ends the drawing once the search must end (halt: the driver's stop conditions), whatever the draw does.
         Tune asks its stopper only between the events of its loop; with no trial running it waits up to 600 s for a
         next trial in a loop of its own, asking the searcher once a second and nothing else: a draw that failed (a
-        full disk: the searcher then proposes nothing) or that does not return held a search there past its budget.
+        full disk: the searcher then proposes nothing) or that does not return would hold a search there.
         So each draw runs in a thread of its own while halt is looked at every HALT_POLL_S; once it says why, the
         searcher answers FINISHED (Tune's loop then ends) and keeps why, and how long Tune had waited (halted)."""
 

@@ -3,8 +3,7 @@ cluster on 127.0.0.1, tests/raycluster.py; a real `trainscout search` on the CPU
 The GCS learns of such a death only from its health checks, seconds later; before it does, the calls to the node's
 actors fail with `ActorUnavailableError ... Socket closed`, which says nothing of a node. The trial is `node_lost` all
 the same, naming the node, asked of Ray (the actor's node, whether it is alive and its raylet answers), not read from
-the text. Before: the trial ended `crash` (that error), counted toward --trials, and was measured as the
-configuration's."""
+the text: never `crash`, counted toward --trials, nor measured as the configuration's."""
 import json
 import os
 import sys
@@ -76,7 +75,7 @@ def test_a_trial_whose_nodes_raylet_is_sigkilled_is_node_lost_naming_it(ray_clus
 def test_a_trial_lost_with_its_node_sets_no_bar(end):
     """ASHA (make_scheduler's) forgets the rung values of a trial lost with its node (node_lost), or whose own actor
     failed (Tune's on_trial_error): its steps ran on a node that was going. The control: an ok trial's stop the
-    slower one at the rung. Before, a lost trial's steps stopped the two trials after it."""
+    slower one at the rung."""
     from ray.tune.experiment import Trial
 
     from trainscout.search.searcher import make_scheduler

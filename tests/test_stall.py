@@ -1,8 +1,8 @@
 """A search whose searcher cannot draw its next trial ends within seconds, saying why, what it measured kept.
 
 With no trial running, Ray Tune waits up to 600 s for the searcher's next trial in a loop of its own that never asks
-the stopper: a full disk between two trials (the study's write fails, the searcher proposes nothing) held a search
-there for 10.5 minutes, past its time budget, with only the lease's heartbeat warnings printed. Real searches (the
+the stopper: a full disk between two trials (the study's write fails, the searcher proposes nothing) would hold a
+search there past its time budget. Real searches (the
 CPU tiny model, Ray Tune, Optuna, the session's Ray) in this process; the fault is put into the searcher's draw
 (study.DistinctSearcher._suggest) after its first trial: the error SQLite raises on a full disk, or a draw that never
 returns. A full disk at that moment cannot be made here (mounting a small filesystem needs rights a test may lack,
@@ -43,8 +43,8 @@ def second_draw(monkeypatch, fault):
 
 
 def test_a_store_that_fails_between_two_trials_ends_the_search_in_seconds(tmp_path, capsys, ray_local, monkeypatch):
-    """The draw after the first trial fails as a full disk fails it: the search ends within seconds (before: Tune
-    waited 600 s there), in one line saying what failed and that the first trial is kept, exit 1."""
+    """The draw after the first trial fails as a full disk fails it: the search ends within seconds, in one line
+    saying what failed and that the first trial is kept, exit 1."""
     def full():
         raise sqlite3.OperationalError("database or disk is full")
     faulted = second_draw(monkeypatch, full)
@@ -64,7 +64,7 @@ def test_a_store_that_fails_between_two_trials_ends_the_search_in_seconds(tmp_pa
 
 def test_a_draw_that_never_returns_ends_at_the_time_budget_saying_why(tmp_path, capsys, ray_local, monkeypatch):
     """The draw after the first trial never returns (a sampler that cannot suggest): the search ends within seconds
-    of its --time-budget (before: it waited on the draw for good), the live output says why in one line, the first
+    of its --time-budget, the live output says why in one line, the first
     trial's measurement is kept and summarised, exit 0."""
     release = threading.Event()
 
