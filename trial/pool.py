@@ -32,8 +32,8 @@ import asyncio
 import os
 import time
 
-from .rank import Progress, Rank  # noqa: F401  (the group's processes; importable from here)
-from .share import NAME, attached, dead_nodes, others_wait  # noqa: F401  (a cluster others use)
+from .rank import Progress, Rank  # noqa: F401 - the group's processes, importable from here
+from .share import NAME, attached, dead_nodes, others_wait  # noqa: F401 - a cluster others use, importable from here
 
 STOP_GRACE_S = 60.0  # a trial asked to stop (Pool.stop) and still running this long after has its group killed
 RELEASE_POLL_S = 1.0  # shared: how often an idle group looks whether anything else in the cluster waits

@@ -94,7 +94,9 @@ def render_html(a: Analysis) -> str:
     out.append("<h2>Best configurations</h2>")
     if len(b):
         tied = _tied_keys(a)
-        shared = lambda r: " (shared)" if isinstance(r["shared"], str) else ""  # noqa: E731 (trial.contention)
+
+        def shared(r):  # a measurement that ran beside other trials (trial.contention)
+            return " (shared)" if isinstance(r["shared"], str) else ""
         rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else "") + shared(r), num(r["tokens_per_s"]),
                  num(r["mfu"], ".3f"), _e(r["quality"]), num(r["peak_memory_gib"], ".2f"),
                  days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),

@@ -3,7 +3,7 @@ by name in a registry. Importing the package imports no torch (the memory model 
 class-level terms)."""
 from __future__ import annotations
 
-from . import deepspeed, fsdp, pipeline, plain  # noqa: F401  (each registers its engine)
+from . import deepspeed, fsdp, pipeline, plain  # noqa: F401 - each registers its engine
 from .base import LAUNCHERS, REGISTRY, Engine, adamw, get, register_engine
 
 __all__ = ["LAUNCHERS", "REGISTRY", "Engine", "adamw", "build", "get", "register_engine", "save"]
