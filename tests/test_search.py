@@ -239,7 +239,10 @@ def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(t
     spec = prepare("pythia-410m", {}, hw=hopper)
     gpu_space = Space.build({}, {}, context(spec.model_config, spec.recipe["global_batch"], 1, hopper))
     *_, compiled, fp8 = start_points(args, gpu_space, hopper, None)
-    assert fp8 == dict(compiled, fp8="tensorwise") and compiled["fp8"] == "off"
+    assert {k: v for k, v in fp8.items() if k in compiled} == dict(compiled, fp8="tensorwise")
+    assert compiled["fp8"] == "off"
+    from trainscout.spaces import get  # the knobs that apply with FP8 on (its recipes) at their defaults
+    assert {k: get(k).default for k in set(fp8) - set(compiled)} == {k: fp8[k] for k in set(fp8) - set(compiled)}
 
 
 def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
