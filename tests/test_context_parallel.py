@@ -47,7 +47,8 @@ def _cpu_ring(rank: int, world: int, port: int, out: dict) -> None:
 def test_torchs_ring_attention_does_not_run_on_the_cpu():
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_cpu_ring, args=(2, _free_port(), out), nprocs=2, join=True)
+        # forked: the ranks start with this process's imports (a spawned interpreter imports torch again)
+        mp.start_processes(_cpu_ring, args=(2, _free_port(), out), nprocs=2, join=True, start_method="fork")
         out = dict(out)
     assert all(CPU_ERROR in r for r in out.values()), out
 

@@ -31,7 +31,7 @@ def _rank(rank: int, world: int, port: int, out: dict, save_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     recipe = TINY_RECIPE.to_dict()
     batch = torch.randint(0, 512, (8, SEQ), generator=torch.Generator().manual_seed(1))
-    for schedule in CHUNKS:  # every schedule in one process group (one spawn: CI time)
+    for schedule in CHUNKS:  # every schedule in one process group (one start of the ranks: CI time)
         torch.manual_seed(0)
         model = build_model(CONFIG, "sdpa", SEQ)
         ref = copy.deepcopy(model)
@@ -68,7 +68,9 @@ def _rank(rank: int, world: int, port: int, out: dict, save_dir: str) -> None:
 def two_stage_results(tmp_path_factory):
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_rank, args=(2, _free_port(), out, str(tmp_path_factory.mktemp("ckpt"))), nprocs=2, join=True)
+        # forked: the ranks start with this process's imports (a spawned interpreter imports torch again)
+        mp.start_processes(_rank, args=(2, _free_port(), out, str(tmp_path_factory.mktemp("ckpt"))), nprocs=2,
+                           join=True, start_method="fork")
         return dict(out)
 
 

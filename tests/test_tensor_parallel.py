@@ -81,7 +81,9 @@ def _spawn(world, runs: dict) -> dict:
     """{run: {(family, rank): figures}} of each run (name -> settings) on `world` gloo ranks."""
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_rank, args=(world, _free_port(), runs, out), nprocs=world, join=True)
+        # forked: the ranks start with this process's imports (a spawned interpreter imports torch again)
+        mp.start_processes(_rank, args=(world, _free_port(), runs, out), nprocs=world, join=True,
+                           start_method="fork")
         got = {}
         for (run, family, rank), v in dict(out).items():
             got.setdefault(run, {})[(family, rank)] = v
