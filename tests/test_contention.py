@@ -6,15 +6,13 @@ The peers are real processes on this box that registered as trials (trial.conten
 registry's bookkeeping across processes is what is tested; the trial measured beside one is a real `trainscout
 search` (Ray Tune, a tiny model on the CPU). A GPU cannot run here: the GPU device rule is tested by the device ids
 the peers register with (named as such). Each test has its own registry folder (TRAINSCOUT_RUNNING_DIR), so other
-tests running on the box do not count as peers.
+tests running on the box do not count as peers; the real search's is the test session's own (tests/conftest.py).
 """
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,7 +20,6 @@ import pytest
 from trainscout.trial import contention
 
 pytestmark = pytest.mark.timeout(300)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _peer(conn, folder: str) -> None:
@@ -129,38 +126,41 @@ def test_contended_records_are_not_served_and_give_way_to_a_clean_one(tmp_path):
     assert "2 of 3 measurements ran beside other trials" in contention.note([shared, clean, fast_shared])
 
 
-def _search(out, env, *extra):
-    return subprocess.run([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device", "cpu",
-                           "--trials", "1", "--steps", "2", "--warmup", "1", "--set", "compile=false",
-                           "--set", "zero_stage=0", "--set", "micro_batch_size=8", "--out", str(out), "-q", *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+def _search(capsys, out, *extra):
+    """`trainscout search` in this process on the session's Ray (ray_local), as tests/test_search.py runs it (no
+    interpreter and Ray of its own to start): (exit code, what it printed)."""
+    from trainscout.cli.main import main
+    capsys.readouterr()
+    rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "1", "--steps", "2", "--warmup", "1",
+               "--set", "compile=false", "--set", "zero_stage=0", "--set", "micro_batch_size=8", "--out", str(out), "-q",
+               *extra])
+    return rc, capsys.readouterr()
 
 
-def test_a_search_beside_a_peer_is_marked_and_the_next_search_measures_it_again(tmp_path, registry, capsys):
+def test_a_search_beside_a_peer_is_marked_and_the_next_search_measures_it_again(tmp_path, ray_local, capsys):
     """A real search measured while a peer trial is registered on the node: its record says so, the summary and
     `results` mark it; a second search on the same store measures the configuration again (not served), alone, and
-    that clean measurement becomes the key's."""
+    that clean measurement becomes the key's. The peer registers in the session's registry (tests/conftest.py's
+    TRAINSCOUT_RUNNING_DIR), the one the session's Ray gave the trials' ranks."""
     from trainscout.store import open_store
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    peer = Peer(registry)
+    peer = Peer(os.environ[contention.DIR_ENV])
     peer("enter", "another-search", ["cpu"])
     t0 = time.perf_counter()
-    r = _search(tmp_path / "a", env)
+    rc, r = _search(capsys, tmp_path / "a")
     peer("exit")  # ended: its entry stays open with a dead pid, begun before the next search's window
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "1 of 1 measurements ran beside other trials on the node" in r.stdout, r.stdout
+    assert rc == 0, r.err[-3000:]
+    assert "1 of 1 measurements ran beside other trials on the node" in r.out, r.out
     url = f"sqlite:///{tmp_path}/a/results.db"
     store = open_store(url)
     (first,) = store.measurements()
     assert first.m["shared_with"] == {"trials": 1, "sharing": 1, "devices": ["cpu"]} and contention.contended(first)
     from trainscout.cli.main import main  # `results` in this process: the same command, no interpreter of its own
-    capsys.readouterr()
     assert main(["results", str(tmp_path / "a")]) == 0
     shown = capsys.readouterr().out
     assert "shared" in shown.splitlines()[0] and "1 trial (cpu)" in shown, shown
     t1 = time.perf_counter()
-    r2 = _search(tmp_path / "b", env, "--storage", url)
-    assert r2.returncode == 0, r2.stderr[-3000:]
+    rc, r2 = _search(capsys, tmp_path / "b", "--storage", url)
+    assert rc == 0, r2.err[-3000:]
     (row,) = store.trials(store.searches()[-1])
     assert row["key"] == first.key and row["status"] == "ok" and not row["cached"], row  # measured again
     now = store.get(first.key)
