@@ -10,7 +10,8 @@ address and the nodes), then serves commands on stdin, one per line:
                           a node that fails or is preempted; answer: killed)
     sigkill NODE_ID       SIGKILL the raylet of a node this process added and the worker processes it started (its
                           children), by their PIDs: a node lost at once, without a word to the GCS (its workers would
-                          otherwise run on for seconds; answer: killed N, the processes); the rest ends at the shutdown
+                          otherwise run on for seconds; answer: killed N, the processes); its other processes
+                          then end too (cluster.remove_node), which tells the GCS nothing
     lost NODE_ID          what the GCS's node table says of a node, and whether trial.pool.lost_nodes names it
                           (answer: JSON {"alive_in_gcs": bool, "lost": [...]})
     ranks NODE_ID SECONDS wait until a trial's rank (trial.pool.Rank actor) is alive on that node (answer: busy, or
@@ -101,13 +102,17 @@ def main() -> None:
             print("killed", file=answer, flush=True)
         elif words[:1] == ["sigkill"]:
             import psutil
-            raylet = psutil.Process(added.pop(words[1]).all_processes["raylet"][0].process.pid)
+            node = added.pop(words[1])
+            raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
             doomed = [raylet, *raylet.children(recursive=True)]
             for proc in doomed:
                 try:
                     os.kill(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            # its other processes (log monitor, ...) reaped, and the node out of the cluster's list: a later `add`
+            # waits for the nodes listed to be alive
+            cluster.remove_node(node, allow_graceful=False)
             print(f"killed {len(doomed)}", file=answer, flush=True)
         elif words[:1] == ["lost"]:
             from trainscout.trial.pool import lost_nodes
