@@ -95,7 +95,7 @@ def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, poi
     searched = mb in space.domains
     sizes = [m for m in space.domains.get(mb, ()) if m != "max"] or [1]
     # fixed: as fixed, but max (probed from the largest candidate down) at micro-batch 1: predicted at its largest
-    # candidate, 128, Pythia-410M's defaults "needed" 385 GiB and had no start point
+    # candidate, a model's defaults would not fit at all
     probed = space.fixed.get(mb) == "max"
     smallest = {mb: min(sizes)} if searched or probed else {}
     gpu = memory.gpu_capacity(hw)
@@ -316,10 +316,9 @@ def first(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, ra
 
 def first_points(points: list[dict], ranker) -> list[dict]:
     """The start points the search runs first: the fastest predicted first, less those predicted more than
-    ranked.MARGIN slower than it. On the H200 Pythia-160M grid the defaults (loss and layers eager) cost 2.4 % of
-    the grid's GPU-seconds before their compiled twin, which the step-time model ranks 37 % faster and the grid
-    measured 55 % faster; the ranked neighbours of the fastest come next (docs/BENCHMARKS.md). All of them where no
-    ranker or no prediction is at hand."""
+    ranked.MARGIN slower than it (an eager default costs the time of its compiled twin, predicted faster); the ranked
+    neighbours of the fastest come next (docs/BENCHMARKS.md). All of them where no ranker or no prediction is at
+    hand."""
     if ranker is None or len(points) < 2:
         return points
     params = [ranker.params(p) for p in points]

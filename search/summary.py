@@ -44,11 +44,11 @@ def overhead_parts(records: list, overhead: list[float]) -> str:
     worker group."""
     m = [r.metrics for r in records]
     parts = []
-    timed_parts = all(x.get("model_s") is not None for x in m)  # records since 2026-12-04 time the model and gate
+    timed_parts = all(x.get("model_s") is not None for x in m)  # newer records time the model and gate
     if timed_parts:
         parts.append(f"model and engine {median([x['model_s'] for x in m]):.1f} s")
         steps = [x['build_s'] - x['model_s'] + x['warmup_s'] for x in m]
-        if all(x.get("compile_s") is not None for x in m):  # records since 2026-12-05 time torch.compile too
+        if all(x.get("compile_s") is not None for x in m):  # newer ones torch.compile too
             parts.append(f"torch.compile {median([x['compile_s'] for x in m]):.1f} s")
             tuned = (f" (inductor autotuning new kernels {median([x['autotune_s'] for x in m]):.1f} s)"
                      if all(x.get("autotune_s") is not None for x in m) else "")
@@ -62,7 +62,7 @@ def overhead_parts(records: list, overhead: list[float]) -> str:
     if gates:
         parts.append(f"quality gate {median(gates):.1f} s in {len(gates)} of {len(m)}")
     rest = [o - x["build_s"] - x["warmup_s"] - (x.get("gate_s") or 0.0) for o, x in zip(overhead, m)]
-    if all(x.get("handoff_s") is not None for x in m):  # records since 2026-12-05 (session 21) time the rest too
+    if all(x.get("handoff_s") is not None for x in m):  # and the rest
         inside = [r - x["handoff_s"] - x["reset_s"] for r, x in zip(rest, m)]
         parts.append(f"the rest {median(rest):.1f} s (hand-off: Ray, a worker group's start or a stopped trial's "
                      f"last step {median([x['handoff_s'] for x in m]):.1f}, the reset after "

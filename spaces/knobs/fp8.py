@@ -6,10 +6,8 @@ from ..model_config import sizes
 # fp8_ends.py), read here where the conversion is made; GW_HP: torchao's Float8LinearRecipeName.ROWWISE_WITH_GW_HP
 WEIGHT_GRAD, ENDS, HIGH, GW_HP = "fp8_weight_grad", "fp8_ends", "high", "rowwise_with_gw_hp"
 
-# The share of the decoder layers' saved activations FP8 linears leave out (they save their inputs in 8 bits, and
-# inductor's partitioner keeps the casts): measured peaks on the H200 with compiled layers, tensorwise and rowwise
-# alike, against the same configuration in bf16 (atlas rows): Pythia-1B micro-batch 16 and 32 0.38 and 0.36,
-# Pythia-1.4B 32 0.40, the Llama-1B shape 16 and 32 0.35 and 0.33. Eager layers were not measured.
+# the share of the decoder layers' saved activations FP8 linears leave out (they save their inputs in 8 bits, and
+# inductor's partitioner keeps the casts); measured: docs/knobs-why.md
 SAVED_CUT = 0.36
 
 
@@ -25,15 +23,12 @@ class Fp8(Knob):
     stage = "modules"  # swap nn.Linear before checkpointing wraps and compile traces the layers (torchtitan's order)
     order = 1  # after experts (order 0) in that stage: float8 swaps the linears of the modules experts leaves
     packages = ("torchao",)
-    # a start point on top of the compiled one (its check refuses GPUs without FP8): the Llama-1B shape on an H200,
-    # +17.5 % over compiled alone
+    # a start point on top of the compiled one (its check refuses GPUs without FP8; measured: docs/knobs-why.md)
     start = (2, "tensorwise")
     without_hook, hook_rank = "off", 5
-    # The decoder linears' products run on FP8 tensor cores: every GPU its check admits has a dense FP8 peak twice its
-    # dense bf16 one (datasheets: H100 SXM 1,979 against 989 TFLOP/s, H200 the same, L40S 733 against 362, B200 4.5
-    # against 2.25 PFLOP/s). trial/steptime.py's roofline counts a dense model's decoder linears at this rate (the
-    # head, left in bf16, and attention at bf16's). Rowwise: no speed-up claimed: its row-scaled GEMMs measured
-    # slower than bf16 as a whole model (Pythia-1B compiled on the H200: 0.94x, docs/BENCHMARKS.md; Llama-1B too).
+    # the decoder linears' products on FP8 tensor cores, at twice the dense bf16 peak on every GPU its check admits
+    # (the datasheets: docs/knobs-why.md); trial/steptime.py's roofline counts a dense model's decoder linears at this
+    # rate, the head and attention at bf16's. Rowwise: no speed-up claimed (measured slower: docs/knobs-why.md)
     linear_rate = {"tensorwise": 2.0, "rowwise": 1.0}
     # ...and the casts that feed them move bytes at the GPU's memory bandwidth, per token and per element of each
     # converted linear's input (K) and output (N) widths: tensorwise reads a 16-bit input twice (its amax, its cast)
@@ -42,8 +37,7 @@ class Fp8(Knob):
     # rowwise scales along each axis in turn, so the backward casts both 16-bit tensors again along the other one
     # (+5 B x N, +5 B x K, less the transposes): 10 B x (K + N). The weights' casts (once a micro-batch) are left out.
     cast_bytes = {"tensorwise": 7.0, "rowwise": 10.0}
-    # Why: torchtitan reports ~1.2-1.5x over bf16 for Llama-3 8B-70B with FP8 linears under FSDP2 + compile; the
-    # gain needs large matmuls and compile (which fuses the scaling ops), so it is measured, not assumed.
+    # the gain needs large matmuls and compile (which fuses the scaling ops), so it is measured, not assumed
 
     def check(self, value, cfg, ctx):
         if value == "off":
@@ -66,9 +60,7 @@ class Fp8(Knob):
         if value != "off":
             plan.knobs[self.name] = value
             if ctx.model_config and sizes(ctx.model_config).experts:
-                # checked on the H200 (torch 2.11, torchao 0.18, transformers 5.17): torchao's float8 grouped GEMM
-                # (prototype.moe_training) hit the grouped kernel's 16-byte alignment assert on transformers' call,
-                # and its padding option is "not yet supported" (bench/data/gpu-2026-12-02-s11/)
+                # torchao's float8 grouped GEMM does not run transformers' expert call (docs/knobs-why.md)
                 plan.notes.append(f"fp8={value}: the routed experts' weights stay in bf16 (torchao's float8 converts "
                                   "nn.Linear; its float8 grouped GEMM does not run transformers' experts yet): only "
                                   "its nn.Linear layers (attention, shared experts) are FP8")
