@@ -12,7 +12,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 _prewarm = {}  # the background compile of tests/prewarm.py: {"proc", "log"}
 
 
-def pytest_collection_finish(session):
+def _start_prewarm(session):
     """Start tests/prewarm.py in the background (nice 19, one thread) when this session runs a test whose graphs it
     compiles after at least 50 others (their idle CPU is its time), unless its marker says the cache has them
     already. TRAINSCOUT_TEST_PREWARM=0 leaves it out."""
@@ -161,11 +161,15 @@ def postgres():
         server.stop()
 
 
+_cluster = {}  # the session's Ray cluster (tests/raycluster.py): {"proc", "last" (the nodeid of its last user)}
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real multi-node Ray cluster on 127.0.0.1 for the session, in a process of its own (tests/raycluster.py:
     a head without CPUs, two CPU nodes, a node with a mock of a GPU): {"address", "head", "cpu_nodes", "gpu_node",
-    "send"(command) -> its answer}. Ended by closing that process's stdin (its cluster's own shutdown)."""
+    "send"(command) -> its answer}. Ended by closing that process's stdin (its cluster's own shutdown), after the
+    session's last test that asks for it (pytest_runtest_teardown), or at the session's end."""
     import json
     import subprocess
     import sys
@@ -182,18 +186,58 @@ def ray_cluster():
         p.stdin.flush()
         return p.stdout.readline().strip()
     info["send"] = send
+    _cluster["proc"] = p
+    return info
+
+
+def _stop_cluster() -> None:
+    import subprocess
+    p = _cluster.pop("proc", None)
+    if p is None:
+        return
+    p.stdin.close()
     try:
-        yield info
-    finally:
-        p.stdin.close()
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.terminate()  # the helper's SIGTERM handler shuts its cluster down
-            p.wait(timeout=60)
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.terminate()  # the helper's SIGTERM handler shuts its cluster down
+        p.wait(timeout=60)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files whose tests ask for the Ray cluster run one after another, from where the first of them is in the
+    suite's order (each file's tests in their order): the cluster is shut down after the last of them, not left idle
+    beside every later test (pytest_runtest_teardown)."""
+    files = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    users = [f for f, its in files.items() if any("ray_cluster" in it.fixturenames for it in its)]
+    if len(users) < 2:
+        return
+    order = []
+    for f in files:
+        if f in users:
+            if f == users[0]:
+                order += users
+        else:
+            order.append(f)
+    items[:] = [it for f in order for it in files[f]]
+
+
+def pytest_collection_finish(session):
+    users = [item.nodeid for item in session.items if "ray_cluster" in item.fixturenames]
+    _cluster["last"] = users[-1] if users else None
+    _start_prewarm(session)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the item's teardown first: module fixtures built on the cluster end with its file
+    if item.nodeid == _cluster.get("last"):
+        _stop_cluster()
 
 
 def pytest_unconfigure(config):
+    _stop_cluster()
     proc = _prewarm.get("proc")
     if proc is not None and proc.poll() is None:  # an interrupted session: its own child, by its PID
         proc.kill()
