@@ -5,7 +5,8 @@ address and the nodes), then serves commands on stdin, one per line:
 
     block NODE_ID CPUS    an actor of this process holding CPUS of that node (another job using the cluster)
     unblock               end every such actor
-    add CPUS              a new CPU node (answer: its node id)
+    add CPUS [GPUS]       a new CPU node (answer: its node id); GPUS: it also declares that many `GPU` resources
+                          and has no mock of them (a node that declares GPUs it has not)
     kill NODE_ID          remove a node this process added (cluster.remove_node: its raylet and processes end, as
                           a node that fails or is preempted; answer: killed)
     sigkill NODE_ID       SIGKILL the raylet of a node this process added and the worker processes it started (its
@@ -93,7 +94,8 @@ def main() -> None:
                 time.sleep(0.2)
             print("unblocked", file=answer, flush=True)
         elif words[:1] == ["add"]:
-            node = cluster.add_node(num_cpus=float(words[1]), **common)
+            gpus = {"num_gpus": float(words[2])} if words[2:] else {}
+            node = cluster.add_node(num_cpus=float(words[1]), **gpus, **common)
             cluster.wait_for_nodes()
             added[node.node_id] = node
             print(node.node_id, file=answer, flush=True)

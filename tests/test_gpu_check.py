@@ -2,7 +2,8 @@
 was accepted: a --device cuda trial on it crashed in NCCL ("NCCL not built in"), and the crash was stored as the
 configuration's outcome with no GPU name. Now the search's probe refuses such a node, naming it (exit 2), and a
 rank given a GPU checks CUDA in its own process before anything runs on it (the trial: unscheduled, that line).
-A real Ray cluster of Ray's own test Cluster (a subprocess, every node on 127.0.0.1): a CPU node that declares 1 GPU."""
+The session's real Ray cluster (tests/raycluster.py, every node on 127.0.0.1) with a CPU node that declares 1 GPU
+added."""
 import os
 import subprocess
 import sys
@@ -15,48 +16,47 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = """
-import json, os, sys
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import json, sys
 import ray
-from ray.cluster_utils import Cluster
-common = dict(node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
-cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, **common))
+from trainscout.spaces import ConfigError
+from trainscout.search.cluster import cluster_hardware
+from trainscout.trial.pool import Rank
+out = {}
 try:
-    node = cluster.add_node(num_cpus=2, num_gpus=1, **common)  # declares a GPU it does not have
-    from trainscout.spaces import ConfigError
-    from trainscout.search.cluster import cluster_hardware
-    from trainscout.trial.pool import Rank
-    out = {"node": node.node_id}
-    try:
-        cluster_hardware(cluster.address, "cuda", 1, True)
-    except ConfigError as e:
-        out["search"] = str(e)
-    a = ray.remote(Rank).options(num_cpus=1, num_gpus=1).remote()
-    where = ray.get(a.where.remote())
-    out["rank"] = ray.get(a.cuda_missing.remote(where[1]))
-    out["gpus"] = where[1]
-    print("RESULT " + json.dumps(out), flush=True)
-finally:
-    ray.shutdown()
-    cluster.shutdown()
+    cluster_hardware(sys.argv[1], "cuda", 1, True)
+except ConfigError as e:
+    out["search"] = str(e)
+a = ray.remote(Rank).options(num_cpus=1, num_gpus=1).remote()  # only the declaring node has a CPU beside a GPU
+where = ray.get(a.where.remote())
+out["rank"] = ray.get(a.cuda_missing.remote(where[1]))
+out["gpus"] = where[1]
+print("RESULT " + json.dumps(out), flush=True)
+ray.shutdown()
 """
 
 
-def test_a_node_that_declares_a_gpu_without_cuda_is_refused_naming_it():
+def test_a_node_that_declares_a_gpu_without_cuda_is_refused_naming_it(ray_cluster):
+    """A CPU node that declares 1 GPU joins the session's cluster (whose GPU node has a mock of a GPU, which the
+    check accepts), and a driver attached to it checks the search's probe and a rank placed on its GPU."""
     import json
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=280,
-                       env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))
+    send = ray_cluster["send"]
+    node = send("add 2 1")
+    try:
+        r = subprocess.run([sys.executable, "-c", SCRIPT, ray_cluster["address"]], cwd=ROOT, capture_output=True,
+                           text=True, timeout=280)
+    finally:
+        assert send(f"kill {node}") == "killed"
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, (r.stdout + r.stderr)[-3000:]
     out = json.loads(line[len("RESULT "):])
-    node = out["node"][:8]
+    short = node[:8]
     # the search: refused before any trial, naming the node
-    assert out["search"].startswith(f"--device: node 127.0.0.1 (id {node}) declares 1 GPU but CUDA is not available "
-                                    "there: torch.cuda.is_available() is False"), out
+    assert out["search"].startswith(f"--device: node 127.0.0.1 (id {short}) declares 1 GPU but CUDA is not "
+                                    "available there: torch.cuda.is_available() is False"), out
     # the rank given that GPU by Ray: the check in its own process says why, and the trial's refusal names the node
     assert out["gpus"] and out["rank"].startswith("torch.cuda.is_available() is False in its process"), out
-    line = pool.no_cuda_line("127.0.0.1", out["node"], 1.0, out["rank"])
-    assert line.startswith(f"node 127.0.0.1 (id {node}) declares 1 GPU but CUDA is not available there: ")
+    line = pool.no_cuda_line("127.0.0.1", node, 1.0, out["rank"])
+    assert line.startswith(f"node 127.0.0.1 (id {short}) declares 1 GPU but CUDA is not available there: ")
 
 
 def test_a_refused_group_is_unscheduled_never_a_crash(tmp_path):
