@@ -84,7 +84,7 @@ class Printer:
                     if len(vs) > 1 and k in trial.config]
         # *: served from the store; ~: measured beside other trials on its CPU or GPU (kept apart, not served)
         status = r.get("status", "?") + ("*" if r.get("cached") else "") + ("~" if r.get("shared") else "")
-        why = f"  ({one_line(plain(r['error']), 120)})" if r.get("error") and r.get("status") != Status.OK else ""
+        why = f"  ({plain(one_line(r['error'], 120))})" if r.get("error") and r.get("status") != Status.OK else ""
         why += f"  ({plain(r['note'])})" if r.get("note") else ""  # served from another search's measurement
         self.device_s += (r.get("wall_s") or 0.0) * self.ranks
         # one reading of each number: a trial without one (invalid, pruned, oom, crash, ...) shows "-", not 0; a
