@@ -294,8 +294,8 @@ def verify_quality(a) -> int:
                                        f"{least} or more (500: the default of a real check)")
     r = run(a.source, key=a.trial, steps=a.quality, seeds=a.seeds, global_batch=a.global_batch, seq_len=a.seq_len,
             timeout=a.timeout, address=a.address)
-    # exit 0: verified (or the same model); 1: failed, whether a run ended badly or the losses differ
-    code = 0 if r["verdict"] == "same" or (r.get("status") == "ok" and r["verdict"] != "failed") else 1
+    # exit 0: verified (or the same model); 1: failed (a run ended badly or the losses differ) or inconclusive
+    code = 0 if r["verdict"] == "same" or (r.get("status") == "ok" and r["verdict"] == "verified") else 1
     if a.json:
         print(json.dumps(r))
         return code

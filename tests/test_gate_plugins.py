@@ -158,7 +158,7 @@ def test_a_knob_that_zeroes_halves_or_freezes_gradients_fails_the_one_step_gate(
 
 def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search):
     """A one-trial CPU search of tiny with every gradient zeroed (the gate fails it, the trial is still measured),
-    then `verify --quality 24`: the candidate stays at its first loss while the reference learns, the verdict is
+    then `verify --quality 60`: the candidate stays at its first loss while the reference learns, the verdict is
     failed and the command exits 1 (it exited 0). The search's second draw (micro-batch 2, the same change) is not
     run: its gate failed, and a configuration that trains another model is never the best."""
     search, out, read = zeroed_search  # (started with the module: it runs during the gate test above)
@@ -166,10 +166,10 @@ def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search)
     assert search.returncode == 0, stderr[-3000:]
     assert "quality: failed" in stdout and "gradient is 0x the reference's" in stdout, stdout
     assert "not measured: grad_zero=all failed the quality gate in an earlier trial" in stdout, stdout
-    # one verification (two 24-step trainings), read twice: its lines and exit code, and the record it wrote to the
+    # one verification (two 60-step trainings: 24 leave the interval straddling the tolerance, inconclusive), read twice: its lines and exit code, and the record it wrote to the
     # folder (verify-quality-KEY.json: the dict --json prints; `verify --quality --json` is tests/test_quality.py's).
     # A second run with --json trained both again for the same record (a third of this test's time)
-    text = subprocess.run([sys.executable, "-m", "trainscout.cli", "verify", str(out), "--quality", "24"],
+    text = subprocess.run([sys.executable, "-m", "trainscout.cli", "verify", str(out), "--quality", "60"],
                           capture_output=True, text=True, timeout=600, env=gate_plugins)
     assert text.returncode == 1 and "failed: loss +" in text.stdout, (text.returncode, text.stdout, text.stderr[-2000:])
     [written] = out.glob("verify-quality-*.json")
