@@ -288,6 +288,9 @@ def test_a_zero_trial_removes_a_stale_build_lock_and_runs(tmp_path, ray_local, m
     past = time.time() - 1200
     os.utime(lock, (past, past))
     monkeypatch.setitem(runner._CACHES, "TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    # ranks of their own, ended after it: an idle group of this environment held a CPU of the session's Ray, and a
+    # later in-process search's Tune trial actor waited for it forever
+    monkeypatch.setenv("TRAINSCOUT_FRESH_WORKERS", "1")
     rc = main(["trial", "--model", "tiny", "--device", "cpu", "--workers", "2", "--set", "zero_stage=2", "--set",
                "compile=false", "--steps", "1", "--warmup", "0", "--timeout", "240", "--json"])
     out = capsys.readouterr().out
