@@ -192,6 +192,11 @@ class Pool:
         key = self._key(world, device, env, one_node)
         if key in self.warming or any(g.key == key for g in self.idle):
             return
+        # another kind of idle group holds resources (run frees them too): kept, it and this group could leave no
+        # room for the trial's own Tune actor, which must start before run is asked
+        for g in [g for g in self.idle if g.key != key]:
+            self.idle.remove(g)
+            g.kill()
         task = asyncio.ensure_future(self._start(key, world, device == "cuda", env, one_node, wait_s,
                                                  model_config))
         self.warming[key] = task
