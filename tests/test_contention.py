@@ -132,8 +132,8 @@ def _search(capsys, out, *extra):
     from trainscout.cli.main import main
     capsys.readouterr()
     rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "1", "--steps", "2", "--warmup", "1",
-               "--set", "compile=false", "--set", "zero_stage=0", "--set", "micro_batch_size=8", "--out", str(out), "-q",
-               *extra])
+               "--set", "compile=false", "--set", "zero_stage=0", "--set", "micro_batch_size=8",
+               "--out", str(out), "-q", *extra])
     return rc, capsys.readouterr()
 
 

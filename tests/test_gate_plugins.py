@@ -166,9 +166,10 @@ def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search)
     assert search.returncode == 0, stderr[-3000:]
     assert "quality: failed" in stdout and "gradient is 0x the reference's" in stdout, stdout
     assert "not measured: grad_zero=all failed the quality gate in an earlier trial" in stdout, stdout
-    # one verification (two 60-step trainings: 24 leave the interval straddling the tolerance, inconclusive), read twice: its lines and exit code, and the record it wrote to the
-    # folder (verify-quality-KEY.json: the dict --json prints; `verify --quality --json` is tests/test_quality.py's).
-    # A second run with --json trained both again for the same record (a third of this test's time)
+    # one verification (two 60-step trainings: 24 leave the interval straddling the tolerance, inconclusive),
+    # read twice: its lines and exit code, and the record it wrote to the folder (verify-quality-KEY.json: the
+    # dict --json prints; `verify --quality --json` is tests/test_quality.py's). A second run with --json trained
+    # both again for the same record (a third of this test's time)
     text = subprocess.run([sys.executable, "-m", "trainscout.cli", "verify", str(out), "--quality", "60"],
                           capture_output=True, text=True, timeout=600, env=gate_plugins)
     assert text.returncode == 1 and "failed: loss +" in text.stdout, (text.returncode, text.stdout, text.stderr[-2000:])
