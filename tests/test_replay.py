@@ -51,20 +51,26 @@ def replay(*args, script="replay.py"):
                           capture_output=True, text=True, timeout=280, cwd=ROOT)
 
 
-def test_replay_finds_the_dominating_row_within_the_grid_total(tmp_path):
-    csv_path, out = tmp_path / "grid.csv", tmp_path / "replay.json"
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """The replay of test_replay_finds_the_dominating_row_within_the_grid_total (the file's last test) on a grid
+    written here, started when the file's first test starts: it runs while the bad-input commands do (its Ray's
+    start is mostly waiting). (rows, Popen, the JSON's path, read() -> (stdout, stderr) once it ended, from files:
+    no pipe to fill while nothing reads it)."""
+    root = tmp_path_factory.mktemp("replay")
+    csv_path, out = root / "grid.csv", root / "replay.json"
     rows = write_grid(csv_path)
-    assert sorted(r["status"] for r in rows) == ["invalid", "ok", "ok", "ok"]
-    res = replay("--csv", str(csv_path), "--seeds", "2", "--json", str(out))
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.strip().splitlines()[-1].startswith("| grid.csv |")  # the table comes last
-    data = json.loads(out.read_text())
-    assert data["grid_gpu_s"] == 60.0 and data["best_tokens_per_s"] == 10_000.0
-    assert [s["seed"] for s in data["seeds"]] == [0, 1]
-    for s in data["seeds"]:
-        assert s["found"] and s["tokens_per_s"] == 10_000.0
-        assert 0 < s["gpu_s"] <= data["grid_gpu_s"] and 0 < s["fraction"] <= 1
-        assert s["trials"] == sum(s["counts"].values()) >= 1
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "replay.py"), "--csv", str(csv_path), "--seeds",
+                          "2", "--json", str(out)], stdout=open(root / "out", "w"), stderr=open(root / "err", "w"),
+                         cwd=ROOT)
+
+    def read():
+        p.wait(timeout=280)
+        return (root / "out").read_text(), (root / "err").read_text()
+    yield rows, p, out, read
+    if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 @pytest.mark.parametrize("script,args,flag", [
@@ -80,7 +86,22 @@ def test_replay_finds_the_dominating_row_within_the_grid_total(tmp_path):
     ("replay.py", ["--csv", "bench/data/grid-h200-160m.csv", "--set", "tf32=false"], "--set"),  # not searched
     ("replay.py", ["--csv", "bench/data/grid-h200-160m.csv", "--set", "micro_batch_size=8"], "--set"),
 ])
-def test_bad_input_is_one_line_naming_the_flag(script, args, flag):
+def test_bad_input_is_one_line_naming_the_flag(replayed, script, args, flag):
     res = replay(*args, script=script)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr
+
+
+def test_replay_finds_the_dominating_row_within_the_grid_total(replayed):
+    rows, p, out, read = replayed  # (started with the file's first test)
+    assert sorted(r["status"] for r in rows) == ["invalid", "ok", "ok", "ok"]
+    stdout, stderr = read()
+    assert p.returncode == 0, stderr[-3000:]
+    assert stdout.strip().splitlines()[-1].startswith("| grid.csv |")  # the table comes last
+    data = json.loads(out.read_text())
+    assert data["grid_gpu_s"] == 60.0 and data["best_tokens_per_s"] == 10_000.0
+    assert [s["seed"] for s in data["seeds"]] == [0, 1]
+    for s in data["seeds"]:
+        assert s["found"] and s["tokens_per_s"] == 10_000.0
+        assert 0 < s["gpu_s"] <= data["grid_gpu_s"] and 0 < s["fraction"] <= 1
+        assert s["trials"] == sum(s["counts"].values()) >= 1
