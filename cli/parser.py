@@ -34,13 +34,23 @@ def build_parser() -> Parser:
     p.add_argument("--version", action="store_true", help="print the installed version and exit")
     verbosity_flags(p, False)
     sub = p.add_subparsers(title="commands", dest="command", parser_class=Parser, metavar="COMMAND")
+    for add in (_knobs_command, _estimate_command, _lookup_command, _trial_command, _search_command, _results_command,
+                _report_command, _atlas_command, _export_command, _verify_command, _train_command):
+        add(sub)
+    return p
 
+
+def _knobs_command(sub) -> None:
+    """`trainscout knobs`: every knob with its choices."""
     k = command(sub, "knobs", "list every knob: choices, default, requirements",
                 "Every knob a trial or a search may set: its choices, default, the knobs it requires, what it does. "
                 "Set one with --set NAME=VALUE (trial, search, estimate) or fix and narrow them in a --space file.",
                 "  trainscout knobs --json", cmd_knobs)
     k.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _estimate_command(sub) -> None:
+    """`trainscout estimate`: a configuration's predicted memory, without a GPU."""
     m = command(sub, "estimate", "predict peak GPU memory per rank (no GPU needed)",
                 "Predict the peak GPU memory per rank of a configuration (weights, gradients, optimizer, buffers, "
                 "activations, logits) and the host memory of all ranks, without a GPU. With --gpu-memory (and "
@@ -63,6 +73,9 @@ def build_parser() -> Parser:
     m.add_argument("--json", action="store_true", help=JSON_HELP)
     add_recipe_flags(m)
 
+
+def _lookup_command(sub) -> None:
+    """`trainscout lookup`: the atlas's answer for a model on a GPU kind."""
     lk = command(sub, "lookup", "the atlas's measured best, or a prediction (no GPU)",
                  "What the atlas knows about training a model on a GPU kind, without a GPU: the best measured "
                  "configurations (tokens/s, MFU, peak memory, days and rent of the recipe, provenance), from the "
@@ -94,6 +107,9 @@ def build_parser() -> Parser:
                     help="measured configurations shown per GPU kind and count")
     lk.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _trial_command(sub) -> None:
+    """`trainscout trial`: one configuration measured."""
     t = command(sub, "trial", "measure one configuration for real",
                 "Measure one configuration: build the model in worker processes (GPUs, or CPU processes), run the "
                 "warm-up steps, then time the optimizer steps with synchronisation. Prints tokens/s, the projected "
@@ -119,6 +135,9 @@ def build_parser() -> Parser:
     t.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     add_recipe_flags(t)
 
+
+def _search_command(sub) -> None:
+    """`trainscout search`: what to search and where its results go, then the trials' flags and the dry run's."""
     d = SEARCH_DEFAULTS
     s = command(sub, "search", "find the fastest configuration with real trials",
                 SEARCH_RULES,
@@ -156,6 +175,14 @@ def build_parser() -> Parser:
                    help="each trial's ranks on one node (Ray STRICT_PACK); --no-one-node: wherever the cluster has "
                         "room, maybe split over nodes, marked so in results (default: one node)")
     s.add_argument("--resume", default=None, metavar="DIR", help="continue the search whose --out was DIR")
+    _search_trial_flags(s)
+    _search_dry_run_flags(s)
+    add_recipe_flags(s)
+
+
+def _search_trial_flags(s) -> None:
+    """search's flags for each trial it runs and for its summary."""
+    d = SEARCH_DEFAULTS
     s.add_argument("--seed", type=seed_int, default=None, help=f"sampler seed, 0 .. 2**32-1 (default: {d['seed']})")
     s.add_argument("--steps", type=positive_int("--steps"), default=None,
                    help=f"timed optimizer steps per trial (default: {d['steps']})")
@@ -171,6 +198,10 @@ def build_parser() -> Parser:
                         "do so are called best (default: mark)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON at the end, alone on stdout; the "
                                                        "live table and progress go to stderr (default: text)")
+
+
+def _search_dry_run_flags(s) -> None:
+    """search --dry-run and the box it describes."""
     dry = s.add_argument_group("dry run (no GPU, nothing written)")
     dry.add_argument("--dry-run", action="store_true",
                      help="print the configurations the search would hand to its trials, in order (start points, "
@@ -183,8 +214,10 @@ def build_parser() -> Parser:
                      help="with --dry-run: the box's host memory, e.g. 256GiB (default: 128 GiB per GPU)")
     dry.add_argument("--gpu-memory", default=None,
                      help="with --dry-run: memory per GPU, e.g. 80GiB (default: the GPU kind's datasheet)")
-    add_recipe_flags(s)
 
+
+def _results_command(sub) -> None:
+    """`trainscout results`: a store's trials; --export and --import of its measurements."""
     r = command(sub, "results", "the trials of a store as a table, CSV or JSON",
                 "The trials of a store (a search's --out folder or a storage URL), each failed or refused one with "
                 "its reason. --export and --import move measurement records (JSON lines, one measurement a line) "
@@ -213,6 +246,9 @@ def build_parser() -> Parser:
                    help="with --export: a contribution file (ok and out-of-memory measurements only, with provenance "
                         "and a content hash per row, no paths, host names or logs)")
 
+
+def _report_command(sub) -> None:
+    """`trainscout report`: the best configurations, costs and failures, as text and HTML."""
     rp = command(sub, "report", "best configurations, days and dollars, failures; HTML",
                  "Best configurations (tokens/s, MFU, days, rent and purchase cost from list-price estimates), "
                  "failures, knob importance (Optuna PED-ANOVA); prints a summary and writes a self-contained "
@@ -225,6 +261,9 @@ def build_parser() -> Parser:
                     help="GPU prices over the built-in list-price estimates, format: analysis/prices.json "
                          "(default: the built-in ones)")
 
+
+def _atlas_command(sub) -> None:
+    """`trainscout atlas`: the atlas as one HTML page."""
     at = command(sub, "atlas", "the atlas as one HTML page: what a GPU trains",
                  "Write the whole atlas (the H200 measurements that ship with trainscout, its predictions, and any "
                  "store or file given) as one self-contained HTML page (no network): the best configuration per "
@@ -235,6 +274,9 @@ def build_parser() -> Parser:
                     help="results stores (--out folder, .db, URL) or export/share files on top of the shipped rows")
     at.add_argument("--out", default="atlas", help="folder for atlas.html")
 
+
+def _export_command(sub) -> None:
+    """`trainscout export`: a measured configuration's files for another trainer."""
     e = command(sub, "export", "write a configuration for HF Trainer, DeepSpeed, accelerate",
                 "Write a measured configuration for your own trainer: HF TrainingArguments JSON, the engine's "
                 "DeepSpeed JSON, an accelerate YAML, a launch command, and trainscout.json (provenance: model, "
@@ -248,6 +290,9 @@ def build_parser() -> Parser:
                         "launch.sh, all: every one the measured engine can carry")
     e.add_argument("--out", required=True, help="folder to write into")
 
+
+def _verify_command(sub) -> None:
+    """`trainscout verify`: a stored configuration trained in full steps."""
     v = command(sub, "verify", "N full steps of a stored configuration vs its projection",
                 "Train the best (or a given) stored configuration for N full optimizer steps, every micro-batch of "
                 "the global batch in every step, and compare the measured step time with the one the search "
@@ -276,6 +321,9 @@ def build_parser() -> Parser:
     v.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
     v.add_argument("--json", action="store_true", help=JSON_HELP)
 
+
+def _train_command(sub) -> None:
+    """`trainscout train`: training with an exported configuration."""
     tr = command(sub, "train", "train with an exported configuration",
                  "Train with a configuration `trainscout export` wrote, on synthetic tokens or a flat file of token "
                  "ids; a transformers checkpoint at the end. Exit 1 when the run fails.",
@@ -297,4 +345,3 @@ def build_parser() -> Parser:
     tr.add_argument("--address", default=None, help="Ray cluster address (default: start Ray on 127.0.0.1)")
     tr.add_argument("--json", action="store_true", help=JSON_HELP)
     add_recipe_flags(tr)
-    return p
