@@ -94,7 +94,7 @@ def _memory_family(fam: tuple, names: tuple) -> tuple:
 def memory_calibration(fam: tuple, n_params: float, arch: str, pool: list[Sample]) -> tuple[dict, int] | None:
     """The memory model's calibration for a configuration, from the measured peaks nearest to it: the first
     MEMORY_LEVELS family with measured peaks, the NEAREST_MODELS nearest shapes, their median measured/analytic
-    ratio as trial/memory.py's calibration (a = b = the ratio, c = 0): closer, over the shipped rows left out one by
+    ratio as predictor/memory.py's calibration (a = b = the ratio, c = 0): closer, over the shipped rows left out one by
     one, than one least-squares fit over all of them (fit_terms; docs/atlas.md).
     (calibration, level); None where the pool has no peak."""
     from trainscout.trial.metrics import median
@@ -111,7 +111,7 @@ def memory_calibration(fam: tuple, n_params: float, arch: str, pool: list[Sample
 
 
 def memory_fit(pool: list[Sample]) -> dict | None:
-    """One least-squares calibration of the memory model over the pool's measured peaks (trial/memory.py
+    """One least-squares calibration of the memory model over the pool's measured peaks (predictor/memory.py
     fit_terms): what the search fits on a store; the leave-one-out table compares it with memory_calibration."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     return memory.fit_terms([(s.states, s.acts, s.peak) for s in pool if s.peak])

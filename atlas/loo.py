@@ -11,7 +11,7 @@ def leave_one_out(pool: list[Sample], hold: str) -> list[dict]:
     """Each sample predicted without itself: hold="model" leaves out every row of its model (a model never
     measured), hold="row" its own key (the row and its repeats). Per row: the level calibrated at, the signed
     relative errors of tokens/s and peak memory (None where no peak was recorded)."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     out, effects = [], {}
     for s in pool:
         others = [x for x in pool if (x.shape != s.shape if hold == "model" else x.key != s.key)]

@@ -1,7 +1,7 @@
 """Predictions where the atlas has no measurement: a model, a GPU kind or a GPU count never measured.
 
-Peak memory: the calibrated memory model (trial/memory.py: peak = a·states + b·activations + c, least squares on
-the measured peaks of the GPU kind). Speed: the step-time model (trial/steptime.py) is a roofline that ranks
+Peak memory: the calibrated memory model (predictor/memory.py: peak = a·states + b·activations + c, least squares on
+the measured peaks of the GPU kind). Speed: the step-time model (predictor/steptime.py) is a roofline that ranks
 configurations and is never a speed by itself (docs/atlas.md). Here it is
 calibrated on measured rows: a prediction's step is the roofline's step times the median measured/roofline ratio
 of the rows nearest to it — the same configuration family (the knobs' own declarations, backing off level by level
@@ -53,20 +53,20 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     """Predicted best configurations of a model on `gpus` GPUs of a kind. Candidates: the configurations of the
     CANDIDATES fastest rows (against their roofline) of the nearest measured models on that kind and count (any
     count where that one was not measured), each at the largest micro-batch that fits in the share of the GPU a
-    search's start point uses (trial.memory.FIT_SHARE) by the calibrated memory model and by the uncalibrated one
+    search's start point uses (predictor.memory.FIT_SHARE) by the calibrated memory model and by the uncalibrated one
     (what `trainscout estimate` and a search without measurements predict); where none fits, with the memory saver
-    (spaces.memory_savers) predicted fastest by the step-time model (trial.steptime, offload's PCIe and host traffic
+    (spaces.memory_savers) predicted fastest by the step-time model (predictor.steptime, offload's PCIe and host traffic
     included) of those that fit: sharding over the ranks before offload where the GPUs hold it. Every candidate must
-    fit the host by the rule a search prunes its trials by (trial.memory.host_refusal: host_memory_gib, default
-    HOST_GIB_PER_GPU per GPU, less trial.memory.MARGIN). Where nothing fits, on 2, 4, 8 GPUs. Each one's roofline
+    fit the host by the rule a search prunes its trials by (predictor.memory.host_refusal: host_memory_gib, default
+    HOST_GIB_PER_GPU per GPU, less predictor.memory.MARGIN). Where nothing fits, on 2, 4, 8 GPUs. Each one's roofline
     step is calibrated (calibrate). Returns {"model", "gpu", "gpus", "rows": [{config, describe, tokens_per_s,
     step_s, peak_memory_gib, host_memory_gib, level, calibrated_on, projected_days, ...}], "notes", "n_params",
     "capacity_gib", "host_memory_gib"}; ConfigError for a GPU kind whose memory is not known without
     capacity_gib. avoid: settings ({knob: value} each) a candidate may not hold all of (those whose quality gate
     failed on this model): the next saver, or the next candidate, instead."""
     from trainscout.spaces import ConfigError, all_knobs
-    from trainscout.trial import memory
-    from trainscout.trial.memory import FIT_SHARE
+    from trainscout.predictor import memory
+    from trainscout.predictor.memory import FIT_SHARE
     from trainscout.trial.models import resolve_model
     spec_model = resolve_model(model)
     notes: list[str] = []
@@ -84,7 +84,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     hw_name = gpu if gpu_kind(gpu) and gpu_kind(gpu) != gpu else f"NVIDIA {kind}"
     capability = facts[1] if facts else "9.0"
     installed = frozenset(p for k in all_knobs() for p in k.packages)  # the GPU box is assumed to have them
-    n = memory._counts(spec_model.config)["N"]
+    n = memory.counts(spec_model.config)["N"]
     arch = spec_model.config.get("model_type")
     kind_of_arch = arch_family(spec_model.config)
     if kind_of_arch == MOE and not any(s.family == MOE for s in on_kind):
@@ -108,7 +108,8 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     if host_memory_gib is None:
         notes.append(f"host memory assumed {HOST_GIB_PER_GPU} GiB per GPU ({host_gib:.0f} GiB): --host-memory "
                      "gives the box's")
-    from trainscout.trial import flops, metrics
+    from trainscout.predictor import flops
+    from trainscout.trial import metrics
     count = flops.count(spec_model.config)
     peak_tflops = metrics.gpu_peak_tflops(hw_name)
     effects = knob_effects(pool)  # what each knob alone did, on any GPU kind
@@ -157,7 +158,8 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
     the nearest models' rows; one that does not fit as it is gets the memory saver predicted fastest of those that
     fit (search.start.fits' rule)."""
     from trainscout.spaces import fmt, memory_savers
-    from trainscout.trial import dtypes, engines, memory, steptime
+    from trainscout.predictor import dtypes, memory, steptime
+    from trainscout.trial import engines
     from trainscout.spaces import all_knobs
     micro = {k.name for k in all_knobs() if k.micro_batch}
     at = [s for s in pool if s.world == gpus] or pool
@@ -238,12 +240,13 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
                  calibration, cap: float, host: float, kind_of_arch: str = DENSE, keep: set | None = None):
     """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes by the
     calibrated memory model and by the uncalibrated one (trainscout estimate's, a fresh search's), on a host of
-    `host` bytes by trial.memory.host_refusal, the search's rule; or (None, None, why not, refused): refused=True
+    `host` bytes by predictor.memory.host_refusal, the search's rule; or (None, None, why not, refused): refused=True
     where a knob rule refuses the configuration on this model and GPU, False where it does not fit.
     calibration(fam): the memory calibration of a family. A knob the saver (keep) does not set that the saver's
     settings refuse (the whole model compiled under DeepSpeed, not its layers) goes back to its default, once."""
     from trainscout.spaces import ConfigError, Context
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     batch = global_batch or model.recipe.global_batch
     dp = Context(world_size=gpus).data_parallel_ranks(settings)  # the world over pipeline, tensor, context degrees
     per_rank = batch // dp if batch % dp == 0 else batch

@@ -105,12 +105,12 @@ def shape_of(model_config: dict | None) -> str:
 def features(record) -> dict:
     """What the predictions read of a measured row, computed once (the model on the meta device): the roofline
     step, the memory model's two terms, the parameter count."""
-    from trainscout.trial import memory, steptime
+    from trainscout.predictor import memory, steptime
     from trainscout.trial.models import sizes
-    spec = memory._with_config(record)
+    spec = memory.with_config(record)
     states, acts = memory.terms(spec)
     return {"roofline_s": steptime.step_s(spec), "host_s": steptime.host_s(spec), "states": states, "acts": acts,
-            "n_params": memory._counts(spec.model_config)["N"], "layers": sizes(spec.model_config).layers,
+            "n_params": memory.counts(spec.model_config)["N"], "layers": sizes(spec.model_config).layers,
             "arch": spec.model_config.get("model_type"), "family": arch_family(spec.model_config)}
 
 

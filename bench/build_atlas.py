@@ -18,7 +18,7 @@ measured with a method BENCHMARKS names as biased are labelled, not dropped (LAB
 used is printed with the reason.
 
 atlas/model.json holds what lookup and the atlas page need without building a model: per row the step-time
-model's roofline step and the memory model's terms (trial/steptime.py, trial/memory.py, which build the model on
+model's roofline step and the memory model's terms (predictor/steptime.py, predictor/memory.py, which build the model on
 the meta device: ~1 s a row), the leave-one-out evaluation of the predictions, and the predictions for the named
 models no row measured.
 """

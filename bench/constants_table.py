@@ -2,7 +2,7 @@
 
     python bench/constants_table.py          # one line per row; exit 1 when a value differs or a name is gone
 
-A row's `constant` is FILE:EXPRESSION (trial/steptime.py:GPU_PCIE_BPS['H100']), evaluated in that module; its
+A row's `constant` is FILE:EXPRESSION (predictor/steptime.py:GPU_PCIE_BPS['H100']), evaluated in that module; its
 `source` says where the number comes from (the bench/data path, the date, the GPU), so a re-measurement edits the
 row and the constant, never a comment.
 """
@@ -18,7 +18,7 @@ TABLE = os.path.join(ROOT, "docs", "constants.csv")
 
 
 def module_of(path: str) -> str:
-    """trial/steptime.py -> trainscout.trial.steptime (pyproject's package-dir: the folders are trainscout.*)."""
+    """predictor/steptime.py -> trainscout.predictor.steptime (pyproject's package-dir: the folders are trainscout.*)."""
     return "trainscout." + path[:-len(".py")].replace("/", ".")
 
 

@@ -12,7 +12,7 @@ hardware, optional packages installed and the space (bench/replay.py rebuilds th
 rewritten after every trial (a row not measured yet has status "valid"). One row per configuration: every
 knob, grid/sampler (which enumeration reached it), status, tokens_per_s, step_tokens_per_s (each timed step's
 throughput, slowest rank, ";"-separated: what early stopping sees), wall_s, timed_s (the timed steps), gpu_s
-(wall x GPUs per trial; on the CPU: x worker processes), peak_memory_gib, predicted_gib (trial.memory.predict,
+(wall x GPUs per trial; on the CPU: x worker processes), peak_memory_gib, predicted_gib (predictor.memory.predict,
 uncalibrated: what a search on an empty store prunes with), key, error.
 
     python bench/grid.py --model tiny --device cpu --workers 2 --steps 3 --warmup 1 \\
@@ -35,7 +35,8 @@ from trainscout.cli.flags import (EXIT_BAD_INPUT, Parser, add_recipe_flags, nonn
 from trainscout.search.service import SearchArgs, validate
 from trainscout.spaces import ConfigError, all_knobs, fmt
 from trainscout.store import default_url, measurement_key, now, open_store
-from trainscout.trial import execute, hardware, memory, prepare
+from trainscout.predictor import memory
+from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.status import DETERMINISTIC, Status
 
 META = "# trainscout-grid "

@@ -2,7 +2,7 @@
 
 For each file: resolve_model reads it (or refuses it with a one-line ConfigError: the reason is the row); the
 estimate command's prediction at micro-batch 1 and the model's own recipe (one rank, a CUDA GPU assumed, no GPU
-needed); the FLOPs/token of the real shape (trial/flops.py, meta device); then a shrunk copy of the same
+needed); the FLOPs/token of the real shape (predictor/flops.py, meta device); then a shrunk copy of the same
 architecture (same model_type and flags: tie, sliding window, experts and top-k, rope scaling, qk-norm, MLA ranks;
 2 layers, hidden 64, vocab 256) whose meta count is divided by torch's FlopCounterMode over a real forward +
 backward, and which trains one optimizer step as the trial engines do under precision=bf16-mixed (build_model in
@@ -81,7 +81,7 @@ def flop_counter_ratio(small: dict) -> tuple[float, float, float]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainscout.trial import flops
+    from trainscout.predictor import flops
     from trainscout.trial.models import build_model
     torch.manual_seed(0)
     model = build_model(small, "eager", S, "float32")
@@ -128,7 +128,8 @@ def one_step_dtypes(small: dict) -> dict[str, set[str]]:
 def estimate_gib(path: str) -> float:
     """What `trainscout estimate --model PATH --set micro_batch_size=1` predicts (cli/measure.py's cmd_estimate:
     trial.prepare with one CUDA rank, then memory.predict)."""
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     spec = prepare(path, {"micro_batch_size": 1}, workers=1, hw={"device": "cuda", "gpu_count": 1, "gpu": None})
     return memory.predict(spec) / memory.GiB
 
@@ -136,7 +137,7 @@ def estimate_gib(path: str) -> float:
 def run(path: str) -> dict:
     """Every check of one file, as a row (refused: the reason)."""
     from trainscout.spaces import ConfigError
-    from trainscout.trial import flops
+    from trainscout.predictor import flops
     from trainscout.trial.models import resolve_model
     with open(path, encoding="utf-8") as f:
         raw = json.load(f)

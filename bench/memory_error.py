@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from trainscout.analysis.table import store_of
-from trainscout.trial import memory
+from trainscout.predictor import memory
 
 
 def label(r) -> str:

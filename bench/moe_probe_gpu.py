@@ -4,7 +4,7 @@ B. a small qwen3_moe (4 layers, 32 experts, top-4) under each experts kernel, fp
    PyTorch) and bf16 weights (FSDP2's / DeepSpeed's compute): does it run, step time, peak memory;
 C. torchao's float8 grouped GEMM on the experts (prototype moe_training, rowwise): does it intercept transformers'
    grouped_mm call, and its step time;
-D. FLOPs per token: torch's FlopCounterMode over a real forward + backward on the GPU against trial/flops.py, for
+D. FLOPs per token: torch's FlopCounterMode over a real forward + backward on the GPU against predictor/flops.py, for
    Pythia-1B (untied), the Llama-1B shape (tied, GQA, 128k vocabulary) and the MoE;
 E. the quality gate's one step (trial/quality.py) for fp8 tensorwise and rowwise against bf16, Pythia-1B and the
    Llama shape.
@@ -135,7 +135,7 @@ def section_c():
 def section_d():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainscout.trial import flops
+    from trainscout.predictor import flops
     from trainscout.trial.models import resolve_model
     llama = json.load(open(os.path.join(os.path.dirname(__file__), "models", "llama-1b.json")))
     for name, cfg, s, kw in (("pythia-1b", resolve_model("pythia-1b").config, 2048, {}),

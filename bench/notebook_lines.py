@@ -4,7 +4,7 @@ source, where a re-measurement edits data, not code.
 
     python bench/notebook_lines.py               # the count, its share of the library's lines, the top files
     python bench/notebook_lines.py --top 40      # more files
-    python bench/notebook_lines.py --list trial/steptime.py   # the flagged lines of one file, with what matched
+    python bench/notebook_lines.py --list predictor/steptime.py   # the flagged lines of one file, with what matched
     python bench/notebook_lines.py --json        # {"flagged", "lines", "share", "files": {path: count}}
 
 Library: the .py files of the package folders (PACKAGES), tests/ and bench/ not included. Lines: every physical
@@ -24,7 +24,7 @@ import sys
 import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("spaces", "trial", "search", "store", "atlas", "analysis", "runtime", "cli")
+PACKAGES = ("spaces", "trial", "predictor", "search", "store", "atlas", "analysis", "runtime", "cli")
 
 # a number with a unit of time, memory, rate or ratio, as a measurement writes it ("15.35 ms", "53 GB/s", "1.8x")
 _UNIT = (r"(?:ns|us|µs|ms|s|sec|seconds?|min|minutes?|hours?|days?|[KMGTP]i?B(?:/s)?|[kMGTP]FLOP/?s|FLOP/s|"

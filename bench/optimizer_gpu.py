@@ -5,7 +5,7 @@ Usage: python bench/optimizer_gpu.py [--model pythia-1b|bench/models/llama-1b.js
 - optimizer_impl foreach vs fused: the record's optimizer phase (metrics optimizer_s, the median optimizer step) and
   tokens/s, same model, batch and everything else.
 - optimizer_state fp32 / bf16 / 8bit / 4bit (and precision=bf16): the measured peak memory (max_memory_allocated; on
-  the CPU the peak RSS, which holds the whole process) against the memory model's estimate (trial.memory.predict,
+  the CPU the peak RSS, which holds the whole process) against the memory model's estimate (predictor.memory.predict,
   uncalibrated) and its optimizer term, and the record's optimizer dtypes.
 Prints one markdown table per part; each row's record is appended to --out as JSON (one line each).
 Smoke run on the CPU: python bench/optimizer_gpu.py --model tiny --device cpu --steps 2
@@ -14,7 +14,8 @@ import argparse
 import json
 import sys
 
-from trainscout.trial import execute, memory, prepare
+from trainscout.predictor import memory
+from trainscout.trial import execute, prepare
 
 GiB = 2**30
 IMPLS = ("foreach", "fused")

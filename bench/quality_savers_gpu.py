@@ -16,7 +16,8 @@ import os
 import time
 
 from trainscout.analysis.quality import compare, corpus_tokens
-from trainscout.trial import execute, memory, prepare
+from trainscout.predictor import memory
+from trainscout.trial import execute, prepare
 from trainscout.trial.models import sizes
 
 GiB = 2**30

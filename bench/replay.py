@@ -34,7 +34,8 @@ from trainscout.search.service import (METRIC, Printer, SearchArgs, _progress_ca
 from trainscout.search.space import Space
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
 from trainscout.store import default_url
-from trainscout.trial import STATUSES, hardware, memory, prepare
+from trainscout.predictor import memory
+from trainscout.trial import STATUSES, hardware, prepare
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 

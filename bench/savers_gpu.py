@@ -32,7 +32,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated labels (substrings) of CONFIGS to run")
     a = ap.parse_args()
 
-    from trainscout.trial import execute, hardware, memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import execute, hardware, prepare
     from trainscout.trial.runner import detect_device, ensure_ray
     device = detect_device("auto")
     gpu = device == "cuda"

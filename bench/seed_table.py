@@ -60,7 +60,8 @@ def not_fitting(model: str, hw: dict, host: float, calibration: dict | None) -> 
     at micro-batch 1, ZeRO offload (GPU and host), and the fewest GPUs of this kind that would hold it with FSDP
     full_shard and full checkpointing."""
     from trainscout.search.service import FIT_SHARE
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
 
     def gib(x: float) -> float:
         return round(x / memory.GiB, 1)
@@ -111,7 +112,7 @@ def non_default(config: dict) -> str:
 def row_of(model: str, store, search_log: str, wall: float, verify_out: dict | None) -> dict:
     """One table row from the store: the search's best, its costs, the memory model's error on its trials."""
     from trainscout.analysis.cost import load_prices, price_for
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     trials = store.trials(model)
     recs = [r for r in store.measurements() if r.model == model]
     ok = [r for r in recs if r.ok]
@@ -233,7 +234,7 @@ def run(a, trials: dict[str, int]) -> int:
         if hw["device"] == "cuda":
             defaults = space_defaults(space)
             notes: list[str] = []
-            from trainscout.trial import memory  # calibrated on the store's peaks of this GPU, as the search is
+            from trainscout.predictor import memory  # calibrated on the store's peaks of this GPU, as the search is
             calibration = memory.fit(memory.calibration_pairs(open_store(url).measurements(), hw.get("gpu")))
             if fits(args, space, hw, calibration, defaults, notes, host=host) is None:
                 need = not_fitting(model, hw, host, calibration)

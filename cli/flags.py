@@ -151,7 +151,7 @@ SIZE = re.compile(r"\s*((?:\d+(?:\.\d*)?|\.\d+))\s*(gib|gb|mib|mb|g)\s*", re.I)
 def gpu_memory(text: str) -> float:
     """--gpu-memory: a positive finite size with a unit (`80GiB`, `141GB`, `512MiB`) in bytes; a bare number, zero,
     a negative size or inf is refused (a bare number was read as bytes: every configuration 'did NOT fit')."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     m = SIZE.fullmatch(text or "")
     value = memory.parse_size(text) if m else 0.0
     if not m or not (0 < value < math.inf):

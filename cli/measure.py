@@ -180,7 +180,8 @@ def _calibration_pairs(memory, records, a, gpu: str | None) -> list:
 
 def cmd_estimate(a) -> int:
     """Predicted peak memory per rank, without a GPU; calibrated on a store's measurements of that GPU."""
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     from .lookups import host_memory
     capacity = None if a.gpu_memory is None else gpu_memory(a.gpu_memory)
     host_capacity = None if a.host_memory is None else host_memory(a.host_memory)

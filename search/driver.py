@@ -339,7 +339,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     sampler = make_sampler((args.seed + drawn) % SEED_RANGE, args.trials)
     calibration = None  # the memory model fitted once on this GPU's stored peaks: pruning and the start point use it
     if hw["device"] == "cuda" and hw.get("gpu_memory_gib"):
-        from trainscout.trial import memory
+        from trainscout.predictor import memory
         calibration = memory.fit(memory.calibration_pairs(store.measurements(), hw.get("gpu")))
     notes: list[str] = []
     ranker = make_ranker(args, space, hw, calibration, seed=(args.seed + drawn) % SEED_RANGE)
@@ -363,7 +363,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     # handed to the trial actors: what the start points' memory predictions built the model for, its sizes, and
     # the FLOP count every trial's MFU is derived from (counted there, each actor's first trial imported
     # transformers and built the model on the meta device after it ran: 6-10 s on 2 cores)
-    from trainscout.trial import flops, model_tree
+    from trainscout.predictor import flops, model_tree
     from trainscout.trial.models import resolve_model
     flops.count(resolve_model(args.model).config)
     base["facts"] = model_tree.known()

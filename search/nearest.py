@@ -15,15 +15,16 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
     search/start.fits tries them) and the draws pruned or out of memory, and what would make it fit: the host
     memory a configuration that fits the GPU needs, the fewest GPUs (the memory model at more ranks: FSDP/ZeRO
     shard over them) and a knob's value on this many. A configuration fits where the search's rule passes it
-    (trial/memory.refusal, with the search's calibration) at a start point's line: within FIT_SHARE of the GPU's
+    (predictor/memory.refusal, with the search's calibration) at a start point's line: within FIT_SHARE of the GPU's
     memory and the host's memory less MARGIN. None where one of them fits (the trials failed otherwise: their
     reasons say why)."""
     import json
     import math
 
     from trainscout.spaces import ConfigError, all_knobs, memory_savers, micro_batch
-    from trainscout.trial import memory, prepare
-    from trainscout.trial.memory import FIT_SHARE, MARGIN
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
+    from trainscout.predictor.memory import FIT_SHARE, MARGIN
 
     from .start import space_defaults, spec_at
     capacity = memory.gpu_capacity(hw)  # None: the CPU (or a GPU of unknown memory), the host's rule alone
@@ -97,7 +98,7 @@ def nearest_fit(args, space, hw: dict, calibration: dict | None, host: float, tr
         at ranks: those the memory model predicts to fit, in that order; one knob's values by predicted step time.
         Then the same at micro-batch 1, where base's is larger (two knobs changed: a fixed micro-batch of 16 kept
         Pythia-1B off 64 GPUs)."""
-        from trainscout.trial import steptime
+        from trainscout.predictor import steptime
         first = first or {}
         start = dict(base, **first)
         singles = []

@@ -3,7 +3,7 @@ search has measured (one searched knob changed), best predicted first, while one
 
 A neighbour's predicted throughput is the best one's times the effect of its change: the effect measured by the
 search where it holds a pair of trials that differ in that change alone (the geometric mean of such pairs), else
-the ratio of the two configurations' step times predicted by trial/steptime.py. A neighbour that this model
+the ratio of the two configurations' step times predicted by predictor/steptime.py. A neighbour that this model
 refuses or the memory model predicts not to fit (predict returns None) is not proposed; a predicted throughput is
 never above the ceiling of the host's floor (ceiling: tokens per step over steptime.host_s, ZeRO-3's hooks, which
 the step-time ratio does not see); ties are broken in a

@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 from trainscout.search.live import Printer
 from trainscout.store import default_url, guard, open_store
-from trainscout.trial.memory import MARGIN as MEMORY_MARGIN
+from trainscout.predictor.memory import MARGIN as MEMORY_MARGIN
 
 from . import driver
 from .args import SearchArgs, read_space, validate

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, all_knobs, fmt, get, memory_savers, micro_batch
 from trainscout.trial import prepare
-from trainscout.trial.memory import FIT_SHARE  # a start point's share of the GPU (trial.memory.refusal says why)
+from trainscout.predictor.memory import FIT_SHARE  # a start point's share of the GPU (predictor.memory.refusal says why)
 
 if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
@@ -83,14 +83,14 @@ def space_defaults(space: Space) -> dict:
 def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,
          notes: list[str] | None = None, host: float | None = None) -> dict | None:
     """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the memory
-    saver of the space (spaces.memory_savers) predicted fastest (trial.steptime, at the largest micro-batch that fits
-    it) of those that fit the GPU and the host (host: its bytes; default trial.memory.host_capacity(hw)): the rule a
-    search's trials are pruned by (trial.memory.refusal), held to FIT_SHARE of the GPU; sharding over the ranks
+    saver of the space (spaces.memory_savers) predicted fastest (predictor.steptime, at the largest micro-batch that fits
+    it) of those that fit the GPU and the host (host: its bytes; default predictor.memory.host_capacity(hw)): the rule a
+    search's trials are pruned by (predictor.memory.refusal), held to FIT_SHARE of the GPU; sharding over the ranks
     before offload where the GPUs hold the states, checkpointing every 4th layer before every layer; None where none
     fits (notes: why)."""
     import re
 
-    from trainscout.trial import dtypes, memory, steptime
+    from trainscout.predictor import dtypes, memory, steptime
     mb = micro_batch().name
     searched = mb in space.domains
     sizes = [m for m in space.domains.get(mb, ()) if m != "max"] or [1]
@@ -192,7 +192,7 @@ def atlas_points(args: SearchArgs, space: Space, hw: dict, have: list[dict],
     from trainscout.atlas import db
     from trainscout.atlas.lookup import lookup
     from trainscout.trial.metrics import gpu_kind
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     kind = gpu_kind(hw.get("gpu"))
     if kind is None:
         return []
@@ -284,10 +284,10 @@ def spec_at(args: SearchArgs, space: Space, hw: dict, point: dict, **override) -
 
 def _largest_fit(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, defaults: dict) -> dict | None:
     """The defaults at the largest micro-batch the memory model predicts to fit FIT_SHARE of the GPU and the host
-    (trial.memory.refusal, fits' rule); on the CPU the smallest that fits the host's memory: a CPU's step is
+    (predictor.memory.refusal, fits' rule); on the CPU the smallest that fits the host's memory: a CPU's step is
     compute-bound at any micro-batch, so a larger one costs its trial's time in proportion and gains little (None:
     none)."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     gpu, host = memory.gpu_capacity(hw), memory.host_capacity(hw)
     mb = micro_batch().name
     sizes = sorted((m for m in space.domains[mb] if m != "max"), reverse=True)

@@ -49,10 +49,10 @@ def trial_spec(settings: dict, base: dict, fault: str | None = None):
 
 def _refusal(spec, base: dict) -> tuple[str, dict] | None:
     """Why the memory model refuses to launch this trial, with what the record keeps of the prediction; None: launch
-    it. The search's one rule (trial.memory.refusal: its host or GPU need predicted over the capacity and the
+    it. The search's one rule (predictor.memory.refusal: its host or GPU need predicted over the capacity and the
     margin; a micro_batch_size=max probe judged at micro-batch 1), on the capacities the driver hands the trials
     (base["host"], base["memory"])."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     host, mem = base.get("host") or {}, base.get("memory") or {}
     return memory.refusal(spec, mem.get("capacity"), host.get("capacity"), mem.get("calibration"))
 
@@ -60,7 +60,7 @@ def _refusal(spec, base: dict) -> tuple[str, dict] | None:
 def capacities(hw: dict, calibration: dict | None = None) -> dict:
     """What a search hands its trials to judge them by (_refusal): the host's memory, and the GPU's with the memory
     model's calibration where the trials have one."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     out = {"host": {"capacity": memory.host_capacity(hw)}}
     if (gpu := memory.gpu_capacity(hw)) is not None:
         out["memory"] = {"capacity": gpu, "calibration": calibration}
@@ -87,7 +87,7 @@ def _measure(config: dict, base: dict) -> None:
     fault = None
     if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
         fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
-    from trainscout.trial import model_tree
+    from trainscout.predictor import model_tree
     # the driver's: neither transformers imported here to read the model's sizes nor a model built to predict
     model_tree.learn(base.get("facts"))
     try:

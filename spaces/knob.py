@@ -206,7 +206,7 @@ class Knob:
     def optimizer(self, spec: dict, plan: Plan) -> dict:
         """The optimizer as this knob builds it: `spec` is {"cls": the torch optimizer class, "kwargs": its keyword
         arguments (lr, betas, weight_decay, ...), "device": the rank's device type ("cpu", "cuda"; None where the
-        memory model or trial.dtypes read it), "states": what its state tensors are, as the record's dtypes name them
+        memory model or predictor.dtypes read it), "states": what its state tensors are, as the record's dtypes name them
         ("float32", "bfloat16", "8bit", ...), "bytes": their bytes per parameter (the memory model's optimizer
         term)}. Every engine's optimizer passes through every knob's hook (trial.engines.base.optimizer_spec), in
         `in_order`; return the spec (changed or not)."""

@@ -127,12 +127,12 @@ def note_attentions(config: dict, values: frozenset[str]) -> None:
     _ATTENTIONS[json.dumps(config, sort_keys=True, default=repr)] = values
 
 
-KINDS = ("sizes", "attentions")  # the kinds of fact `known` hands on (trial.model_tree leaves them to `learn`)
+KINDS = ("sizes", "attentions")  # the kinds of fact `known` hands on (predictor.model_tree leaves them to `learn`)
 
 
 def known() -> dict[tuple, object]:
     """What this process read of model configs (their Sizes, the attentions their classes have), to hand to another
-    process (trial.model_tree.known): a search's trial actor then need not import transformers (seconds) to read the
+    process (predictor.model_tree.known): a search's trial actor then need not import transformers (seconds) to read the
     sizes its driver already read."""
     return {**{("sizes", k): v for k, v in _SIZES.items()}, **{("attentions", k): v for k, v in _ATTENTIONS.items()}}
 

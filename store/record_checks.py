@@ -48,12 +48,13 @@ def provenance_mismatch(row: dict) -> str | None:
 
 
 def beyond_peak(rec: dict) -> str | None:
-    """tokens/s that no device computes: tokens/s x FLOPs per token (trial.flops.count of the record's model config
+    """tokens/s that no device computes: tokens/s x FLOPs per token (predictor.flops.count of the record's model config
     at its sequence length) above its GPUs' peak (trial.gpus.gpu_peak_tflops x ranks; a GPU that is no kind there:
     the fastest kind) or, on a CPU, above HOST_PEAK_FLOPS."""
     if rec.get("status") != Status.OK or not rec.get("model_config"):
         return None
-    from trainscout.trial import flops, gpus, metrics
+    from trainscout.predictor import flops
+    from trainscout.trial import gpus, metrics
     m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
     try:
         per_token = flops.count(rec["model_config"]).per_token(recipe["seq_len"])
@@ -70,7 +71,7 @@ def beyond_peak(rec: dict) -> str | None:
     rate = m["tokens_per_s"] * per_token
     if rate > limit:
         return (f"physically impossible: {m['tokens_per_s']:,.4g} tokens/s x {per_token:,.4g} FLOPs per token (its "
-                f"model at seq {recipe['seq_len']}, trial/flops.py) = {rate:.3g} FLOP/s, above the peak of {what}, "
+                f"model at seq {recipe['seq_len']}, predictor/flops.py) = {rate:.3g} FLOP/s, above the peak of {what}, "
                 f"{limit:.3g} FLOP/s")
     return None
 

@@ -311,13 +311,13 @@ class Store:
 
 
 def _read(data: dict, key: str | None = None) -> Record | None:
-    """A stored record as read: its FLOP metrics counted under trial.flops.CONVENTION (a record stored under an
+    """A stored record as read: its FLOP metrics counted under predictor.flops.CONVENTION (a record stored under an
     older count is recounted here, its stored figures kept beside as *_dense_v0; the row is not rewritten). A row
     whose fields are not of a record's types (written by hand or by another tool) is left out, with a warning
     naming its key and field, once per process: None."""
     from pydantic import ValidationError
 
-    from trainscout.trial.flops import recount
+    from trainscout.predictor.flops import recount
     try:
         return recount(Record.from_dict(data))
     except ValidationError as e:

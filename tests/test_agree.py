@@ -1,6 +1,6 @@
 """lookup, estimate and search agree (issue 45 item 4, issue 46 item 2): what lookup puts first for a model never
 measured is a configuration `trainscout search` would run on that box: it fits the GPU by `trainscout estimate`
-and the host by the rule the search prunes its trials by (trial.memory.host_refusal); memory savers are chosen by
+and the host by the rule the search prunes its trials by (predictor.memory.host_refusal); memory savers are chosen by
 predicted step time (sharding over the ranks before offload where the GPUs hold it), in lookup and in the search's
 start points alike. No GPU: the Mistral-7B-v0.3 config.json as published (bench/models/hub), the real memory and
 step-time models, the shipped atlas."""
@@ -13,7 +13,8 @@ import pytest
 from trainscout.atlas import db, lookup
 from trainscout.cli.main import main
 from trainscout.spaces import fmt
-from trainscout.trial import memory, prepare, steptime
+from trainscout.predictor import memory, steptime
+from trainscout.trial import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MISTRAL = os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json")  # the published config.json
@@ -91,7 +92,7 @@ def test_offload_costs_step_time_over_pcie_and_the_hosts_memory():
     both = prepare(MISTRAL, dict(at, zero_stage=3, offload_optimizer=True, offload_params=True), workers=8, hw=hw,
                    installed=frozenset())
     assert steptime.offload_s(plain) == 0.0
-    n = memory._counts(memory._with_config(opt).model_config)["N"]
+    n = memory.counts(memory.with_config(opt).model_config)["N"]
     expected = (opt.plan.grad_accum * 2 + 2) * n / 8 / steptime.pcie_bps(opt) + n * steptime.CPU_ADAM_BYTES / \
         steptime.HOST_MEMORY_BPS
     assert steptime.offload_s(opt) == pytest.approx(expected)

@@ -428,7 +428,7 @@ def test_store_points_from_records_that_predate_a_knob_are_completed_not_a_crash
     points = store_points(args, space, hw, records, have)
     assert points
     from trainscout.search.start import spec_at
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     for point, _ in points:
         assert all(k in point for k in space.domains if get(k).applies(point))
         # another model's best takes the saver this one needs: it fits at the least micro-batch it would try

@@ -346,7 +346,7 @@ def test_a_saver_that_keeps_activations_on_the_host_is_tried_at_a_smaller_micro_
     """Activation offload's host memory grows with the micro-batch: on a 32 GiB host the largest micro-batch is
     refused for host memory and a smaller one fits (the search's start point took 8; _largest_fit stopped at the
     first, 256, 459 GiB). Mock: the H100 is its fingerprint."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     from trainscout.trial.models import resolve_model
     hw = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "gpu_memory_gib": 79.2,
           "capability": "9.0"}
@@ -365,7 +365,7 @@ def test_a_7b_on_an_h200_is_answered_without_what_failed_on_the_h100_and_without
     numerics, whatever the GPU), so no predicted row holds FP8 with precision=bf16; and activation offload, which
     keeps fp32 states, is not taken where it is predicted more than dtypes.KEEP_STATE_COST slower than
     precision=bf16 (it was answered first at 2,064 tokens/s against 11,452)."""
-    from trainscout.trial import dtypes
+    from trainscout.predictor import dtypes
     got = lookup.lookup(db.load(), os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json"), gpu="H200",
                         gpus=1)
     pred = got["predicted"]["rows"]

@@ -78,7 +78,8 @@ def test_context_parallel_rules_name_the_fix(settings, ctx, words):
 
 
 def test_the_memory_model_splits_the_tokens():
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     from trainscout.trial.models import ModelSpec
     hw = {"device": "cuda", "gpu": "NVIDIA H200", "capability": "9.0"}
 

@@ -1,12 +1,13 @@
 """Measured as labelled: a config.json's torch_dtype does not decide what trains (the precision knob does), and the
-dtypes a trial's optimizer really steps are read from it and checked against the label (trial.dtypes)."""
+dtypes a trial's optimizer really steps are read from it and checked against the label (predictor.dtypes)."""
 import json
 
 import pytest
 import torch
 
 from trainscout.spaces import Context, resolve
-from trainscout.trial import dtypes, engines
+from trainscout.predictor import dtypes
+from trainscout.trial import engines
 from trainscout.trial.models import build_model, resolve_model
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,

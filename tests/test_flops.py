@@ -1,4 +1,4 @@
-"""FLOPs per token from the model's modules (trial/flops.py) against torch's own FlopCounterMode, and the recount of
+"""FLOPs per token from the model's modules (predictor/flops.py) against torch's own FlopCounterMode, and the recount of
 records stored under the dense count."""
 import json
 
@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainscout.store import Store
-from trainscout.trial import flops, metrics
+from trainscout.predictor import flops
+from trainscout.trial import metrics
 from trainscout.trial.records import Record
 
 S = 64
@@ -138,7 +139,8 @@ def test_a_mixture_of_experts_is_first_class(tmp_path):
     routed experts stay bf16, and the memory model measures MoE layers on the meta device under autocast (the
     grouped kernel's meta function takes bf16 only: it fell back to the GPT-NeoX formula)."""
     from trainscout.spaces import ConfigError
-    from trainscout.trial import model_tree, prepare
+    from trainscout.predictor import model_tree
+    from trainscout.trial import prepare
     path = tmp_path / "moe.json"
     path.write_text(json.dumps(MODELS["moe"]))
     assert prepare(str(path), {"experts": "eager"}, device="cpu").plan.knobs == {"experts": "eager"}

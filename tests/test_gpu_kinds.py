@@ -10,7 +10,8 @@ import pytest
 
 from trainscout.cli.main import main
 from trainscout.spaces import ConfigError
-from trainscout.trial import gpus, steptime
+from trainscout.predictor import steptime
+from trainscout.trial import gpus
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -71,7 +72,7 @@ def test_lookup_of_a_variant_never_measured_is_its_own_prediction_not_a_measured
     rows = got["predicted"]["rows"]
     assert rows and all(r["gpu"] == gpu and r["status"] == "predicted" for r in rows)
     assert any(f"{gpu} was never measured" in n for n in got["predicted"]["notes"])
-    from trainscout.trial import flops
+    from trainscout.predictor import flops
     from trainscout.trial.models import resolve_model
     r = rows[0]
     fpt = flops.count(resolve_model("pythia-1b").config).per_token(r["tokens_per_step"] // r["global_batch"])

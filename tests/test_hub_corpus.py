@@ -10,7 +10,7 @@ import os
 import pytest
 
 from trainscout.spaces import ConfigError
-from trainscout.trial import flops
+from trainscout.predictor import flops
 from trainscout.trial.models import resolve_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

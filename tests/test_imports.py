@@ -5,7 +5,9 @@ The folders are layered; a folder imports only folders below it (lowest first):
 
     spaces    the knobs, ConfigError, what a knob reads of a model config (spaces/model_config.py: sizes)
     runtime   applying the knobs to a model (prepare_model)
-    trial     running and measuring one configuration: models, engines, memory and FLOP models, records
+    trial     running and measuring one configuration: models, engines, records
+    predictor the memory, step-time and FLOP models over the model's module tree, in trial's layer: it reads the
+              engines' and the models' declarations, and a trial's probe, derive and dtype check read it
     store     the results store, share files and their row format (store/row_format.py)
     analysis  tables, costs, ties, exports, the report
     atlas     the shipped measurements, predictions, lookup and its page
@@ -19,8 +21,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("analysis", "atlas", "cli", "runtime", "search", "spaces", "store", "trial")  # every folder of LAYERS
+PACKAGES = ("analysis", "atlas", "cli", "predictor", "runtime", "search", "spaces", "store", "trial")  # every folder
 LAYERS = ("spaces", "runtime", "trial", "store", "analysis", "atlas", "search", "cli")  # lowest first: the docstring's
+LAYER_OF = {"predictor": "trial"}  # a folder in another's layer (the docstring's)
 
 
 def _modules(folders=PACKAGES) -> dict[str, str]:
@@ -70,8 +73,8 @@ def import_graph() -> dict[str, set[str]]:
 def folder_graph() -> dict[tuple[str, str], list[str]]:
     """(folder, folder it imports) -> where: "file:line" of each such import, over every module of LAYERS' folders."""
     edges: dict[tuple[str, str], list[str]] = {}
-    for mod, path, line, t in imports(_modules(LAYERS)):
-        a, b = mod.split(".")[1], (t.split(".") + [""])[1]
+    for mod, path, line, t in imports(_modules(PACKAGES)):
+        a, b = (LAYER_OF.get(f, f) for f in (mod.split(".")[1], (t.split(".") + [""])[1]))
         if b in LAYERS and b != a:
             where = edges.setdefault((a, b), [])
             if f"{os.path.relpath(path, ROOT)}:{line}" not in where:  # one per line, not per imported name
@@ -177,6 +180,6 @@ def test_a_folder_imports_only_the_folders_below_it():
 
 def test_exports_and_the_runtime_module_import_no_torch():
     code = ("import sys; import trainscout.analysis.export, trainscout.runtime, trainscout.trial.engines, "
-            "trainscout.trial.memory; print('torch' in sys.modules)")
+            "trainscout.predictor.memory; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from trainscout.spaces import ConfigError, Context, resolve
 from trainscout.spaces.knobs.loss_kernel import _fused_linear_forward
-from trainscout.trial import memory
+from trainscout.predictor import memory
 from trainscout.trial.models import TINY_RECIPE, build_model, resolve_model
 from trainscout.trial.records import Record
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from trainscout.cli.main import main
-from trainscout.trial import memory, prepare
+from trainscout.predictor import memory
+from trainscout.trial import prepare
 
 HW = {"device": "cuda", "gpu_count": 8, "gpu": "NVIDIA H200"}
 
@@ -76,7 +77,8 @@ def test_host_memory_is_predicted_and_refuses_what_the_host_cannot_hold():
     """The host term (issue 18): ZeRO offload keeps the optimizer on the host, a CPU trial keeps everything there.
     The Pythia-6.9B ZeRO-2 + optimizer offload trial that was killed for host memory on the H200 box (125 GB) is
     refused before launch; the same model without offload, and a tiny CPU trial, are not."""
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     hw = {"device": "cuda", "gpu_count": 1, "gpu": "NVIDIA H200", "gpu_memory_gib": 139.7, "capability": "9.0"}
     offload = prepare("pythia-6.9b", {"zero_stage": 2, "offload_optimizer": True, "micro_batch_size": 8,
                                       "activation_checkpointing": "full"}, workers=1, hw=hw)
@@ -106,7 +108,7 @@ def _built(config):
 
 @pytest.mark.parametrize("config", ["pythia-14m", TINY_LLAMA, TIED_LLAMA], ids=["pythia", "llama-gqa", "llama-tied"])
 def test_parameter_counts_are_the_built_models(config):
-    """_counts reads N, a layer's, the embedding's and the linears' parameters and the tying from the modules of
+    """counts reads N, a layer's, the embedding's and the linears' parameters and the tying from the modules of
     the model the config builds (on the meta device), not from a formula: the GPT-NeoX formula missed GQA, SwiGLU's
     third matrix and a tied vocabulary (Llama-3.2-1B shape: -28 % peak memory against the measurement)."""
     from torch import nn
@@ -116,7 +118,7 @@ def test_parameter_counts_are_the_built_models(config):
     if isinstance(config, str):
         config = resolve_model(config).config
     model = _built(config)
-    c = memory._counts(config)
+    c = memory.counts(config)
     assert c["N"] == sum(p.numel() for p in model.parameters())
     assert c["per_layer"] == sum(p.numel() for p in decoder_layers(model)[0].parameters())
     assert c["embed"] == model.get_input_embeddings().weight.numel() and c["L"] == len(decoder_layers(model))
@@ -150,7 +152,7 @@ def test_saved_activations_match_a_real_forward(config, compute):
     """The activation term is what autograd saves, measured on the meta device and scaled to b·s: with eager
     attention (plain ops: nothing is emulated) it equals what a real CPU forward of the same tiny model saves at
     another micro-batch and sequence length, to 0.5 %, s x s scores included."""
-    from trainscout.trial import model_tree
+    from trainscout.predictor import model_tree
     from trainscout.trial.models import build_model, resolve_model
     if isinstance(config, str):
         config = resolve_model(config).config
@@ -172,7 +174,7 @@ def test_saved_activations_under_autocast_and_sdpa(config):
     fp32 softmax output and its 16-bit copy: 6 bytes per head and position), SDPA's fused kernels none."""
     import torch
 
-    from trainscout.trial import model_tree
+    from trainscout.predictor import model_tree
     from trainscout.trial.models import build_model, resolve_model
     if isinstance(config, str):
         config = resolve_model(config).config
@@ -182,7 +184,7 @@ def test_saved_activations_under_autocast_and_sdpa(config):
     model, (b, s) = build_model(config, "sdpa", 128), (3, 80)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         real = _saved_by_a_forward(model, b, s)
-    casts = 2 * memory._counts(config)["cast"]  # autocast's bf16 weight copies, saved by the linears
+    casts = 2 * memory.counts(config)["cast"]  # autocast's bf16 weight copies, saved by the linears
     predicted = config["num_hidden_layers"] * sdpa.layer_bytes(b, s) + sdpa.outside * b * s
     assert predicted == pytest.approx(real - casts, rel=0.01)
 
@@ -190,7 +192,7 @@ def test_saved_activations_under_autocast_and_sdpa(config):
 def test_a_failed_meta_forward_falls_back_to_the_formula_and_says_so(monkeypatch, capsys):
     """An architecture whose forward cannot run on the meta device (a .item() on data, say) gets the GPT-NeoX
     formula's 34·h bytes per layer, with measured=False and the reason, and one warning on stderr."""
-    from trainscout.trial import model_tree
+    from trainscout.predictor import model_tree
 
     def fails(*a, **k):
         raise RuntimeError("Tensor.item() cannot be called on meta tensors")
@@ -207,7 +209,7 @@ def test_compiled_layers_save_what_the_partitioner_leaves():
     """torch.compile's partitioner recomputes cheap ops in backward: a compiled Llama layer saves less than an eager
     one (on an H200: 24·h bytes per token less for the Llama-1B shape, which the trace finds). Every layer counts as
     compiled: the model runs without a cache, as in a trial (test_per_layer_compile_compiles_every_layer)."""
-    from trainscout.trial import model_tree
+    from trainscout.predictor import model_tree
     eager = model_tree.saved(TINY_LLAMA, "sdpa", "autocast")
     layers, whole = (model_tree.saved(TINY_LLAMA, "sdpa", "autocast", scope) for scope in ("layers", "model"))
     assert layers.per_layer == whole.per_layer < 0.8 * eager.per_layer and layers.why == whole.why == ""
@@ -241,19 +243,19 @@ def test_meta_facts_handed_to_another_process_need_no_model_built(monkeypatch):
     """model_tree.known/learn (a search's driver to its trial actors): the facts worked out in one process answer
     parameters, saved and the FLOP count in another without building the model; what a process worked out itself
     is not replaced."""
-    from trainscout.trial import flops, model_tree
+    from trainscout.predictor import flops, model_tree
     from trainscout.trial.models import resolve_model
     config = resolve_model("tiny").config
     facts = (model_tree.parameters(config), model_tree.saved(config, "sdpa", "autocast"), flops.count(config))
     handed = model_tree.known()
     assert {at[0] for at in handed} >= {"parameters", "saved", "count"}
-    monkeypatch.setattr(model_tree, "_FACTS", {})  # a fresh process
-    monkeypatch.setattr(model_tree, "_build", lambda *a, **k: pytest.fail("the model was built again"))
+    monkeypatch.setattr(model_tree, "FACTS", {})  # a fresh process
+    monkeypatch.setattr(model_tree, "meta_model", lambda *a, **k: pytest.fail("the model was built again"))
     model_tree.learn(handed)
     assert (model_tree.parameters(config), model_tree.saved(config, "sdpa", "autocast"), flops.count(config)) == facts
-    mine = dict(model_tree._FACTS)
+    mine = dict(model_tree.FACTS)
     model_tree.learn({at: None for at in handed})  # another's facts never replace this process's
-    assert model_tree._FACTS == mine
+    assert model_tree.FACTS == mine
 
 
 def test_the_ranks_cache_environment_does_not_change_when_inductor_sets_its_own(monkeypatch):

@@ -1,4 +1,4 @@
-"""One memory rule (trial.memory.refusal) for every caller that decides whether a configuration fits: the probe's
+"""One memory rule (predictor.memory.refusal) for every caller that decides whether a configuration fits: the probe's
 candidates (trial/probe.candidates), what a search that measured nothing proposes (search/nearest.nearest_fit) and
 estimate's host verdict (cli/measure). No GPU: the hardware dicts are mocks of an H100 box
 (named so); the models, the knobs' rules and the memory model are real."""
@@ -8,8 +8,9 @@ import pytest
 
 from trainscout.cli.main import main
 from trainscout.spaces import all_knobs
-from trainscout.trial import memory, prepare
-from trainscout.trial.memory import FIT_SHARE
+from trainscout.predictor import memory
+from trainscout.trial import prepare
+from trainscout.predictor.memory import FIT_SHARE
 
 # a mock of one H100 on a 32 GiB host (no GPU here): the hardware a trial is prepared for
 H100 = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3 (mock)", "gpu_memory_gib": 79.2, "gpu_count": 1,

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from trainscout.spaces import ConfigError
-from trainscout.trial import memory, metrics, prepare
+from trainscout.predictor import memory
+from trainscout.trial import metrics, prepare
 from trainscout.trial.models import PYTHIA, Sizes, build_model, resolve_model, sizes, with_overrides
 
 
@@ -152,7 +153,7 @@ def test_config_json_of_other_families(tmp_path, cfg, expected):
                    hw={"device": "cpu"})
     c = memory.components(spec)
     assert c["weights"] > 0 and c["activations"] > 0 and c["logits"] == 12 * 2 * seq * expected.vocab
-    assert memory._counts(spec.model_config)["N"] == n_params  # read from the model's modules: GPT-2's position
+    assert memory.counts(spec.model_config)["N"] == n_params  # read from the model's modules: GPT-2's position
     # table, BLOOM's embedding norm and Llama's gate included
     longer = build_model(m.config, attention, 512).config  # a --seq-len beyond the positions: the table grows
     assert getattr(longer, "max_position_embeddings", None) == (expected.max_positions and 512)

@@ -17,7 +17,7 @@ import torch
 from trainscout.runtime import installed_packages, prepare_model, wrap_step
 from trainscout.spaces import (REGISTRY, ConfigError, Context, Knob, ParallelDims, all_knobs, fmt, plugins, register,
                                resolve)
-from trainscout.trial import memory
+from trainscout.predictor import memory
 from trainscout.trial.engines.base import optimizer_spec
 from trainscout.trial.models import build_model, resolve_model
 from trainscout.trial.records import TrialSpec

@@ -1,13 +1,14 @@
 """The optimizer hook (Knob.optimizer) and its knobs on the real parts: optimizer_impl (torch's foreach and fused AdamW,
 both on the CPU), optimizer_state (torchao.optim's AdamW8bit, AdamW4bit, AdamWFp8 and bf16 states, compiled on the
 CPU), precision=bf16 (bf16 weights, torchao's _AdamW with stochastic rounding). Each engine is built in-process as a
-trial's worker builds it; what its optimizer stepped is read by trial.dtypes and checked against the label."""
+trial's worker builds it; what its optimizer stepped is read by predictor.dtypes and checked against the label."""
 import pytest
 import torch
 
 from trainscout.runtime import transforms
 from trainscout.spaces import ConfigError, Context, resolve
-from trainscout.trial import dtypes, engines, memory
+from trainscout.predictor import dtypes, memory
+from trainscout.trial import engines
 from trainscout.trial.engines.base import optimizer_spec
 from trainscout.trial.models import build_model, resolve_model
 
@@ -254,7 +255,7 @@ def test_precision_bf16_is_gated_against_bf16_mixed_in_a_real_trial():
 
 def test_why_zero_is_refused_torchao_keeps_fp32_states_for_deepspeeds_partitions():
     """The plan the refusal keeps out, forced past it: under ZeRO-2 the client AdamW8bit steps DeepSpeed's flat fp32
-    partitions with fp32 states, and trial.dtypes fails the trial instead of recording 8-bit states."""
+    partitions with fp32 states, and predictor.dtypes fails the trial instead of recording 8-bit states."""
     from trainscout.trial import execute
     rec = execute(trial_spec("zero"), timeout=400)
     assert not rec.ok and "DtypeMismatch" in rec.error and "8bit optimizer states" in rec.error

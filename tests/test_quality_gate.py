@@ -259,7 +259,7 @@ def test_the_recipes_memory_casts_gate_and_keys():
     is a numerics change the gate compares with bf16, under its own gate key; at its default a new knob changes no
     measurement key."""
     from trainscout.store.schema import measurement_key
-    from trainscout.trial import memory, steptime
+    from trainscout.predictor import memory, steptime
     specs = {name: spec_of(s) for name, s in (("off", {}), ("rowwise", {"fp8": "rowwise"}),
                                               ("gw_hp", {"fp8": "rowwise", "fp8_weight_grad": "high"}),
                                               ("ends", {"fp8": "rowwise", "fp8_ends": "high"}),

@@ -11,7 +11,8 @@ from trainscout.search.service import (METRIC, SearchArgs, first_points, make_ra
                                        space_knobs, start_points)
 from trainscout.search.space import Space
 from trainscout.spaces import ConfigError, get
-from trainscout.trial import prepare, steptime
+from trainscout.predictor import steptime
+from trainscout.trial import prepare
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,9 +142,9 @@ def test_ranker_proposes_nothing_the_trial_would_refuse_for_host_memory():
     """The ranker judged the GPU alone: on a host of 2 GiB (a mock of a smaller box: the hardware dict says so; the
     model, the rules and the memory model are real) it proposed the best's ZeRO-1 neighbour, whose DeepSpeed engine
     builds the fp32 model on the host (1.5 GiB of process + 0.6 GiB > 2 GiB less 10 %), and the trial pruned it
-    unmeasured. Now the ranker applies the trial's rule (trial.memory.refusal): GPU and host."""
+    unmeasured. Now the ranker applies the trial's rule (predictor.memory.refusal): GPU and host."""
     from trainscout.search.trainable import _refusal, trial_spec
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     meta, space, rows = _grid()
     hw = dict(meta["hardware"], host_memory_gib=2.0)
     args = SearchArgs(model=meta["model"], out="unused", gpus_per_trial=1, recipe=meta["recipe"])

@@ -1,4 +1,4 @@
-"""The ranker's proposals under ZeRO-3's host floor (search/ranked.py ceiling, trial/steptime.host_s): a neighbour
+"""The ranker's proposals under ZeRO-3's host floor (search/ranked.py ceiling, predictor/steptime.host_s): a neighbour
 whose step the host's hooks bound is predicted at that bound, not at the GPU roofline's ratio. Real Optuna study and
 search space; mock: no GPU here, the H100 is its fingerprint, the best's throughput the one the H100 measured."""
 import optuna

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from trainscout.spaces import Plan
 from trainscout.store import Store, default_url
-from trainscout.trial import memory, prepare
+from trainscout.predictor import memory
+from trainscout.trial import prepare
 from trainscout.trial.records import Record, TrialSpec
 
 

@@ -6,7 +6,7 @@ import os
 
 from trainscout.search.args import SearchArgs
 from trainscout.search.trainable import _refusal, trial_spec
-from trainscout.trial import memory
+from trainscout.predictor import memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MISTRAL = os.path.join(ROOT, "bench", "models", "hub", "mistral-7b-v0.3.json")
@@ -42,7 +42,7 @@ def test_a_probe_that_fits_at_one_sequence_is_launched_and_a_fixed_size_is_judge
 
 
 def test_one_rule_names_every_capacity_it_is_over_and_a_start_point_is_held_to_its_share():
-    """trial.memory.refusal, the rule of the trials, the ranker and the start points: where the GPU and the host are
+    """predictor.memory.refusal, the rule of the trials, the ranker and the start points: where the GPU and the host are
     both over, both are named with the predicted GiB and the capacity; the start points' line (FIT_SHARE) is below
     the trials' (the GPU + MARGIN): a configuration predicted at the GPU's memory is launched as a trial, not taken
     as a start point."""
@@ -69,7 +69,7 @@ def test_a_gpu_start_point_takes_the_largest_micro_batch_that_fits_the_host_too(
     memory (a mock of the GPU and the box: the hardware dict says so; the model, the rules and the memory model are
     real) the GPU start point took Pythia-410M's micro-batch 32 (44 GiB of the GPU's 85 %), which needs 59 GiB of
     host memory: the trial would have been pruned. It judged the GPU alone; now it is the trials' rule
-    (trial.memory.refusal): micro-batch 8 (16 GiB of host memory; 16 needs 31 > 32 less 10 %)."""
+    (predictor.memory.refusal): micro-batch 8 (16 GiB of host memory; 16 needs 31 > 32 less 10 %)."""
     from trainscout.search.service import SearchArgs, start_points
     from trainscout.search.space import Space
     from trainscout.trial import prepare

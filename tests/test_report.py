@@ -301,7 +301,7 @@ def test_step_breakdown_adds_up_to_the_projected_step(h200, store_dir):
 
 def test_memory_view_puts_the_model_beside_the_measured_peak(h200, store_dir, tmp_path, capsys):
     from trainscout.analysis import report
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
     a, page = h200
     rows, skipped = report.memory_rows(a)
     assert len(rows) == report.VIEW_TOP and not skipped

@@ -9,8 +9,9 @@ import torch
 from trainscout import spaces
 from trainscout.spaces import ConfigError, Context, resolve
 from trainscout.spaces.knobs.activation_checkpointing import saved_ops
-from trainscout.trial import execute, flops, memory, prepare
-from trainscout.trial.model_tree import saved
+from trainscout.predictor import flops, memory
+from trainscout.trial import execute, prepare
+from trainscout.predictor.model_tree import saved
 from trainscout.trial.models import build_model, resolve_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -174,7 +175,7 @@ def test_memory_terms_of_the_savers():
     layer = act.layer_bytes(b, seq)
     # the GPU keeps none of the layers' saved tensors, nor autocast's copies of the layers' linears (the head's stays)
     assert off["activations"] == pytest.approx(base["activations"] - layers * layer, rel=1e-9)
-    c = memory._counts(resolve_model("pythia-1b").config)
+    c = memory.counts(resolve_model("pythia-1b").config)
     assert base["weights"] - off["weights"] == pytest.approx(2 * (c["cast"] - c["head_cast"]), rel=1e-9)
     assert memory.host_held(off_spec) >= layers * layer and memory.host_held(_gpu("pythia-1b", {})) == 0
     assert memory.host_peak(off_spec)["offload"] == pytest.approx(memory.host_held(off_spec))
@@ -292,7 +293,7 @@ def test_offload_savers_step_time_against_the_h100():
     """steptime.step_s of the offload savers within 15 % of the H100's tokens/s (FSDP2 offload's host step at torch's
     CPU AdamW rate, not DeepSpeedCPUAdam's: 37,932 predicted before against 4,764), and FSDP2 offload ranked below
     activation offload, as measured. Mock: no GPU here, the H100 is its fingerprint."""
-    from trainscout.trial import steptime
+    from trainscout.predictor import steptime
     predicted = {}
     for label, tps in MEASURED_TPS.items():
         spec = prepare("pythia-1b", {"micro_batch_size": 8, "precision": "bf16-mixed", **MEASURED[label][0]},

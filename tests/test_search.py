@@ -209,7 +209,8 @@ def test_resume_of_a_folder_without_a_search(tmp_path, capsys):
 def test_gpu_start_point_is_the_default_with_the_largest_micro_batch_that_fits(tmp_path):
     """No GPU needed: the start point is computed from the space and the memory model, for an H200-like box."""
     from trainscout.search.service import SearchArgs, start_points, validate
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     args = SearchArgs(model="pythia-410m", out=str(tmp_path), device="cpu", trials=4)
     space, _, hw = validate(args)
     hw = dict(hw, device="cuda", gpu_memory_gib=80.0, gpu="NVIDIA H100", gpu_count=1)
@@ -250,7 +251,8 @@ def test_start_point_adds_the_cheapest_memory_saver_that_fits(tmp_path):
     smallest micro-batch, the start point adds the cheapest saver the memory model predicts to fit the GPU and the
     host; where none does there is no start point, and the note says why, with each saver's prediction."""
     from trainscout.search.service import FIT_SHARE, SearchArgs, fits, space_defaults, start_points, validate
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     args = SearchArgs(model="pythia-6.9b", out=str(tmp_path), device="cpu", trials=4)
     space, _, hw = validate(args)
     h200 = dict(hw, device="cuda", gpu_memory_gib=139.8, gpu="NVIDIA H200", gpu_count=1)
@@ -424,7 +426,7 @@ def test_the_cpu_demo_keeps_the_flags_it_is_given(tmp_path, ray_local, capsys):
 # --- a search that measured nothing (issue 46, item 1 and 2) -------------------------------------------------------
 def test_a_search_where_nothing_fits_exits_1_and_says_what_came_closest(tmp_path, ray_local, monkeypatch, capsys):
     """A real CPU search on a host of 0.5 GiB (a mock of a smaller machine: the driver's hardware says so; the
-    trials' host-memory rule, trial/memory.host_refusal, prunes every draw before it runs): it measures nothing,
+    trials' host-memory rule, predictor/memory.host_refusal, prunes every draw before it runs): it measures nothing,
     stops drawing after FREE_RUN draws, exits 1 (it exited 0), and its summary, live and in --json, names the
     configuration the memory model puts closest to fitting and what would make it fit."""
     from trainscout.search import service
@@ -444,7 +446,8 @@ def test_a_search_where_nothing_fits_exits_1_and_says_what_came_closest(tmp_path
     assert fit["host_gib"] == 0.5 and fit["closest"]["host_gib"] > 0.45 and fit["closest"]["over"] > 1
     host = next(w for w in fit["would_fit"] if w["how"] == "host")
     assert host["need_host_gib"] >= fit["closest"]["host_gib"] / 0.9  # the rule's 10 % margin
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     spec = prepare("tiny", fit["closest"]["config"], workers=2, device="cpu")  # its knobs other than the defaults
     assert fit["closest"]["host_gib"] == round(memory.host_need(memory.host_peak(spec)) / memory.GiB, 1)
     # live (here on stderr, beside the JSON) and in the error line
@@ -478,7 +481,8 @@ def test_where_nothing_fits_the_memory_model_says_what_would(tmp_path):
     the host; a host of 123.0 / 0.9 GiB would run it, and so would 2 GPUs, each by the memory model's own rules."""
     from trainscout.search.service import SearchArgs, validate
     from trainscout.search.nearest import fit_lines, nearest_fit
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     model = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "models", "hub",
                          "mistral-7b-v0.3.json")
     # fp32 master weights asked for (precision fixed): pure bf16 (precision=bf16) would fit one H100, and is the start

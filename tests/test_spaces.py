@@ -294,7 +294,7 @@ def test_every_knobs_optimizer_hook_keeps_the_spec_whole_and_the_order_is_declar
                 except ConfigError:
                     continue
                 spec = optimizer_spec(plan, recipe, ctx.device)
-                # step_cost: the optimizer step's cost against fused fp32 AdamW's (trial/steptime.py), where it differs
+                # step_cost: the optimizer step's cost against fused fp32 AdamW's (predictor/steptime.py), where it differs
                 assert set(spec) - {"step_cost"} == {"cls", "kwargs", "device", "states", "bytes"}, (knob.name, value)
                 assert spec.get("step_cost", 1.0) > 0
                 assert set(spec["kwargs"]) <= set(inspect.signature(spec["cls"].__init__).parameters)

@@ -1,10 +1,11 @@
-"""The step-time model's terms against what the GPUs measured (trial/steptime.py): a pipeline's bubble and its
+"""The step-time model's terms against what the GPUs measured (predictor/steptime.py): a pipeline's bubble and its
 stage's share of the model (issue 47). Mock: no GPU here; the H200 is its fingerprint, the measurements the
 shipped atlas's rows (bench/data)."""
 import pytest
 
 from trainscout.atlas import db, predict
-from trainscout.trial import prepare, steptime
+from trainscout.predictor import steptime
+from trainscout.trial import prepare
 
 H200x2 = {"device": "cuda", "gpu": "NVIDIA H200", "gpu_count": 2, "gpu_memory_gib": 139.8, "capability": "9.0"}
 PIPE = {"precision": "bf16-mixed", "micro_batch_size": 4, "pipeline_stages": 2, "pipeline_microbatches": 8}

@@ -116,7 +116,8 @@ def test_data_parallel_over_tensor_parallel_without_fsdp_is_replicate(runs):
 
 
 def test_the_memory_model_predicts_each_ranks_parameters(runs):
-    from trainscout.trial import memory, prepare
+    from trainscout.predictor import memory
+    from trainscout.trial import prepare
     from trainscout.trial.models import ModelSpec
     spec_of = lambda tp, world: prepare(ModelSpec("llama-tiny", LLAMA, TINY_RECIPE),  # noqa: E731
                                         {"tensor_parallel": tp, "precision": "fp32", "micro_batch_size": 1},

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from trainscout.trial import execute, flops, prepare
+from trainscout.predictor import flops
+from trainscout.trial import execute, prepare
 from trainscout.trial.models import build_model, resolve_model
 
 
@@ -55,14 +56,14 @@ def test_trial_measures_each_engine(ray_local, name):
     assert len(m["peak_rss_mib"]) == 2 and min(m["peak_rss_mib"]) > 100
     assert m["mfu"] is None  # no GPU peak on the CPU
     # the whole model's parameters, counted before ZeRO-3 partitions them (the GPU run once showed MFU 0.04); the
-    # FLOPs from the model's modules, whatever the engine holds (trial/flops.py)
+    # FLOPs from the model's modules, whatever the engine holds (predictor/flops.py)
     assert m["n_params"] == TINY_PARAMS
     assert m["flops_per_token"] == flops.count(resolve_model("tiny").config).per_token(64)
     assert m["flops_convention"] == flops.CONVENTION and m["active_params"] < TINY_PARAMS  # no embedding lookup
     assert math.isfinite(m["loss"]) and 0 < m["loss"] < 2 * math.log(512)
     assert r.config == {**r.config, **ENGINES[name]}
     assert r.hardware["device"] == "cpu" and r.versions["torch"]
-    # what the optimizer stepped, read from it (trial.dtypes): fp32 masters under fp32 and bf16-mixed, on every
+    # what the optimizer stepped, read from it (predictor.dtypes): fp32 masters under fp32 and bf16-mixed, on every
     # engine (DeepSpeed's bf16 model is 16-bit, its optimizer's partitions are not; FSDP2 keeps fp32 shards)
     assert m["dtypes"] == {"weights": "float32", "gradients": "float32", "optimizer": "float32"}
     # torch.compile's own timers: what of the build and warm-up was compiling (the loss alone compiles too)

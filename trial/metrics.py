@@ -1,6 +1,6 @@
 """MFU (with the GPU kinds' peaks of trial/gpus.py), and the projection of a full training run.
 
-FLOPs per token are counted from the model's modules (trial/flops.py, convention flops.CONVENTION). The dense
+FLOPs per token are counted from the model's modules (predictor/flops.py, convention flops.CONVENTION). The dense
 count of the first records, 6·N over every parameter (embeddings included) + 12·L·d·s (PaLM appendix B, the
 yardstick's ../shared/bench/gpu_baseline.py and the seed paper's), stays here as dense_flops_per_token, to compare
 with them and to label the figures stored under it.

@@ -1,6 +1,6 @@
 """The one place the atlas, lookup and the contribution checks (store/contrib.py) read a measurement's MFU.
 
-Recomputed from the measured tokens/s, the model's own modules (trainscout.trial.flops, CONVENTION: matrix products
+Recomputed from the measured tokens/s, the model's own modules (trainscout.predictor.flops, CONVENTION: matrix products
 only, the input embedding not counted, a mixture of experts at its routed share) and the GPU's peak from
 trial/metrics.py's table, never from the record's own figures: a record's MFU, FLOPs per token or peak may be wrong
 (DeepSpeed ZeRO-3 partitions its parameters, which a count from the live model misses: docs/trial.md) or forged (a
@@ -8,7 +8,7 @@ contribution that claims the current convention with a figure of its own).
 """
 from __future__ import annotations
 
-from . import flops
+from trainscout.predictor import flops
 from .records import Record
 
 CONVENTION = (f"{flops.CONVENTION}: matrix-product FLOPs from the model's modules (the input embedding not counted, "
@@ -19,7 +19,7 @@ CLAIMED = ("flops_convention", "flops_per_token", "hardware_flops_per_token", "a
 
 
 def mfu(record: Record) -> float | None:
-    """MFU of an ok GPU record under CONVENTION, recounted (trial.flops.recount); None where the GPU's peak or the
+    """MFU of an ok GPU record under CONVENTION, recounted (predictor.flops.recount); None where the GPU's peak or the
     model is unknown."""
     from . import metrics
     m, hw = record.m, record.hardware or {}

@@ -42,7 +42,7 @@ def candidates(spec: TrialSpec, plan, measured) -> list[dict]:
     costs the trial's process. The rule is uncalibrated here: a search's calibration reaches the trial's own refusal
     (search/trainable), not its runner. What a candidate then measures against PROBE_HEADROOM (largest_fit) is
     another question: its real peak, not the model's prediction. measured(A): micro-batches timed per step."""
-    from . import memory
+    from trainscout.predictor import memory
     per_rank = plan.micro_batch_size * plan.grad_accum
     cands = [{"mbs": d, "grad_accum": per_rank // d, "measured_accum": measured(per_rank // d)}
              for d in sorted((d for d in range(1, plan.micro_batch_size + 1) if per_rank % d == 0), reverse=True)]

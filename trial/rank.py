@@ -55,7 +55,7 @@ class Rank:
         """Import what a trial of this model runs (the worker, transformers' modelling code) and build the model
         once on the meta device: a group warmed before its first trial (Pool.warm) has done it meanwhile."""
         from . import worker
-        from .model_tree import parameters
+        from trainscout.predictor.model_tree import parameters
         parameters(model_config)
         worker.collect()
 

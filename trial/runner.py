@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 
 from trainscout.spaces import ConfigError, Context, resolve
 
-from . import contention, faults, flops, hardware, metrics, pool, probe, quality
+from trainscout.predictor import flops
+from . import contention, faults, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .ray_cluster import check_resources, cluster_address, ensure_ray  # importable from here too
 from .records import RankResult, Record, TrialSpec
@@ -341,7 +342,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         "n_params": n_params,
         "gpu": device_name,
         "peak_tflops": peak,
-        # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (trial/flops.py)
+        # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (predictor/flops.py)
         **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
                         spec.plan.checkpoint_every, selective=flops.selective(spec.plan)),
         "projected_days": recipe["total_steps"] * step_s / 86400,
@@ -366,7 +367,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # each timed step's loss (verify --quality compares them), from the rank that has them
         "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
         "micro_batch_size": spec.plan.micro_batch_size,
-        # the dtypes rank 0's optimizer really stepped (trial.dtypes: a trial whose dtypes differ from its label
+        # the dtypes rank 0's optimizer really stepped (predictor.dtypes: a trial whose dtypes differ from its label
         # crashes)
         "dtypes": ranks[0].dtypes,
         # other trials on its node during the timed steps, and those sharing its CPU or GPU (trial.contention)

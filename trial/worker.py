@@ -221,7 +221,8 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
 
     _redirect_stderr(spec.log_dir, rank)
     _reset_peak_rss()
-    from . import contention, dtypes, engines, faults, probe as mbs_probe
+    from trainscout.predictor import dtypes
+    from . import contention, engines, faults, probe as mbs_probe
     from .models import build_model
     from trainscout.spaces import ParallelDims
 

@@ -45,11 +45,11 @@ def step_breakdown(a: Analysis, top: int = VIEW_TOP) -> list[dict]:
 
 
 def memory_rows(a: Analysis, top: int = VIEW_TOP) -> tuple[list[dict], list[str]]:
-    """The fastest GPU measurements with a measured peak: the memory model's components (trial.memory.components,
+    """The fastest GPU measurements with a measured peak: the memory model's components (predictor.memory.components,
     GiB per rank, on the stored record), its prediction (analytic: the components + WORKSPACE; calibrated on the store's
     measured peaks of that GPU where there are 3 or more), the measured peak and the GPU's capacity. Also the labels
     of rows the model could not be evaluated for (a config.json model that is no longer there)."""
-    from trainscout.trial import memory
+    from trainscout.predictor import memory
 
     calibrations, out, skipped = {}, [], []
     for row, rec in _fastest(a, top):

@@ -9,7 +9,7 @@ def saved_ops() -> frozenset:
     """The aten ops whose outputs selective checkpointing saves (torchtitan's op-level policy, its _save_list, without
     its every-second-mm rule): the matrix products and the attention kernels, and tensor parallel's reduce-scatter;
     everything else (norms, activations, casts, elementwise) is recomputed in backward. The memory model counts the
-    same ops' outputs (trial/model_tree.count_saved)."""
+    same ops' outputs (predictor/model_tree.count_saved)."""
     import torch
     aten = torch.ops.aten
     names = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
@@ -91,7 +91,7 @@ class ActivationCheckpointing(Knob):
 
     def memory(self, terms, plan, spec):
         # a selectively checkpointed layer keeps, besides its input (counted as full checkpointing's), the outputs of
-        # the policy's ops: trial/model_tree measures them on the meta device ("layer_policy_saved", one layer's)
+        # the policy's ops: predictor/model_tree measures them on the meta device ("layer_policy_saved", one layer's)
         if plan.knobs.get(self.name) == SELECTIVE:
             kept = terms["layers"] * terms.get("layer_policy_saved", 0.0)
             terms["activations"] += kept

@@ -14,7 +14,7 @@ class ActivationOffload(Knob):
     requires = {"activation_checkpointing": ("none",)}
     stage = "checkpoint"  # hooks on the layers before per-layer compile (which graph-breaks at them) and sharding
     # a memory saver: start points and the atlas pick among the savers that fit by predicted step time, which charges
-    # its PCIe traffic (trial/steptime.offload_s: memory.host_held's bytes down in forward and up in backward, every
+    # its PCIe traffic (predictor/steptime.offload_s: memory.host_held's bytes down in forward and up in backward, every
     # micro-batch, not overlapped: docs/knobs-why.md), so it comes after checkpointing's recompute wherever that fits
     savers = ((35, {"activation_offload": "on"}),)
     without_hook = "off"

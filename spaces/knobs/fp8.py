@@ -27,7 +27,7 @@ class Fp8(Knob):
     start = (2, "tensorwise")
     without_hook, hook_rank = "off", 5
     # the decoder linears' products on FP8 tensor cores, at twice the dense bf16 peak on every GPU its check admits
-    # (the datasheets: docs/knobs-why.md); trial/steptime.py's roofline counts a dense model's decoder linears at this
+    # (the datasheets: docs/knobs-why.md); predictor/steptime.py's roofline counts a dense model's decoder linears at this
     # rate, the head and attention at bf16's. Rowwise: no speed-up claimed (measured slower: docs/knobs-why.md)
     linear_rate = {"tensorwise": 2.0, "rowwise": 1.0}
     # ...and the casts that feed them move bytes at the GPU's memory bandwidth, per token and per element of each

@@ -25,13 +25,13 @@ class LossKernel(Knob):
     # vocabulary; liger computes them chunk by chunk and never keeps them. The numbers: docs/knobs-why.md.
 
     # The bytes the head's logits move per token and vocabulary entry, at the GPU's memory bandwidth (the roofline's
-    # unit, trial/steptime.py; the model compiled whole counts as compiled): eager and compiled measured (medians),
+    # unit, predictor/steptime.py; the model compiled whole counts as compiled): eager and compiled measured (medians),
     # fused_linear counted as each of its chunks' kernels reading its inputs and writing its outputs once
     logits_bytes = {"eager": 52.0, "compiled": 9.4, "fused_linear": 10.0}
 
     def head_s(self, value, spec, tokens, product_s, bytes_per_s):
         """Seconds of the head and its loss in one micro-batch where liger runs them (fused_linear; None: the
-        step-time model's own, trial/steptime.head_s): chunk by chunk (liger's chunk size), each chunk's three
+        step-time model's own, predictor/steptime.head_s): chunk by chunk (liger's chunk size), each chunk's three
         products at the GPU's peak (product_s a token) or, where longer, the weight they read twice and the weight's
         gradient they add into (16-bit weights read: 2 B each; the gradient accumulated in fp32 under fp32 masters,
         read and written: 8 B, else 4 B), then its logits' loss (logits_bytes); fp32 masters are cast to 16 bits once

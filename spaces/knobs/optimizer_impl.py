@@ -2,7 +2,7 @@ from ..errors import ConfigError
 from ..knob import Knob, register
 
 
-# The optimizer step's measured median time in ms per value (the source: docs/knobs-why.md): trial/steptime.py
+# The optimizer step's measured median time in ms per value (the source: docs/knobs-why.md): predictor/steptime.py
 # counts a step at STEP_MS[value] / FUSED_MS times torch's fused AdamW's (the optimizer spec's "step_cost")
 STEP_MS = {"fused": 15.35, "foreach": 34.28}
 FUSED_MS = STEP_MS["fused"]

@@ -13,7 +13,7 @@ CODE_BITS = {"8bit": 8, "4bit": 4, "fp8": 8, "bf16": 16}
 SMALL = 4096  # torchao's line (bitsandbytes'): smaller states are not quantised
 # The optimizer step's measured median time in ms per value, against torch's fused fp32 AdamW's
 # (optimizer_impl.FUSED_MS; the source: docs/knobs-why.md): torchao's per-parameter compiled step dequantises and
-# requantises, slower than its fewer bytes. trial/steptime.py counts the step at STEP_MS[value] / FUSED_MS times.
+# requantises, slower than its fewer bytes. predictor/steptime.py counts the step at STEP_MS[value] / FUSED_MS times.
 STEP_MS = {"bf16": 72.18, "8bit": 51.59, "4bit": 119.29, "fp8": 91.73}
 
 
@@ -46,7 +46,7 @@ class OptimizerState(Knob):
             # DeepSpeed's ZeRO optimizer flattens the parameters into fp32 partitions and hands those to the client
             # optimizer; torchao quantises a state only where it is a whole number of blocks. Seen on 2 gloo ranks
             # (ZeRO 1, 2 and 3, tiny, torch 2.13, torchao 0.18, DeepSpeed 0.19.8): AdamW8bit kept every state in
-            # fp32, and trial.dtypes failed the trial (tests/test_optimizer_knobs.py pins it)
+            # fp32, and predictor.dtypes failed the trial (tests/test_optimizer_knobs.py pins it)
             raise ConfigError(self.name, f"optimizer_state={value} is built for the PyTorch engines (plain, DDP, "
                                          "FSDP2, pipeline): under DeepSpeed ZeRO torchao keeps fp32 states for its "
                                          "flat partitions: set zero_stage=0 or optimizer_state=fp32")

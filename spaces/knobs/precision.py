@@ -55,7 +55,7 @@ class Precision(Knob):
         plan.precision = value
         # this knob owns the dtypes: fp32 master weights, gradients and AdamW states under every mixed value and
         # fp32, bf16 ones under bf16, whatever the model's config.json says (the model is built in plan.master_dtype;
-        # trial.dtypes checks what ran; autocast_dtype has no bf16 entry: its engines run no autocast)
+        # predictor.dtypes checks what ran; autocast_dtype has no bf16 entry: its engines run no autocast)
         plan.master_dtype = "bfloat16" if value == "bf16" else "float32"
         if value == "bf16":  # the gate's one step sees the bf16 weights' forward and gradients, not the rounded update
             plan.notes.append("precision=bf16: the quality gate's one step compares outputs and gradients over the "
@@ -74,7 +74,7 @@ class Precision(Knob):
         import torchao.optim
         kw = spec["kwargs"]  # torchao's AdamW over the bf16 weights: fp32 math, the result rounded stochastically
         kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}
-        # its step's measured cost against torch's fused fp32 AdamW (BF16_STEP_MS): trial/steptime.py's optimizer term
+        # its step's measured cost against torch's fused fp32 AdamW (BF16_STEP_MS): predictor/steptime.py's optimizer term
         return dict(spec, cls=torchao.optim._AdamW, kwargs=dict(kwargs, bf16_stochastic_round=True),
                     step_cost=BF16_STEP_MS / FUSED_MS)
 

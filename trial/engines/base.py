@@ -36,7 +36,7 @@ def autocast_dtype(precision: str):
 
 def master_bytes(plan) -> int:
     """Bytes per element of the master weights, their gradients and AdamW's states (the plan's master_dtype, which
-    the model is built in and trial.dtypes checks): the memory model's one source for them."""
+    the model is built in and predictor.dtypes checks): the memory model's one source for them."""
     return {"float32": 4, "bfloat16": 2, "float16": 2}[plan.master_dtype]
 
 
@@ -45,7 +45,7 @@ def optimizer_spec(plan, recipe: dict | None = None, device_type: str | None = N
     and weight decay (fused on CUDA, foreach elsewhere: what optimizer_impl=auto keeps), then every knob's
     `optimizer` hook in spaces.knob.in_order (optimizer_impl, precision=bf16, optimizer_state). Keys: cls, kwargs,
     device, states (the record's name of the state tensors), bytes (the states' bytes per parameter). Without a
-    recipe or a device (the memory model, trial.dtypes) its kwargs hold only what the knobs set."""
+    recipe or a device (the memory model, predictor.dtypes) its kwargs hold only what the knobs set."""
     import torch
 
     from trainscout.spaces import Knob, all_knobs, plugins
@@ -130,14 +130,14 @@ class Engine:
     # the model may be built (and its weights initialised) on the rank's device: the engine moves it there whole
     # anyway. On the H200 a 1.2B model's build took 26-36 s on the host (bench/warm_workers_gpu.py)
     builds_on_device: ClassVar[bool] = False
-    # how a mixed-precision rank computes, for the memory model's activations (trial/model_tree.saved): "autocast"
+    # how a mixed-precision rank computes, for the memory model's activations (predictor/model_tree.saved): "autocast"
     # over fp32 weights, or "16-bit" weights without autocast
     compute: ClassVar[str] = "autocast"
     # the engine counts a step's micro-batches itself (DeepSpeed's accumulation boundary): its warm-up and probe
     # steps run all the measured ones, where the others run two (trial/probe.warmup_accum)
     counts_micro_batches: ClassVar[bool] = False
     # the optimizer that steps on the host where the engine offloads its states (Engine.offloaded): a key of
-    # trial/steptime.HOST_OPTIMIZER_PARAMS_PER_S, whose rate the step-time model gives it
+    # predictor/steptime.HOST_OPTIMIZER_PARAMS_PER_S, whose rate the step-time model gives it
     host_optimizer: ClassVar[str] = "deepspeed_cpu_adam"
 
     def __init__(self, model, plan, recipe: dict, device, world: int, measured_accum: int, dims=None):
@@ -159,13 +159,13 @@ class Engine:
         raise NotImplementedError
 
     def optimizers(self) -> list:
-        """The torch optimizers that update the master weights (trial.dtypes reads what they step)."""
+        """The torch optimizers that update the master weights (predictor.dtypes reads what they step)."""
         return [self.opt]
 
     def close(self) -> None:
         """Release what outlives the engine's objects in this process (the next trial may run in it)."""
 
-    # --- the memory model's terms (bytes per rank; see trial/memory.py) -----------------------------------
+    # --- the memory model's terms (bytes per rank; see predictor/memory.py) -----------------------------------
     @classmethod
     def data_ranks(cls, plan: Plan, world: int) -> int:
         """Ranks that hold the same weights and average gradients (data x context parallel): what FSDP/ZeRO shard
@@ -203,14 +203,14 @@ class Engine:
     @classmethod
     def hook_s(cls, plan: Plan) -> tuple[float, float]:
         """Seconds of host work per micro-batch (its forward and backward) that the engine's own hooks add under the
-        plan, as (a fixed part, a part per module that holds parameters): trial/steptime.host_s, a floor under the
+        plan, as (a fixed part, a part per module that holds parameters): predictor/steptime.host_s, a floor under the
         step where the GPU's share of a micro-batch is shorter. (0.0, 0.0): none worth counting."""
         return 0.0, 0.0
 
     @classmethod
     def schedule(cls, plan: Plan) -> tuple[int, float]:
         """(micro-batches one micro_step runs through the fullest rank, idle micro-batch slots it waits for the
-        other ranks): what trial/steptime.py times a micro_step by (a pipeline's micro-batches and its bubble)."""
+        other ranks): what predictor/steptime.py times a micro_step by (a pipeline's micro-batches and its bubble)."""
         return 1, 0.0
 
     # --- exports ------------------------------------------------------------------------------------------

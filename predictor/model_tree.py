@@ -12,10 +12,10 @@ token per sequence position (eager attention's s x s scores), which scale to any
 Parameters, buffers and autocast's copies of the weights are left out: the memory model counts them as weights.
 
 The meta device runs no kernels, so what a CUDA GPU does (autocast, SDPA's fused kernels) is done by hand there
-(trial/cuda_like.py); the saved bytes are counted by trial/saved_bytes.py.
+(predictor/cuda_like.py); the saved bytes are counted by predictor/saved_bytes.py.
 
 `saved(..., compiled=scope)` traces a decoder layer's forward and backward with AOTAutograd on the meta device and
-counts what inductor's min-cut partitioner hands from one to the other (trial/partitioned.py).
+counts what inductor's min-cut partitioner hands from one to the other (predictor/partitioned.py).
 """
 from __future__ import annotations
 
@@ -24,12 +24,11 @@ import json
 import sys
 from dataclasses import dataclass, replace
 
-from .cuda_like import _cuda_like  # trial/flops.py's, importable from here
 from .partitioned import partitioned
-from .saved_bytes import BATCH, SEQS, Saved, _formula, count_saved
+from .saved_bytes import BATCH, SEQS, Saved, count_saved, formula_saved
 
-__all__ = ["BATCH", "SEQS", "Params", "Saved", "_cuda_like", "count_saved", "known", "learn", "memo", "parameters",
-           "saved"]
+__all__ = ["BATCH", "SEQS", "FACTS", "Params", "Saved", "config_key", "count_saved", "known", "learn", "memo",
+           "meta_model", "parameters", "saved"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Params:
     cast: int       # parameters of the linears (the head's too, tied or not): what autocast copies to 16 bits
 
 
-def _key(config: dict) -> str:
+def config_key(config: dict) -> str:
     return json.dumps(config, sort_keys=True, default=repr)
 
 
@@ -54,18 +53,18 @@ def _key(config: dict) -> str:
 # `learn`: an actor then neither imports transformers' models nor builds one to predict a trial's memory, seconds
 # of each actor's first trial). Only the meta device is read, so the same torch and transformers give the same
 # facts in every process.
-_FACTS: dict[tuple, object] = {}
+FACTS: dict[tuple, object] = {}
 
 
 def memo(kind: str):
-    """Cache a function of strings in _FACTS under kind (functools.lru_cache, but its entries can be handed on)."""
+    """Cache a function of strings in FACTS under kind (functools.lru_cache, but its entries can be handed on)."""
     def wrap(fn):
         @functools.wraps(fn)
         def cached(*args):
             at = (kind, *args)
-            if at not in _FACTS:
-                _FACTS[at] = fn(*args)
-            return _FACTS[at]
+            if at not in FACTS:
+                FACTS[at] = fn(*args)
+            return FACTS[at]
         return cached
     return wrap
 
@@ -74,7 +73,7 @@ def known() -> dict[tuple, object]:
     """Every fact this process has worked out (frozen dataclasses of numbers: Params, Saved, flops.Count, and the
     model configs' Sizes and attentions, spaces.model_config.known)."""
     from trainscout.spaces import model_config
-    return {**model_config.known(), **_FACTS}
+    return {**model_config.known(), **FACTS}
 
 
 def learn(facts: dict[tuple, object] | None) -> None:
@@ -83,13 +82,13 @@ def learn(facts: dict[tuple, object] | None) -> None:
     model_config.learn(facts or {})
     for at, value in (facts or {}).items():
         if at[0] not in model_config.KINDS:
-            _FACTS.setdefault(at, value)
+            FACTS.setdefault(at, value)
 
 
-def _build(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
+def meta_model(key: str, attn_implementation: str, seq_len: int = max(SEQS)):
     import torch
 
-    from .models import build_model
+    from trainscout.trial.models import build_model
     config = json.loads(key)
     with torch.device("meta"):
         # fp32 weights, as a trial's master weights under every precision; count_saved casts them for 16-bit compute
@@ -103,7 +102,7 @@ def _parameters(key: str) -> Params:
     from torch import nn
 
     from trainscout.spaces.layers import decoder_layers
-    model = _build(key, "eager", seq_len=1)  # every model has eager attention; a position table keeps its length
+    model = meta_model(key, "eager", seq_len=1)  # every model has eager attention; a position table keeps its length
     layers = decoder_layers(model)
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
@@ -119,7 +118,7 @@ def _parameters(key: str) -> Params:
 
 def parameters(config: dict) -> Params:
     """The parameter counts of the model a config builds (built once per config on the meta device, cached)."""
-    return _parameters(_key(config))
+    return _parameters(config_key(config))
 
 
 def saved(config: dict, attention: str = "sdpa", compute: str = "autocast", compiled: str | None = None) -> Saved:
@@ -130,17 +129,17 @@ def saved(config: dict, attention: str = "sdpa", compute: str = "autocast", comp
     pipeline stages), "16-bit" (16-bit weights, no autocast: FSDP2's param_dtype, DeepSpeed's bf16 model) or "fp32".
     compiled: None, or the compile scope ("layers", "model"): inductor's partitioner (min-cut rematerialisation)
     recomputes cheap ops in backward instead of saving them, so a compiled layer's bytes are those its partitioned
-    forward graph hands to its backward (trial/partitioned.py); per-layer compile compiles every layer, as the model
+    forward graph hands to its backward (predictor/partitioned.py); per-layer compile compiles every layer, as the model
     runs without a cache (use_cache=False, as in a trial: with a cache, dynamo guards on each layer's index and
     past its recompile limit of 8 the remaining layers would run eager).
     Where the meta forward fails for an architecture, the GPT-NeoX formula's bytes come back with measured=False and
     the reason; where only the compile trace fails, the eager layer's bytes with the reason; a warning names either
     on stderr once."""
     attention = "sdpa" if attention == "flash_attention_2" else attention
-    eager = _saved(_key(config), attention, compute)
+    eager = _saved(config_key(config), attention, compute)
     if not compiled or not eager.measured:
         return eager
-    return _compiled(_key(config), attention, compute)
+    return _compiled(config_key(config), attention, compute)
 
 
 _warned: set = set()  # the configs (and the compiled ones) a warning has named
@@ -157,14 +156,14 @@ def _saved(key: str, attention: str, compute: str) -> Saved:
             _warned.add(key)
             print(f"trainscout: warning: memory model of the {config.get('model_type')} model: {why}; "
                   "its activations are estimated with the GPT-NeoX formula", file=sys.stderr)
-        return _formula(config, compute, why)
+        return formula_saved(config, compute, why)
 
 
 @memo("compiled")
 def _compiled(key: str, attention: str, compute: str) -> Saved:
     eager = _saved(key, attention, compute)
     try:
-        per_layer, per_layer_s = partitioned(_build(key, attention), attention, compute)
+        per_layer, per_layer_s = partitioned(meta_model(key, attention), attention, compute)
     except Exception as e:  # noqa: BLE001 - a layer the partitioner's tracer cannot take
         why = (f"torch.compile's partition could not be traced ({type(e).__name__}: "
                f"{str(e).splitlines()[0] if str(e) else ''})")
@@ -177,4 +176,4 @@ def _compiled(key: str, attention: str, compute: str) -> Saved:
 
 
 def _measure(key: str, attention: str, compute: str) -> Saved:
-    return count_saved(_build(key, attention), attention, compute)
+    return count_saved(meta_model(key, attention), attention, compute)

@@ -1,11 +1,11 @@
-"""The bytes a training forward saves for backward, counted on the meta device (trial/model_tree.saved's measurement,
-under trial/cuda_like.py's mode), and the GPT-NeoX formula's where the meta forward fails."""
+"""The bytes a training forward saves for backward, counted on the meta device (predictor/model_tree.saved's measurement,
+under predictor/cuda_like.py's mode), and the GPT-NeoX formula's where the meta forward fails."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
-from .cuda_like import _cuda_like, _sid
+from .cuda_like import cuda_like_mode, storage_id
 
 # sequence lengths of the meta forwards (two rows each): two determine bytes per token and per token·position, as
 # nothing else is saved on the meta device (parameters, buffers and weight copies are left out)
@@ -34,10 +34,10 @@ class Saved:
         return b * s * (self.per_layer + self.per_layer_s * s)
 
 
-def _formula(config: dict, compute: str, why: str) -> Saved:
+def formula_saved(config: dict, compute: str, why: str) -> Saved:
     """Korthikanti et al. 2022's count for a GPT layer with a fused attention kernel, in bytes per token:
     34·h mixed, 60·h in fp32 (every tensor in 4 bytes); the layer input in 4 bytes (fp32 residual) or 2."""
-    from .models import sizes
+    from trainscout.trial.models import sizes
     h = sizes(config).hidden
     fp32 = compute == "fp32"
     # the products' outputs of a GPT layer: query/key/value 3h, attention h (and its logsumexp), output h, MLP 4h + h
@@ -64,7 +64,7 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
         model.to(low)
     model.train()
     layers = decoder_layers(model)
-    skip = {_sid(t) for t in (*model.parameters(), *model.buffers())}
+    skip = {storage_id(t) for t in (*model.parameters(), *model.buffers())}
     state = {"layer": None, "inputs": []}
     hooks = [h for i, layer in enumerate(layers) for h in (
         layer.register_forward_pre_hook(functools.partial(_enter, state, i), with_kwargs=True),
@@ -84,12 +84,12 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
     rows = []
     try:
         for s in seqs:
-            mode = _cuda_like(low if compute == "autocast" else None, fused=attention == "sdpa")
+            mode = cuda_like_mode(low if compute == "autocast" else None, fused=attention == "sdpa")
             per = {}  # decoder layer (None: outside them) -> {storage id: bytes}
             state["inputs"], state["policy"] = [], 0
 
             def pack(t):
-                sid = _sid(t)
+                sid = storage_id(t)
                 if sid not in skip and sid not in mode.casts and not any(sid in d for d in per.values()):
                     per.setdefault(state["layer"], {})[sid] = t.untyped_storage().nbytes()
                 return t

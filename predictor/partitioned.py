@@ -1,8 +1,8 @@
 """What torch.compile's partitioned forward of a decoder layer saves for its backward, traced on the meta device
-(trial/model_tree.saved(..., compiled=scope))."""
+(predictor/model_tree.saved(..., compiled=scope))."""
 from __future__ import annotations
 
-from .cuda_like import _cuda_like, _sid
+from .cuda_like import cuda_like_mode, storage_id
 from .saved_bytes import BATCH, SEQS
 
 
@@ -37,7 +37,7 @@ def partitioned(model, attention: str, compute: str) -> tuple[float, float]:
 
         hook = layer.register_forward_pre_hook(catch, with_kwargs=True)
         try:
-            with _cuda_like(low if compute == "autocast" else None, fused=attention == "sdpa"):
+            with cuda_like_mode(low if compute == "autocast" else None, fused=attention == "sdpa"):
                 model(input_ids=torch.zeros(BATCH, s, dtype=torch.long, device="meta"))
         except _Caught:
             pass
@@ -57,7 +57,7 @@ def partitioned(model, attention: str, compute: str) -> tuple[float, float]:
         graphs = []
         traced = aot_function(layer_fn, fw_compiler=lambda gm, _: graphs.append(gm) or gm, bw_compiler=lambda gm, _: gm,
                               partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
-        with _cuda_like(low if compute == "autocast" else None, fused=attention == "sdpa"):
+        with cuda_like_mode(low if compute == "autocast" else None, fused=attention == "sdpa"):
             traced(*params, *(leaves[i] for i in where))
         rows.append((s, _graph_saved(graphs[0], len(params))))
     if len(rows) == 1:
@@ -85,5 +85,5 @@ def _graph_saved(gm, n_params: int) -> int:
     for n in outputs[1:]:
         v = getattr(n, "meta", {}).get("val")
         if isinstance(v, torch.Tensor) and n not in from_params:
-            storages.setdefault(_sid(v), v.untyped_storage().nbytes())
+            storages.setdefault(storage_id(v), v.untyped_storage().nbytes())
     return sum(storages.values())

@@ -4,7 +4,7 @@ The convention (torchtitan's and Megatron's, the one every public MFU figure we 
 - Matrix products only, forward + backward = 3 x the forward (a product's backward computes the gradients of its
   input and of its weight, each as large as the forward). Elementwise work, norms and softmax are not counted.
 - Weights: every parameter of two or more dimensions costs 2 FLOPs per element per token in the forward, read from
-  the model built on the meta device (trial/model_tree.py), so GQA's narrower key/value projections, SwiGLU's third
+  the model built on the meta device (predictor/model_tree.py), so GQA's narrower key/value projections, SwiGLU's third
   matrix and any family's layout count as they are. The input embedding (a lookup, no product) and position tables
   count nothing. The output head is counted once, tied to the embedding or not.
 - Mixture of experts: an expert's weights count for the share of tokens routed to it, top_k / num_experts (every
@@ -93,10 +93,10 @@ def _count(key: str) -> Count:
 
     from trainscout.spaces.layers import decoder_layers
 
-    from .model_tree import _build
-    from .models import hf_config, sizes
+    from .model_tree import meta_model
+    from trainscout.trial.models import hf_config, sizes
     config = json.loads(key)
-    model = _build(key, "eager", seq_len=1)
+    model = meta_model(key, "eager", seq_len=1)
     hf, z = hf_config(config), sizes(config)
     layers = decoder_layers(model)
     k = z.experts_per_token
@@ -152,8 +152,9 @@ def recompute_skipped(key: str) -> tuple[float, ...]:
 
     from trainscout.spaces.layers import decoder_layers
 
-    from .model_tree import _build, _cuda_like
-    model = _build(key, "eager", seq_len=SKIP_SEQ).to(torch.bfloat16)  # 16-bit: the meta grouped GEMM takes no fp32
+    from .cuda_like import cuda_like_mode
+    from .model_tree import meta_model
+    model = meta_model(key, "eager", seq_len=SKIP_SEQ).to(torch.bfloat16)  # 16-bit: the meta grouped GEMM takes no fp32
     model.train()
     layers = decoder_layers(model)
 
@@ -169,7 +170,7 @@ def recompute_skipped(key: str) -> tuple[float, ...]:
         layers[i] = checkpoint_wrapper(inner, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         try:
             with set_checkpoint_early_stop(early), FlopCounterMode(display=False) as counter, \
-                    _cuda_like(None, fused=False):
+                    cuda_like_mode(None, fused=False):
                 model(input_ids=ids).logits.float().sum().backward()
         finally:
             layers[i] = inner
@@ -200,8 +201,9 @@ def recompute_selective(key: str) -> tuple[float, ...]:
     from trainscout.spaces.knobs.activation_checkpointing import selective_context
     from trainscout.spaces.layers import decoder_layers
 
-    from .model_tree import _build, _cuda_like
-    model = _build(key, "eager", seq_len=SKIP_SEQ).to(torch.bfloat16)
+    from .cuda_like import cuda_like_mode
+    from .model_tree import meta_model
+    model = meta_model(key, "eager", seq_len=SKIP_SEQ).to(torch.bfloat16)
     model.train()
     layers = decoder_layers(model)
     first: dict[tuple, int] = {}
@@ -215,7 +217,7 @@ def recompute_selective(key: str) -> tuple[float, ...]:
             layers[i] = checkpoint_wrapper(inner, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
                                            context_fn=selective_context)
         try:
-            with FlopCounterMode(display=False) as counter, _cuda_like(None, fused=False):
+            with FlopCounterMode(display=False) as counter, cuda_like_mode(None, fused=False):
                 model(input_ids=ids).logits.float().sum().backward()
         finally:
             if i is not None:
@@ -257,7 +259,7 @@ def metrics(config: dict, seq_len: int, tokens_per_s: float, peak_tflops: float 
     """The FLOP metrics of a measurement: flops_per_token (model), hardware_flops_per_token (with recomputation;
     selective: activation_checkpointing=selective's), active_params, mfu, hfu and the convention they are counted
     under."""
-    from .metrics import mfu
+    from trainscout.trial.metrics import mfu
     c = count(config)
     model, hardware = c.per_token(seq_len), c.hardware_per_token(seq_len, checkpoint_every, selective)
     out = {"flops_convention": CONVENTION, "flops_per_token": model, "hardware_flops_per_token": hardware,
@@ -278,7 +280,7 @@ def recount(record):
         return record  # nothing to count FLOPs against (no throughput or no sequence length: a stub)
     old = {f"{k}_dense_v0": m[k] for k in ("flops_per_token", "mfu") if k in m}
     try:
-        from .models import stored_model
+        from trainscout.trial.models import stored_model
         config = record.model_config or stored_model(record.model, None).config
         seq = (record.recipe or {})["seq_len"]
         fresh = metrics(config, seq, m["tokens_per_s"], m.get("peak_tflops"), record.world_size or 1,

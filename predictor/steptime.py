@@ -13,10 +13,11 @@ import functools
 import json
 from typing import TYPE_CHECKING
 
-from . import flops, gpus, memory, metrics
+from trainscout.trial import gpus, metrics
+from . import flops, memory
 
 if TYPE_CHECKING:
-    from .records import TrialSpec
+    from trainscout.trial.records import TrialSpec
 
 # memory bandwidth per GPU kind in TB/s (the datasheets' figures of trial/gpus.py)
 GPU_HBM_TBPS: dict[str, float] = {k.name: k.hbm_tbps for k in gpus.KINDS}
@@ -70,8 +71,8 @@ def _lookup(table: dict[str, float], name: str | None, default: float) -> float:
 
 def step_s(spec: TrialSpec) -> float:
     """Predicted seconds of one optimizer step of spec per rank (what is counted: docs/predictor.md)."""
-    from . import engines
-    from .models import sizes
+    from trainscout.trial import engines
+    from trainscout.trial.models import sizes
     plan, recipe, z = spec.plan, spec.recipe, sizes(spec.model_config)
     engine = engines.get(plan.engine)
     gpu = (spec.hardware or {}).get("gpu")
@@ -81,7 +82,7 @@ def step_s(spec: TrialSpec) -> float:
     tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)
     tokens = plan.micro_batch_size * recipe["seq_len"]
     # the fullest rank's decoder layers (a pipeline stage's share; the head's products stay whole: the last stage)
-    layers = engine.held(memory._counts(spec.model_config), plan)[1]
+    layers = engine.held(memory.counts(spec.model_config), plan)[1]
     # the hardware FLOPs: checkpointed layers run their forward twice
     count = flops.count(spec.model_config)
     fpt = count.hardware_per_token(recipe["seq_len"], plan.checkpoint_every, selective=flops.selective(plan))
@@ -120,8 +121,8 @@ def weight_bytes(spec: TrialSpec, share: float = 1.0) -> float:
     """Bytes the weights and their gradients move in every micro-batch, whatever its tokens (share: the fraction of
     the decoder the rank runs): the master weights' casts to 16 bits and the gradients' accumulation, by the masters'
     bytes (WEIGHT_BYTES; docs/predictor.md)."""
-    from .engines.base import master_bytes
-    n = memory._counts(memory._with_config(spec).model_config)["N"] * share
+    from trainscout.trial.engines.base import master_bytes
+    n = memory.counts(memory.with_config(spec).model_config)["N"] * share
     return n * WEIGHT_BYTES.get(master_bytes(spec.plan), WEIGHT_BYTES[4])
 
 
@@ -131,7 +132,7 @@ def host_s(spec: TrialSpec) -> float:
     the GPU runs out of it: a floor under the step, not a term of step_s (whose GPU time the atlas calibrates to
     measured time before it compares: atlas/predict's step = max(step_s x ratio, host_s)). 0 where the engine
     declares none (or on the CPU, where the host does the compute too and the measured rows carry it)."""
-    from . import engines
+    from trainscout.trial import engines
     fixed, per = engines.get(spec.plan.engine).hook_s(spec.plan)
     if not (fixed or per) or spec.device != "cuda":
         return 0.0
@@ -142,8 +143,9 @@ def host_s(spec: TrialSpec) -> float:
 @functools.lru_cache(maxsize=64)
 def _param_modules(key: str) -> int:
     """Modules that hold parameters of their own (the model on the meta device): what ZeRO-3's hooks fetch."""
-    from .model_tree import _build
-    return sum(1 for m in _build(key, "eager", seq_len=1).modules() if any(True for _ in m.parameters(recurse=False)))
+    from .model_tree import meta_model
+    model = meta_model(key, "eager", seq_len=1)
+    return sum(1 for m in model.modules() if any(True for _ in m.parameters(recurse=False)))
 
 
 def head_s(spec: TrialSpec, tokens: int, product_s: float, tbps: float) -> float:
@@ -203,8 +205,8 @@ def _linear_edges(key: str) -> float:
 
     from trainscout.spaces.layers import decoder_layers
 
-    from .model_tree import _build
-    return float(sum(m.in_features + m.out_features for layer in decoder_layers(_build(key, "eager", seq_len=1))
+    from .model_tree import meta_model
+    return float(sum(m.in_features + m.out_features for layer in decoder_layers(meta_model(key, "eager", seq_len=1))
                      for m in layer.modules() if isinstance(m, nn.Linear)))
 
 
@@ -213,7 +215,7 @@ def optimizer_s(spec: TrialSpec, held: dict | None = None, tbps: float | None = 
     the bytes per parameter the optimizer keeps: a ZeRO or FSDP shard, a pipeline stage's, none where the states
     are offloaded) x ADAMW_BYTES at the GPU's memory bandwidth x the optimizer's "step_cost" (trial.engines.base
     optimizer_spec: what the knobs' optimizer hooks declare; 1: torch's fused AdamW)."""
-    from .engines.base import optimizer_spec
+    from trainscout.trial.engines.base import optimizer_spec
     opt = optimizer_spec(spec.plan)
     held = held if held is not None else memory.components(spec)
     if not held.get("optimizer") or not opt.get("bytes"):
@@ -233,7 +235,7 @@ def offload_s(spec: TrialSpec) -> float:
     offloaded optimizer states (gradient shards down every micro-batch, the host's optimizer step, the updated
     shard back), offloaded parameter shards (fetched for every forward and backward) and what the knobs' memory
     hooks moved to the host, as PCIe bytes at pcie_bps with no overlap assumed (docs/predictor.md)."""
-    from . import engines
+    from trainscout.trial import engines
     plan = spec.plan
     engine = engines.get(plan.engine)
     optimizer, params = engine.offloaded(plan)
@@ -241,7 +243,7 @@ def offload_s(spec: TrialSpec) -> float:
     pcie = accum * 2 * memory.host_held(spec) if spec.device == "cuda" else 0.0
     host = 0.0
     if optimizer or params:
-        n = memory._counts(memory._with_config(spec).model_config)["N"]
+        n = memory.counts(memory.with_config(spec).model_config)["N"]
         shard = n / engine.data_ranks(plan, spec.world_size)
         pcie += accum * 2 * shard  # the gradient shards down, every micro-batch
         if optimizer:

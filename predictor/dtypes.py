@@ -60,7 +60,7 @@ def expected(plan) -> dict:
     """The dtypes the plan's label names: its master dtype for the weights and their gradients; for the optimizer's
     states what its optimizer spec says they are (trial.engines.base.optimizer_spec, through the knobs' optimizer
     hooks: the master dtype, or optimizer_state's "bfloat16", "8bit", "4bit", "fp8")."""
-    from .engines.base import optimizer_spec
+    from trainscout.trial.engines.base import optimizer_spec
     return {"weights": plan.master_dtype, "gradients": plan.master_dtype, "optimizer": optimizer_spec(plan)["states"]}
 
 

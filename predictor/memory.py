@@ -1,7 +1,7 @@
 """Predicted peak GPU memory per rank of a configuration, before anything is launched.
 
 The analytic part counts bytes the way the engines hold them, from the model's own modules built on the meta device
-(trial/model_tree.py): the engine's model states (weights, gradients, optimizer states, buffers), one micro-batch's
+(predictor/model_tree.py): the engine's model states (weights, gradients, optimizer states, buffers), one micro-batch's
 activations (what autograd saves for backward) and the loss's logits, scaled to what is in flight, and adjusted by
 the knobs' memory hooks. A calibration fitted on measured peaks of the same GPU (peak = a·states + b·activations +
 c) absorbs what the counts miss. The equations and what they were checked against: docs/predictor.md.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .status import Status
+from trainscout.trial.status import Status
 
 if TYPE_CHECKING:
-    from .records import Record, TrialSpec
+    from trainscout.trial.records import Record, TrialSpec
 
 GiB = 2**30
 # A configuration predicted over the GPU's memory by more than this share is not launched by a search, and
@@ -22,36 +22,36 @@ GiB = 2**30
 MARGIN = 0.10
 # A search's start point (search.start.fits) and the atlas' predictions must be predicted to fit in this share of
 # the GPU's memory; where the defaults do not, they add the knobs' memory saver (spaces.memory_savers) predicted
-# fastest (trial/steptime.py) of those that fit the GPU and the host (host_refusal).
+# fastest (predictor/steptime.py) of those that fit the GPU and the host (host_refusal).
 FIT_SHARE = 0.85
 
 
-def _counts(config: dict) -> dict:
-    """The parameter counts the engines read, from the model's module tree (trial/model_tree.py): h, L, V; N every
+def counts(config: dict) -> dict:
+    """The parameter counts the engines read, from the model's module tree (predictor/model_tree.py): h, L, V; N every
     parameter once; per_layer the largest decoder layer's; embed the input embedding's; cast what autocast copies
     to 16 bits (the linears, the LM head included when it is tied to the embedding); tied."""
     from .model_tree import parameters
-    from .models import sizes
+    from trainscout.trial.models import sizes
     z, p = sizes(config), parameters(config)
     return {"h": z.hidden, "L": p.layers, "V": z.vocab, "per_layer": p.per_layer, "embed": p.embed, "N": p.N,
             "cast": p.cast, "tied": p.tied, "head_cast": p.embed if p.tied else p.head}
 
 
-def _with_config(spec: TrialSpec | Record) -> TrialSpec | Record:
+def with_config(spec: TrialSpec | Record) -> TrialSpec | Record:
     """spec with its model config (a stored record of a named model carries none: the named one's)."""
     if spec.model_config is not None:
         return spec
-    from .models import resolve_model
+    from trainscout.trial.models import resolve_model
     return spec.replace(model_config=resolve_model(spec.model).config)
 
 
 def saved_bytes(spec: TrialSpec | Record):
-    """What one forward of the spec's model saves for backward, per token (trial/model_tree.Saved): measured on the
+    """What one forward of the spec's model saves for backward, per token (predictor/model_tree.Saved): measured on the
     meta device under the spec's attention and the way its engine computes; measured=False (and why) where the
     formula stands in for a model whose meta forward fails."""
-    from . import engines
+    from trainscout.trial import engines
     from .model_tree import saved
-    spec = _with_config(spec)
+    spec = with_config(spec)
     plan = spec.plan
     compute = "fp32" if plan.precision == "fp32" else engines.get(plan.engine).compute
     compiled = plan.compile_scope if plan.compile else None
@@ -79,9 +79,9 @@ def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
     moves the layers' copies to the host); and host, where a hook adds what it keeps in host memory."""
     from trainscout.spaces import ParallelDims, all_knobs, plugins
 
-    from . import engines
-    spec = _with_config(spec)
-    c, plan, recipe = _counts(spec.model_config), spec.plan, spec.recipe
+    from trainscout.trial import engines
+    spec = with_config(spec)
+    c, plan, recipe = counts(spec.model_config), spec.plan, spec.recipe
     engine = engines.get(plan.engine)
     mixed = plan.precision != "fp32"
     N, layers = engine.held(c, plan)  # the pipeline's stage; the data x context ranks divide below (D)
@@ -180,9 +180,9 @@ def shards_nothing(spec: TrialSpec | Record) -> bool:
     """Whether the spec's engine divides the model states over its data ranks, keeps none of them on the host (FSDP,
     ZeRO without offload) and has one data rank: as a memory saver it shards nothing there, and the start points and
     the atlas leave it out (what it saves on one GPU, autocast's 16-bit copies, is too little: docs/predictor.md)."""
-    from . import engines
-    spec = _with_config(spec)
-    c, plan = _counts(spec.model_config), spec.plan
+    from trainscout.trial import engines
+    spec = with_config(spec)
+    c, plan = counts(spec.model_config), spec.plan
     engine = engines.get(plan.engine)
     if engine.data_ranks(plan, spec.world_size) > 1 or any(engine.offloaded(plan)):
         return False
@@ -204,10 +204,10 @@ def host_peak(spec: TrialSpec | Record) -> dict[str, float]:
     parameter for the optimizer, 2 per offloaded 16-bit parameter shard, or the engine's own Engine.host_states),
     plus what the knobs' hooks move to the host (host_held). Cached pinned host memory is released between trials
     (worker.reset_process). The rule and its one measurement: docs/predictor.md."""
-    from . import engines
+    from trainscout.trial import engines
     world = spec.world_size
-    spec = _with_config(spec)
-    c, plan = _counts(spec.model_config), spec.plan
+    spec = with_config(spec)
+    c, plan = counts(spec.model_config), spec.plan
     engine = engines.get(plan.engine)
     N, D = c["N"], engine.data_ranks(plan, world)
     optimizer, params = engine.offloaded(plan)
@@ -231,11 +231,11 @@ def param_rows(config: dict) -> tuple[tuple[int, int], ...]:
     """(rows, elements) of each parameter of the model a config builds (rows: its first dimension, which FSDP2
     shards), from the meta device once per process (model_tree's facts, handed on with them)."""
     from . import model_tree
-    at = ("param_rows", model_tree._key(config))
-    if at not in model_tree._FACTS:
-        model = model_tree._build(at[1], "eager", seq_len=1)
-        model_tree._FACTS[at] = tuple((int(p.shape[0]) if p.dim() else 1, int(p.numel())) for p in model.parameters())
-    return model_tree._FACTS[at]
+    at = ("param_rows", model_tree.config_key(config))
+    if at not in model_tree.FACTS:
+        model = model_tree.meta_model(at[1], "eager", seq_len=1)
+        model_tree.FACTS[at] = tuple((int(p.shape[0]) if p.dim() else 1, int(p.numel())) for p in model.parameters())
+    return model_tree.FACTS[at]
 
 
 def host_need(comp: dict[str, float]) -> float:

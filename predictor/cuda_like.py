@@ -1,5 +1,5 @@
-"""A TorchFunctionMode that does on the meta device what a CUDA GPU does, for trial/saved_bytes.py, trial/partitioned.py
-and trial/flops.py.
+"""A TorchFunctionMode that does on the meta device what a CUDA GPU does, for predictor/saved_bytes.py, predictor/partitioned.py
+and predictor/flops.py.
 
 The meta device runs no kernels, so two things a CUDA GPU does are done here by hand, in a TorchFunctionMode:
 - autocast (torch.autocast has no meta backend): the linears and matmuls run in 16 bits; layer norm, softmax, pow,
@@ -11,7 +11,7 @@ Checked against a GPU's saved bytes: docs/predictor.md.
 """
 
 
-def _sid(t) -> int:
+def storage_id(t) -> int:
     """The identity of a tensor's storage (meta storages have no data pointer to compare)."""
     return t.untyped_storage()._cdata
 
@@ -31,7 +31,7 @@ def _op_lists():
     return low, fp32
 
 
-def _cuda_like(low, fused):
+def cuda_like_mode(low, fused):
     """A TorchFunctionMode that does on the meta device what a CUDA GPU does: autocast to low (None: no autocast)
     and, with fused, SDPA's flash or memory-efficient kernel instead of its math path. Its casts attribute holds
     the storages of the weights' 16-bit copies (autocast casts a weight once per forward)."""
@@ -54,7 +54,7 @@ def _cuda_like(low, fused):
                 return x.to(dtype)
             if id(x) not in self._weights:
                 self._weights[id(x)] = (x, x.to(dtype))  # the weight stays referenced: its id is not reused
-                self.casts.add(_sid(self._weights[id(x)][1]))
+                self.casts.add(storage_id(self._weights[id(x)][1]))
             return self._weights[id(x)][1]
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
