@@ -15,7 +15,7 @@ from trainscout.trial import contention, engines
 from trainscout.trial.records import Record
 
 FORMATS = ("hf", "deepspeed", "accelerate", "command")
-# The order of training_args.json's and accelerate.yaml's fields (the knobs' among them: Knob.export), as they were
+# The order of training_args.json's and accelerate.yaml's fields (the knobs' among them: Export.fields), as they were
 # always written; then the engine's fields, then any other field a knob adds.
 HF_ORDER = ("output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate",
             "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "bf16",
@@ -26,8 +26,8 @@ ACCELERATE_ORDER = ("compute_environment", "num_machines", "machine_rank", "num_
 
 
 def _knob_fields(fmt: str, plan: Plan, device: str) -> dict:
-    """Every knob's fields of export format fmt (Knob.export)."""
-    return {f: v for k in all_knobs() for f, v in k.export(fmt, plan, device).items()}
+    """Every knob's fields of export format fmt (its Export.fields)."""
+    return {f: v for k in all_knobs() for f, v in k.export.fields(fmt, plan, device).items()}
 
 
 def _ordered(fields: dict, order: tuple, engine: dict) -> dict:
@@ -86,22 +86,23 @@ def checked_hf_args(rec: Record, output_dir: str, paths: dict[str, str],
 
 
 def hook_only(rec: Record) -> list[str]:
-    """The measured knob settings that TrainingArguments cannot express (Knob.hook_only, in Knob.hook_rank order):
+    """The measured knob settings that TrainingArguments cannot express (Export.hook_only, in Export.hook_rank order):
     trainscout.runtime.hf.prepare applies them (without it a stock Trainer runs without them)."""
     from trainscout.runtime import hf
     plan = rec.plan or Plan()
-    knobs = sorted(all_knobs(), key=lambda k: k.hook_rank)
-    return [s for k in knobs if (s := k.hook_only(rec.config.get(k.name, k.without_hook), plan, hf))]
+    knobs = sorted(all_knobs(), key=lambda k: k.export.hook_rank)
+    return [s for k in knobs if (s := k.export.hook_only(k.name, rec.config.get(k.name, k.export.without_hook), plan,
+                                                         hf))]
 
 
 def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict:
     """For each setting only the hook applies: the measurement of the same configuration with what a stock
-    Trainer runs instead (Knob.without_hook), on the same model, recipe and GPU, where the store holds one; its
+    Trainer runs instead (Export.without_hook), on the same model, recipe and GPU, where the store holds one; its
     tokens/s and the ratio to this measurement (None: not measured)."""
     out = {}
     for item in hook:
         knob = item.split("=", 1)[0]
-        instead = dict(rec.config, **{knob: get(knob).without_hook})
+        instead = dict(rec.config, **{knob: get(knob).export.without_hook})
         twin = next((m for m in measurements if m.ok and m.config == instead and m.model == rec.model
                      and m.recipe == rec.recipe and m.hardware.get("gpu") == rec.hardware.get("gpu")
                      and m.world_size == rec.world_size), None)
@@ -148,7 +149,7 @@ def check_accelerate(path: str) -> None:
 def set_knobs(rec: Record) -> list:
     """The registered knobs the measured configuration sets away from their defaults."""
     cfg = rec.config or {}
-    return [k for k in all_knobs() if k.name in cfg and k.is_set(cfg[k.name])]
+    return [k for k in all_knobs() if k.name in cfg and cfg[k.name] != k.default]
 
 
 def carried(rec: Record) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -157,8 +158,9 @@ def carried(rec: Record) -> tuple[tuple[str, ...], dict[str, str]]:
     engine = engines.get(rec.plan.engine)
     why = {f: engine.not_carried for f in FORMATS if f not in engine.formats}
     for knob in set_knobs(rec):
-        if knob.formats is not None:
-            why.update({f: knob.not_carried for f in FORMATS if f not in knob.formats and f not in why})
+        carried = knob.export.formats
+        if carried is not None:
+            why.update({f: knob.export.not_carried for f in FORMATS if f not in carried and f not in why})
     return tuple(f for f in FORMATS if f not in why), why
 
 
@@ -170,7 +172,8 @@ def launch(rec: Record) -> dict:
     accelerate.yaml`; an engine no stock trainer has (the pipeline): `trainscout train` alone."""
     engine = engines.get(rec.plan.engine)
     n = rec.world_size or 1
-    kind = max([engine.launcher] + [k.launcher for k in set_knobs(rec) if k.launcher], key=engines.LAUNCHERS.index)
+    kind = max([engine.launcher] + [k.export.launcher for k in set_knobs(rec) if k.export.launcher],
+               key=engines.LAUNCHERS.index)
     if kind == "python" and n > 1:
         kind = "accelerate" if rec.device != "cuda" else "torchrun"
     command = {"python": "python your_train.py",
@@ -223,7 +226,8 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     refused = [f for f in formats if f not in ok]
     if refused and tuple(formats) != FORMATS:
         what = plan.engine if refused[0] not in engine.formats else \
-            ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec) if k.not_carried == why[refused[0]])
+            ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec)
+                      if k.export.not_carried == why[refused[0]])
         raise ConfigError("--format", f"--format {refused[0]} cannot carry a {what} measurement: {why[refused[0]]}")
     formats = [f for f in formats if f in ok]
     if os.path.exists(os.path.join(out_dir, "trainscout.json")):  # another export's files would be overwritten

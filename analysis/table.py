@@ -180,10 +180,10 @@ def measurement(source: str, key: str | None = None, best: bool = False) -> Reco
 
 
 def ran_config(rec: Record) -> dict:
-    """The record's configuration with the values it ran (Knob.measured: a probed micro-batch, the one the probe
+    """The record's configuration with the values it ran (Search.measured: a probed micro-batch, the one the probe
     settled on, not another probe)."""
     knobs = {k.name: k for k in all_knobs()}
-    return {k: knobs[k].measured(v, rec.plan) if k in knobs else v for k, v in rec.config.items()}
+    return {k: knobs[k].search.measured(v, rec.plan) if k in knobs else v for k, v in rec.config.items()}
 
 
 def best_choice(source):

@@ -25,13 +25,14 @@ FIXED = ("gpus", "engine", "arch")  # the dimensions that are not knobs
 
 def _roles() -> dict[str, set[str]]:
     """Knob names by declared role (spaces.Knob): start, savers, mesh, numerics, and every family knob."""
-    from trainscout.spaces import Knob, all_knobs
-    knobs = [k for k in all_knobs() if not k.micro_batch]
+    from trainscout.spaces import all_knobs
+    from trainscout.spaces.roles import Numerics
+    knobs = [k for k in all_knobs() if not k.search.micro_batch]
     return {"all": {k.name for k in knobs},
-            "start": {k.name for k in knobs if k.start},
-            "savers": {k.name for k in knobs if k.savers},
-            "mesh": {k.name for k in knobs if k.mesh_dim},
-            "numerics": {k.name for k in knobs if type(k).numerics is not Knob.numerics}}
+            "start": {k.name for k in knobs if k.search.start},
+            "savers": {k.name for k in knobs if k.search.savers},
+            "mesh": {k.name for k in knobs if k.runtime.mesh_dim},
+            "numerics": {k.name for k in knobs if type(k.numerics).why is not Numerics.why}}
 
 
 def _level_names() -> tuple[tuple[str, ...], ...]:
@@ -96,7 +97,7 @@ def _dims(config: dict, plan: Plan, world_size: int, arch: str) -> dict:
     from trainscout.spaces import all_knobs
     out = {"gpus": world_size, "engine": plan.engine, "arch": arch}
     for k in all_knobs():
-        if not k.micro_batch:
+        if not k.search.micro_batch:
             v = config.get(k.name, k.default)
             out[k.name] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
     return out
@@ -104,13 +105,13 @@ def _dims(config: dict, plan: Plan, world_size: int, arch: str) -> dict:
 
 def settings(config: dict, plan: Plan | None = None) -> dict:
     """The knobs' values as they act (the micro-batch's aside): a knob whose requirements the configuration does not
-    meet (spaces.Knob.applies: a compile scope without compile) has none; an "auto" the plan resolved (a plan's
+    meet (spaces.applies: a compile scope without compile) has none; an "auto" the plan resolved (a plan's
     attribute of the knob's name) is what the plan ran. What a knob-effect pair compares (calibrate.knob_effects)."""
-    from trainscout.spaces import all_knobs
+    from trainscout.spaces import all_knobs, applies
     out = {}
     for k in all_knobs():
-        if not k.micro_batch:
-            v = config.get(k.name, k.default) if k.applies(config) else None
+        if not k.search.micro_batch:
+            v = config.get(k.name, k.default) if applies(k, config) else None
             if k.auto and v == "auto" and plan is not None:
                 v = getattr(plan, k.name, v)
             out[k.name] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
@@ -150,13 +151,13 @@ def families(config: dict, plan: Plan, world_size: int, arch: str) -> tuple:
 def describe(config: dict, plan: Plan) -> str:
     """A configuration in a few words: the engine, the knobs set away from their defaults (as `--set` writes
     them), and the micro-batch it ran."""
-    from trainscout.spaces import all_knobs, fmt
+    from trainscout.spaces import all_knobs, applies, fmt
     parts, mbs = [], None
     for k in all_knobs():
         v = config.get(k.name, k.default)
-        if k.micro_batch:
-            mbs = k.measured(v, plan)
+        if k.search.micro_batch:
+            mbs = k.search.measured(v, plan)
             mbs = f"mbs {fmt(mbs)}" + (" (probed)" if mbs != v else "")
-        elif k.is_set(v) and v != k.default and k.applies(config):
+        elif v != k.default and applies(k, config):
             parts.append(f"{k.name}={fmt(v)}")
     return ", ".join(p for p in (*parts, mbs) if p)

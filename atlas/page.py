@@ -26,12 +26,12 @@ def _tags(config: dict, defaults: dict) -> list[str]:
     """The knobs a configuration sets away from their defaults, as `--set` writes them; a knob that only applies
     under another's value (Knob.requires: a pipeline's schedule) shown where it applies, its default included; the
     micro-batch's knob never (the page has the micro-batch in its description)."""
-    from trainscout.spaces import all_knobs, fmt
-    knobs = {k.name: k for k in all_knobs() if not k.micro_batch}
+    from trainscout.spaces import all_knobs, applies, fmt
+    knobs = {k.name: k for k in all_knobs() if not k.search.micro_batch}
 
     def shown(name, v) -> bool:
         k = knobs[name]
-        if not k.applies(config):
+        if not applies(k, config):
             return False
         under = any(config.get(r, knobs[r].default) != knobs[r].default for r in k.requires if r in knobs)
         return v != defaults[name] or under  # set, or applying only because another knob is set

@@ -83,7 +83,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         capacity_gib = facts[0]
     hw_name = gpu if gpu_kind(gpu) and gpu_kind(gpu) != gpu else f"NVIDIA {kind}"
     capability = facts[1] if facts else "9.0"
-    installed = frozenset(p for k in all_knobs() for p in k.packages)  # the GPU box is assumed to have them
+    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)  # the GPU box is assumed to have them
     n = memory.counts(spec_model.config)["N"]
     arch = spec_model.config.get("model_type")
     kind_of_arch = arch_family(spec_model.config)
@@ -161,7 +161,7 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
     from trainscout.predictor import dtypes, memory, steptime
     from trainscout.trial import engines
     from trainscout.spaces import all_knobs
-    micro = {k.name for k in all_knobs() if k.micro_batch}
+    micro = {k.name for k in all_knobs() if k.search.micro_batch}
     at = [s for s in pool if s.world == gpus] or pool
     by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
@@ -252,7 +252,7 @@ def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw:
     per_rank = batch // dp if batch % dp == 0 else batch
     from trainscout.spaces import all_knobs
     knobs = {k.name: k for k in all_knobs()}
-    mb = next(k.name for k in knobs.values() if k.micro_batch)
+    mb = next(k.name for k in knobs.values() if k.search.micro_batch)
     smallest, reset, host_why = None, set(), None
     for mbs in [d for d in range(min(per_rank, 256), 0, -1) if per_rank % d == 0]:
         while True:

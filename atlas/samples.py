@@ -49,8 +49,8 @@ class Sample:
     def micro(self):
         """The micro-batch it ran (the knob that declares micro_batch, as measured: a probe's settled one)."""
         from trainscout.spaces import all_knobs
-        k = next(k for k in all_knobs() if k.micro_batch)
-        return k.measured(self.config.get(k.name, k.default), self.plan)
+        k = next(k for k in all_knobs() if k.search.micro_batch)
+        return k.search.measured(self.config.get(k.name, k.default), self.plan)
 
     @property
     def ratio(self) -> float:

@@ -145,7 +145,7 @@ def part_d(args) -> None:
     """The loss kernels' memory traffic: the head's three GEMMs alone (backward from a fixed 16-bit gradient) against
     the head with transformers' causal-LM loss (ForCausalLMLoss, what a trial's model calls) run eager, compiled by
     torch.compile (loss_kernel=compiled) and liger's fused linear cross-entropy (fused_linear, where installed); the
-    time over the GEMMs' at the GPU's memory bandwidth (predictor/steptime.GPU_HBM_TBPS), per token and vocabulary entry:
+    time over the GEMMs' at the GPU's memory bandwidth (steptime.GPU_HBM_TBPS), per token and vocabulary entry:
     the bytes loss_kernel's `logits_bytes` declares."""
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss

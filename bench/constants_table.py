@@ -18,7 +18,7 @@ TABLE = os.path.join(ROOT, "docs", "constants.csv")
 
 
 def module_of(path: str) -> str:
-    """predictor/steptime.py -> trainscout.predictor.steptime (pyproject's package-dir: the folders are trainscout.*)."""
+    """predictor/steptime.py -> trainscout.predictor.steptime (pyproject's package-dir: folders are trainscout.*)."""
     return "trainscout." + path[:-len(".py")].replace("/", ".")
 
 

@@ -19,8 +19,8 @@ def cmd_knobs(a) -> int:
     rows = []
     for k in spaces.all_knobs():
         req = ", ".join(f"{o}={'|'.join(spaces.fmt(v) for v in vals)}" for o, vals in k.requires.items()) or "-"
-        rows.append({"name": k.name, "domain": k.domain_text(), "default": spaces.fmt(k.default),
-                     "requires": req, "description": k.description, "module": type(k).__module__})
+        rows.append({"name": k.name, "domain": spaces.domain_text(k), "default": spaces.fmt(k.default),
+                     "requires": req, "description": spaces.description(k), "module": type(k).__module__})
     if a.json:
         for r, k in zip(rows, spaces.all_knobs()):
             r.update(numerics_entry(k))
@@ -72,7 +72,7 @@ def numerics_entry(knob) -> dict:
 
     def why(value, c):
         try:
-            return knob.numerics(value, dict(c, **{knob.name: value}), ctx)
+            return knob.numerics.why(value, dict(c, **{knob.name: value}), ctx)
         except Exception as e:  # noqa: BLE001 - a plugin's numerics that fails is said, not hidden
             return f"numerics() failed: {type(e).__name__}: {e}"
     changes, when = {}, {}
@@ -86,7 +86,7 @@ def numerics_entry(knob) -> dict:
             if hit:
                 when[spaces.fmt(value)] = {"when": f"{other.name}={spaces.fmt(hit[0])}", "why": hit[1]}
                 break
-    return {"reference": spaces.fmt(knob.reference_value()), "numerics": changes, "numerics_when": when,
+    return {"reference": spaces.fmt(spaces.reference_value(knob)), "numerics": changes, "numerics_when": when,
             "numerics_context": NUMERICS_CONTEXT}
 
 
@@ -202,7 +202,7 @@ def cmd_estimate(a) -> int:
     facts = gpu_facts(kind) if kind else None
     assumed = None if facts else "compute capability 9.0 (give --gpu NAME for another)"
     hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu, "capability": facts[1] if facts else "9.0"}
-    installed = frozenset(p for k in all_knobs() for p in k.packages)
+    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)
     spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, installed=installed, **recipe_kwargs(a))
     cal = None
     if a.calibrate:

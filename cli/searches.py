@@ -30,9 +30,9 @@ DEMO = {"model": "tiny", "trials": 6, "workers": 2, "steps": 3, "warmup": 1}
 
 
 def demo_sets() -> dict:
-    """The knobs the CPU demo fixes, as --set values (Knob.demo: no inductor, no DeepSpeed C++ ops)."""
+    """The knobs the CPU demo fixes, as --set values (Search.demo: no inductor, no DeepSpeed C++ ops)."""
     from trainscout.spaces import all_knobs, fmt
-    return {k.name: fmt(k.demo) for k in all_knobs() if k.demo is not None}
+    return {k.name: fmt(k.search.demo) for k in all_knobs() if k.search.demo is not None}
 
 
 # applied after parsing: a resume must know which flags were given
@@ -290,7 +290,7 @@ def cmd_results(a) -> int:
         print(dumps(df))
     else:
         from trainscout.spaces import all_knobs
-        knobs = [k.name for k in sorted((k for k in all_knobs() if k.column), key=lambda k: k.column)]
+        knobs = [k.name for k in sorted((k for k in all_knobs() if k.search.column), key=lambda k: k.search.column)]
         shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
                              *knobs, "key", "error") if c in df.columns]
         if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread

@@ -1,5 +1,5 @@
-"""A TorchFunctionMode that does on the meta device what a CUDA GPU does, for predictor/saved_bytes.py, predictor/partitioned.py
-and predictor/flops.py.
+"""A TorchFunctionMode that does on the meta device what a CUDA GPU does, for saved_bytes.py, partitioned.py and
+flops.py.
 
 The meta device runs no kernels, so two things a CUDA GPU does are done here by hand, in a TorchFunctionMode:
 - autocast (torch.autocast has no meta backend): the linears and matmuls run in 16 bits; layer norm, softmax, pow,

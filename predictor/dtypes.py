@@ -61,7 +61,7 @@ def expected(plan) -> dict:
     states what its optimizer spec says they are (trial.engines.base.optimizer_spec, through the knobs' optimizer
     hooks: the master dtype, or optimizer_state's "bfloat16", "8bit", "4bit", "fp8")."""
     from trainscout.trial.engines.base import optimizer_spec
-    return {"weights": plan.master_dtype, "gradients": plan.master_dtype, "optimizer": optimizer_spec(plan)["states"]}
+    return {"weights": plan.master_dtype, "gradients": plan.master_dtype, "optimizer": optimizer_spec(plan).states}
 
 
 def _matches(seen: str, want: str, master: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from trainscout.spaces.roles import MemoryTerms
 from trainscout.trial.status import Status
 
 if TYPE_CHECKING:
@@ -72,19 +73,39 @@ def host_held(spec: TrialSpec | Record) -> float:
 
 
 def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
-    """components() and host_held(). The terms the knobs' hooks see besides the documented ones: layer_policy_saved,
-    the bytes of one decoder layer's matrix-product and attention outputs for a micro-batch (what selective
-    checkpointing keeps, model_tree.Saved.policy); cast, the parameters whose 16-bit copies autocast keeps on the GPU
-    for backward, and layer_cast, those of them inside the decoder layers (the head's outside: activation offload
-    moves the layers' copies to the host); and host, where a hook adds what it keeps in host memory."""
-    from trainscout.spaces import ParallelDims, all_knobs, plugins
+    """components() and host_held(): the rank's terms (spaces.roles.MemoryTerms) after every knob's Costs.memory,
+    then the engine's model states over what the terms hold of the parameters and its activations in flight."""
+    from trainscout.spaces import all_knobs, plugins
 
     from trainscout.trial import engines
     spec = with_config(spec)
-    c, plan, recipe = counts(spec.model_config), spec.plan, spec.recipe
+    c, plan = counts(spec.model_config), spec.plan
     engine = engines.get(plan.engine)
-    mixed = plan.precision != "fp32"
     N, layers = engine.held(c, plan)  # the pipeline's stage; the data x context ranks divide below (D)
+    terms, layer, view = memory_terms(spec, c, N, layers)
+    for knob in all_knobs():
+        plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
+    out = engine.model_states(dict(c, per_layer=terms.layer_params, cast=terms.cast), plan, terms.params,
+                              engine.data_ranks(plan, spec.world_size), plan.precision != "fp32")
+    out["activations"], out["logits"] = engine.in_flight(plan, terms.activations, terms.logits)
+    every = plan.checkpoint_every
+    ckpt = math.ceil(layers / every) if every else 0
+    if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
+        share = terms.layer_activations / ((layers - ckpt) * layer) if layers > ckpt and layer else 1.0  # TP's
+        out["activations"] += max(0.0, layer * share - out["logits"])
+    return out, terms.host
+
+
+def memory_terms(spec: TrialSpec | Record, c: dict, N: float, layers: int) -> tuple[MemoryTerms, float, object]:
+    """(the rank's terms of one micro-batch before the knobs' hooks, one decoder layer's saved bytes, the spec as the
+    hooks see it: its recipe's seq_len the rank's tokens under context parallel), the rank holding N parameters and
+    `layers` decoder layers of a model of counts c. Besides activations and logits: layer_policy_saved, one decoder
+    layer's matrix-product and attention outputs (what selective checkpointing keeps, model_tree.Saved.policy); cast,
+    the parameters whose 16-bit copies autocast keeps on the GPU for backward, and layer_cast, those of them inside the
+    decoder layers (the head's outside: activation offload moves the layers' copies to the host); host, where a hook
+    adds what it keeps in host memory."""
+    from trainscout.spaces import ParallelDims
+    plan, recipe = spec.plan, spec.recipe
     # context parallel: each rank holds 1/cp of every sequence's tokens (attention still reads all the keys)
     cp = ParallelDims.of(plan, spec.world_size).degree("cp")
     b, s, V = plan.micro_batch_size, recipe["seq_len"] // cp, c["V"]
@@ -93,25 +114,15 @@ def _per_rank(spec: TrialSpec | Record) -> tuple[dict[str, float], float]:
     act = saved_bytes(spec)
     layer = b * s * (act.per_layer + act.per_layer_s * recipe["seq_len"])  # act.layer_bytes(b, s) without cp
     # the loss's backward: fp32 log-softmax output, its incoming and its outgoing gradient at once (mixed or fp32)
-    terms = {"activations": (layers - ckpt) * layer + ckpt * act.layer_input * b * s + act.outside * b * s,
-             "logits": 12 * b * s * V,
-             # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
-             "params": N, "layer_params": c["per_layer"], "layers": layers,
-             "layer_activations": (layers - ckpt) * layer,
-             "layer_policy_saved": b * s * (act.policy + act.policy_s * recipe["seq_len"]), "host": 0.0,
-             "cast": c["cast"], "layer_cast": max(0.0, c["cast"] - c["head_cast"])}
+    terms = MemoryTerms(activations=(layers - ckpt) * layer + ckpt * act.layer_input * b * s + act.outside * b * s,
+                        logits=12 * b * s * V,
+                        # what a parallel knob's hook divides (tensor parallel: the layers' weights and activations)
+                        params=N, layer_params=c["per_layer"], layers=layers,
+                        layer_activations=(layers - ckpt) * layer,
+                        layer_policy_saved=b * s * (act.policy + act.policy_s * recipe["seq_len"]), host=0.0,
+                        cast=c["cast"], layer_cast=max(0.0, c["cast"] - c["head_cast"]))
     view = spec.replace(recipe=dict(recipe, seq_len=recipe["seq_len"] // cp)) if cp > 1 else spec  # the rank's tokens
-    for knob in all_knobs():
-        plugins.memory(knob, terms, plan, view)  # a plugin's hook that raises is left out, with a warning
-    held = {k: terms.pop(k) for k in ("params", "layer_params", "layers", "layer_activations", "layer_policy_saved",
-                                      "host", "cast", "layer_cast")}
-    out = engine.model_states(dict(c, per_layer=held["layer_params"], cast=held["cast"]), plan, held["params"],
-                              engine.data_ranks(plan, spec.world_size), mixed)
-    out["activations"], out["logits"] = engine.in_flight(plan, terms["activations"], terms["logits"])
-    if ckpt:  # a checkpointed layer is recomputed in its backward, after the logits are freed: the larger one counts
-        share = held["layer_activations"] / ((layers - ckpt) * layer) if layers > ckpt and layer else 1.0  # TP's
-        out["activations"] += max(0.0, layer * share - out["logits"])
-    return out, held["host"]
+    return terms, layer, view
 
 
 def analytic(spec: TrialSpec | Record) -> float:

@@ -1,5 +1,5 @@
-"""The bytes a training forward saves for backward, counted on the meta device (predictor/model_tree.saved's measurement,
-under predictor/cuda_like.py's mode), and the GPT-NeoX formula's where the meta forward fails."""
+"""The bytes a training forward saves for backward, counted on the meta device (model_tree.saved's measurement, under
+cuda_like.py's mode), and the GPT-NeoX formula's where the meta forward fails."""
 from __future__ import annotations
 
 import functools
@@ -52,11 +52,7 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
     decoder layer that saved it first), and a least-squares fit of bytes = b·s·(per_layer + per_layer_s·s). The same
     forward counts, per layer, the outputs of the ops selective checkpointing saves (Saved.policy, policy_s), as its
     policy sees them: at the aten level, after autocast's casts."""
-    import numpy as np
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from trainscout.spaces.knobs.activation_checkpointing import saved_ops
 
     from trainscout.spaces.layers import decoder_layers
     low = torch.bfloat16  # fp16 has the same sizes
@@ -69,18 +65,6 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
     hooks = [h for i, layer in enumerate(layers) for h in (
         layer.register_forward_pre_hook(functools.partial(_enter, state, i), with_kwargs=True),
         layer.register_forward_hook(lambda *_: state.__setitem__("layer", None)))]
-    policy_ops = saved_ops()
-
-    class PolicyOutputs(TorchDispatchMode):
-        """Sums the bytes of the policy ops' outputs inside the decoder layers."""
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func in policy_ops and state["layer"] is not None:
-                for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                    if isinstance(t, torch.Tensor):
-                        state["policy"] += t.untyped_storage().nbytes()
-            return out
     rows = []
     try:
         for s in seqs:
@@ -95,7 +79,7 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
                 return t
 
             ids = torch.zeros(batch, s, dtype=torch.long, device="meta")
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode, PolicyOutputs():
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode, _policy_outputs(state):
                 out = model(input_ids=ids)  # as a trial calls it (labels aside: the loss is the logits term)
             del out
             inside = sum(sum(d.values()) for k, d in per.items() if k is not None) / len(layers)
@@ -104,6 +88,35 @@ def count_saved(model, attention: str, compute: str, seqs=SEQS, batch: int = BAT
     finally:
         for h in hooks:
             h.remove()
+    return _fitted(rows, seqs, batch)
+
+
+def _policy_outputs(state: dict):
+    """A TorchDispatchMode that adds to state["policy"] the bytes of the selective checkpointing policy's ops' outputs
+    inside the decoder layers (state["layer"] set)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainscout.spaces.knobs.activation_checkpointing import saved_ops
+    policy_ops = saved_ops()
+
+    class PolicyOutputs(TorchDispatchMode):
+        """Sums the bytes of the policy ops' outputs inside the decoder layers."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in policy_ops and state["layer"] is not None:
+                for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(t, torch.Tensor):
+                        state["policy"] += t.untyped_storage().nbytes()
+            return out
+    return PolicyOutputs()
+
+
+def _fitted(rows: list[tuple], seqs, batch: int) -> Saved:
+    """Saved from count_saved's rows (s, a layer's bytes, the bytes outside the layers, a layer's input bytes per
+    token, a layer's policy outputs) by least squares over bytes = b·s·(alpha + beta·s)."""
+    import numpy as np
     X = np.array([[batch * s, batch * s * s] for s, *_ in rows])
     alpha, beta = np.linalg.lstsq(X, np.array([r[1] for r in rows]), rcond=None)[0]
     out_alpha = np.linalg.lstsq(X, np.array([r[2] for r in rows]), rcond=None)[0][0]

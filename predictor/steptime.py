@@ -151,25 +151,27 @@ def _param_modules(key: str) -> int:
 def head_s(spec: TrialSpec, tokens: int, product_s: float, tbps: float) -> float:
     """Seconds of the LM head's products and its loss in one micro-batch of tokens (product_s: the products'
     seconds per token at the GPU's peak, the vocabulary's alignment counted): where a knob set in the plan declares
-    its own (`head_s`: loss_kernel=fused_linear's chunks), that; else the products and the logits' bytes
+    its own (its Costs.head_s: loss_kernel=fused_linear's chunks), that; else the products and the logits' bytes
     (logits_bytes) at the GPU's memory bandwidth."""
     from trainscout.spaces import all_knobs
     from trainscout.spaces.model_config import sizes
+    from trainscout.spaces.roles import Costs
     for k in all_knobs():
-        own = getattr(k, "head_s", None)
-        if own is not None and (got := own(_value(spec.plan, k), spec, tokens, product_s, tbps * 1e12)) is not None:
+        if type(k.costs).head_s is Costs.head_s:
+            continue
+        if (got := k.costs.head_s(_value(spec.plan, k), spec, tokens, product_s, tbps * 1e12)) is not None:
             return got
     return tokens * (product_s + sizes(spec.model_config).vocab * logits_bytes(spec) / (tbps * 1e12))
 
 
 def logits_bytes(spec: TrialSpec) -> float:
-    """Bytes the head's logits move per token and vocabulary entry under spec's plan: the `logits_bytes` (by value) a
-    knob set in the plan declares (loss_kernel's); the model compiled whole fuses its loss as a compiled one does
-    (its "compiled" figure where the loss would run eager). LOGITS_BYTES where no knob declares one."""
+    """Bytes the head's logits move per token and vocabulary entry under spec's plan: the Costs.logits_bytes (by
+    value) a knob set in the plan declares (loss_kernel's); the model compiled whole fuses its loss as a compiled one
+    does (its "compiled" figure where the loss would run eager). LOGITS_BYTES where no knob declares one."""
     from trainscout.spaces import all_knobs
     plan = spec.plan
     for k in all_knobs():
-        declared = getattr(k, "logits_bytes", None)
+        declared = k.costs.logits_bytes
         if declared and (value := _value(plan, k)) in declared:
             if plan.compile and plan.compile_scope == "model" and "compiled" in declared:
                 return min(declared[value], declared["compiled"])
@@ -184,16 +186,16 @@ def _value(plan, knob):
 
 def linear_rate(spec: TrialSpec) -> tuple[float, float]:
     """(how many times the GPU's bf16 peak a dense model's decoder linears run at, the bytes per token and element of
-    their input and output widths their casts move) under spec's plan: the `linear_rate` and `cast_bytes` (by value)
-    a knob set in the plan declares (fp8's FP8 tensor cores; 1 and 0: none), on a GPU."""
+    their input and output widths their casts move) under spec's plan: the Costs.linear_rate and cast_bytes (by
+    value) a knob set in the plan declares (fp8's FP8 tensor cores; 1 and 0: none), on a GPU."""
     from trainscout.spaces import all_knobs
     rate, cast = 1.0, 0.0
     for k in all_knobs():
         value = spec.plan.knobs.get(k.name)
-        declared = getattr(k, "linear_rate", None)
+        declared = k.costs.linear_rate
         if declared and value and spec.device == "cuda":
-            rate *= declared.get(value, 1.0) if isinstance(declared, dict) else declared
-            cast += (getattr(k, "cast_bytes", None) or {}).get(value, 0.0)
+            rate *= declared.get(value, 1.0)
+            cast += k.costs.cast_bytes.get(value, 0.0)
     return rate, cast
 
 
@@ -213,16 +215,16 @@ def _linear_edges(key: str) -> float:
 def optimizer_s(spec: TrialSpec, held: dict | None = None, tbps: float | None = None) -> float:
     """Seconds of the rank's optimizer step on the GPU: the parameters it steps (its optimizer states' bytes over
     the bytes per parameter the optimizer keeps: a ZeRO or FSDP shard, a pipeline stage's, none where the states
-    are offloaded) x ADAMW_BYTES at the GPU's memory bandwidth x the optimizer's "step_cost" (trial.engines.base
+    are offloaded) x ADAMW_BYTES at the GPU's memory bandwidth x the optimizer's step_cost (trial.engines.base
     optimizer_spec: what the knobs' optimizer hooks declare; 1: torch's fused AdamW)."""
     from trainscout.trial.engines.base import optimizer_spec
     opt = optimizer_spec(spec.plan)
     held = held if held is not None else memory.components(spec)
-    if not held.get("optimizer") or not opt.get("bytes"):
+    if not held.get("optimizer") or not opt.bytes:
         return 0.0
     if tbps is None:
         tbps = _lookup(GPU_HBM_TBPS, (spec.hardware or {}).get("gpu"), DEFAULT_TBPS)
-    return held["optimizer"] / opt["bytes"] * ADAMW_BYTES * opt.get("step_cost", 1.0) / (tbps * 1e12)
+    return held["optimizer"] / opt.bytes * ADAMW_BYTES * opt.step_cost / (tbps * 1e12)
 
 
 def pcie_bps(spec: TrialSpec) -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from trainscout.spaces import Knob, ParallelDims, Plan, all_knobs, plugins
 from trainscout.spaces.knob import STAGES, in_order  # stage -> what runs there, in this order
 from trainscout.spaces.layers import decoder_layers
+from trainscout.spaces.roles import Runtime
 
 BEFORE_SHARDING = STAGES[:-1]
 
@@ -31,11 +32,11 @@ __all__ = ["BEFORE_SHARDING", "STAGES", "ParallelDims", "decoder_layers", "paral
 def transforms(stages=STAGES) -> list[Knob]:
     """The knobs with a model transform at one of these stages, in the order they are applied: by stage, then by
     each knob's declared `order` within its stage (experts' kernel before fp8 swaps the linears), never by name."""
-    out = [k for k in all_knobs() if k.stage is not None]
+    out = [k for k in all_knobs() if k.runtime.stage is not None]
     for k in out:
-        if k.stage not in STAGES:
-            raise ValueError(f"knob {k.name!r} declares stage {k.stage!r}: use one of {', '.join(STAGES)}")
-    return in_order(k for k in out if k.stage in stages)
+        if k.runtime.stage not in STAGES:
+            raise ValueError(f"knob {k.name!r} declares stage {k.runtime.stage!r}: use one of {', '.join(STAGES)}")
+    return in_order(k for k in out if k.runtime.stage in stages)
 
 
 def parallel_dims(plan: Plan, world: int | None = None) -> ParallelDims:
@@ -58,10 +59,10 @@ def prepare_model(model, plan: Plan, *, after_sharding: bool = False, dims: Para
 
 def wrap_step(step, plan: Plan, dims: ParallelDims):
     """One micro-batch's forward and backward, `step(model, batch, scale, **loss_kwargs) -> loss`, as the knobs run
-    it (Knob.wrap_step, in the transforms' order: the first one's wrapper outermost)."""
-    wrappers = [k for k in all_knobs() if type(k).wrap_step is not Knob.wrap_step]
+    it (their Runtime.wrap_step, in the transforms' order: the first one's wrapper outermost)."""
+    wrappers = [k for k in all_knobs() if type(k.runtime).wrap_step is not Runtime.wrap_step]
     for knob in reversed(in_order(wrappers)):
-        step = knob.wrap_step(step, plan, dims)
+        step = knob.runtime.wrap_step(step, plan, dims)
     return step
 
 
@@ -78,7 +79,7 @@ def plan_of(exported: dict, *, world_size: int | None = None, device: str = "cud
 
 
 def installed_packages() -> frozenset:
-    """The optional packages knobs name (`Knob.packages`) that are importable here."""
+    """The optional packages knobs name (their Runtime.packages) that are importable here."""
     import importlib.util
-    names = {p for k in all_knobs() for p in k.packages}
+    names = {p for k in all_knobs() for p in k.runtime.packages}
     return frozenset(p for p in names if importlib.util.find_spec(p) is not None)

@@ -29,7 +29,7 @@ def gpu_box(kind: str, gpus: int, host_memory_gib: float | None = None, gpu_memo
     return {"device": "cuda", "gpu": kind if name != kind else f"NVIDIA {name}", "gpu_count": gpus,
             "gpu_memory_gib": gpu_memory_gib or facts[0], "capability": facts[1],
             "host_memory_gib": host_memory_gib or HOST_GIB_PER_GPU * gpus,
-            "installed": sorted({p for k in all_knobs() for p in k.packages})}
+            "installed": sorted({p for k in all_knobs() for p in k.runtime.packages})}
 
 
 def dry_run(args: SearchArgs, hw: dict, draws: int) -> dict:

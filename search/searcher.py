@@ -100,7 +100,7 @@ def make_scheduler(steps: int):
 
 def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, seed: int = 0):
     """On a GPU, the ranker of the proposals after the start points (search/ranked.py): a configuration's step
-    time predicted by predictor/steptime.py (its throughput capped by the host's floor, steptime.host_s), None where this
+    time predicted by predictor.steptime (its throughput capped by the host's floor, steptime.host_s), None where this
     model refuses it or the trial would not be launched (the
     search's rule, predictor.memory.refusal: the GPU's memory + memory.MARGIN and the host's, the capacities the driver
     hands the trials). None on a CPU: the sampler alone."""

@@ -16,7 +16,7 @@ import os
 
 import yaml
 
-from trainscout.spaces import ConfigError, Context, all_knobs, fmt, get, resolve
+from trainscout.spaces import ConfigError, Context, all_knobs, applies, fmt, get, resolve
 
 MAX_SPACE_BYTES = 1 << 20
 CACHED = 100_000  # allowed-value sets a Space keeps (one per knob and the values drawn before it)
@@ -139,7 +139,7 @@ class Space:
             return point[knob]
         cfg, params = self._walk(given)
         for knob, value in point.items():  # a value the rules left no choice for
-            if knob in self.domains and cfg.get(knob) != value and get(knob).applies(cfg):
+            if knob in self.domains and cfg.get(knob) != value and applies(get(knob), cfg):
                 raise self._refused(knob, value)
         return cfg, params
 
@@ -155,7 +155,7 @@ class Space:
         for k in all_knobs():
             if k.name in self.fixed:
                 cfg[k.name] = self.fixed[k.name]
-            elif not k.applies(cfg):
+            elif not applies(k, cfg):
                 cfg[k.name] = k.default
             else:
                 choices = tuple(self.domains.get(k.name, k.choices))
@@ -197,7 +197,7 @@ class Space:
         for k in all_knobs():
             later = later or k.name == name
             dom = self.domains.get(k.name, ())
-            if not later or k.name == name or k.name in cfg or len(dom) < 2 or k.default in dom or not k.applies(cfg):
+            if not later or k.name == name or k.name in cfg or len(dom) < 2 or k.default in dom or not applies(k, cfg):
                 continue
             errors = []
             for u in dom:

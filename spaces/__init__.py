@@ -13,13 +13,14 @@ import threading
 from typing import Any
 
 from .errors import ConfigError
-from .knob import REGISTRY, Knob, fmt, register
+from .knob import REGISTRY, Knob, applies, description, domain_text, fmt, reference_value, register
 from . import plugins
 from .parallel import ParallelDims, degrees
 from .plan import Context, Plan
 
-__all__ = ["ConfigError", "Context", "Knob", "ParallelDims", "Plan", "REGISTRY", "RETIRED", "all_knobs", "current",
-           "get", "memory_savers", "micro_batch", "register", "resolve", "fmt"]
+__all__ = ["ConfigError", "Context", "Knob", "ParallelDims", "Plan", "REGISTRY", "RETIRED", "all_knobs", "applies",
+           "current", "description", "domain_text", "get", "memory_savers", "micro_batch", "reference_value",
+           "register", "resolve", "fmt"]
 
 # settings the first records hold that are no knob any more, and why a configuration today runs without them
 RETIRED = {"compile_mode": "torch.compile's mode: every compiled trial ran its default, and `compile` says whether "
@@ -82,13 +83,13 @@ def _ordered() -> list[Knob]:
 
 
 def micro_batch() -> Knob:
-    """The knob that sets the micro-batch (Knob.micro_batch)."""
-    return next(k for k in all_knobs() if k.micro_batch)
+    """The knob that sets the micro-batch (its Search.micro_batch)."""
+    return next(k for k in all_knobs() if k.search.micro_batch)
 
 
 def memory_savers() -> list[dict]:
-    """Every knob's memory savers (Knob.savers), cheapest first: the settings each adds."""
-    return [settings for _, settings in sorted((s for k in all_knobs() for s in k.savers), key=lambda s: s[0])]
+    """Every knob's memory savers (its Search.savers), cheapest first: the settings each adds."""
+    return [settings for _, settings in sorted((s for k in all_knobs() for s in k.search.savers), key=lambda s: s[0])]
 
 
 def get(name: str) -> Knob:
@@ -116,7 +117,7 @@ def requirement_error(knob: Knob, value: Any, cfg: dict) -> ConfigError | None:
 def mesh_error(cfg: dict, ctx: Context) -> ConfigError | None:
     """The error for parallel degrees (the knobs' mesh_dim) whose product does not divide the ranks, or None."""
     degs = degrees(cfg)
-    knobs = [k for k in REGISTRY.values() if k.mesh_dim in degs and k.is_set(cfg.get(k.name, k.default))]
+    knobs = [k for k in REGISTRY.values() if k.runtime.mesh_dim in degs and cfg.get(k.name, k.default) != k.default]
     other = 1
     for d in degs.values():
         other *= d
@@ -141,7 +142,7 @@ def resolve(settings: dict[str, Any], ctx: Context, order: list[Knob] | None = N
     for name, raw in settings.items():
         cfg[name] = plugins.call(get(name), "parse", raw)
     for k in canonical:
-        if k.is_set(cfg[k.name]) and (err := requirement_error(k, cfg[k.name], cfg)):
+        if cfg[k.name] != k.default and (err := requirement_error(k, cfg[k.name], cfg)):
             raise err
     parsed = dict(cfg)
     for k in order:  # a plugin knob that fails here is a ConfigError naming the plugin (plugins.call)

@@ -1,7 +1,7 @@
 """The parallel dimensions of a trial (torchtitan's ParallelDims): data, pipeline, context and tensor parallel degrees,
 and the torch DeviceMesh over them where torch.distributed runs.
 
-A knob declares the mesh dimension its value is the degree of (`Knob.mesh_dim`); `degrees(cfg)` reads them,
+A knob declares the mesh dimension its value is the degree of (`Runtime.mesh_dim`); `degrees(cfg)` reads them,
 resolve() writes them into `Plan.mesh`, and `ParallelDims.of(plan, world)` is the one place the rest (engines,
 transforms, the worker, the memory model) learns the degrees from: data parallel is what the others leave of the
 world. Importing this module imports no torch; `mesh()` builds the DeviceMesh once per object, where it is asked for.
@@ -30,11 +30,11 @@ def degrees(cfg: dict) -> dict[str, int]:
     from . import all_knobs
     out: dict[str, int] = {}
     for knob in all_knobs():
-        if knob.mesh_dim and knob.name in cfg:
+        if knob.runtime.mesh_dim and knob.name in cfg:
             value = cfg[knob.name]
             value = knob.parse(value) if isinstance(value, str) else value
             if int(value) > 1:
-                out[knob.mesh_dim] = out.get(knob.mesh_dim, 1) * int(value)
+                out[knob.runtime.mesh_dim] = out.get(knob.runtime.mesh_dim, 1) * int(value)
     return dict(sorted(out.items(), key=lambda kv: _position(kv[0])))
 
 

@@ -179,7 +179,7 @@ def cannot_run(rec: dict) -> str | None:
             return f"its versions cannot run it: {name} {have!r} is not a version"
         if too_old:
             return f"its versions cannot run it: {name} {have} is older than trainscout supports ({name}>={low})"
-    packages = {p for k in all_knobs() for p in k.packages}
+    packages = {p for k in all_knobs() for p in k.runtime.packages}
     # a package its versions do not name at all (a record older than that field) is taken as present: it ran with it
     installed = frozenset(p for p in packages if versions.get(p) or p not in versions)
     hw = {"device": rec.get("device") or "cpu", "capability": (rec.get("hardware") or {}).get("capability") or ""}

@@ -69,7 +69,7 @@ def rank_trials() -> list:
             (2, [(name, test_trial.spec_of(settings)) for name, settings in test_trial.ENGINES.items()])]
 
 
-EXPECTED_TO_FAIL = {"zero"}  # its test asserts the trial fails (predictor.dtypes' DtypeMismatch): its graphs compile first
+EXPECTED_TO_FAIL = {"zero"}  # its test asserts the trial fails (a DtypeMismatch): its graphs compile first
 
 
 def _rank(rank: int, world: int, store: str, port: int, specs: list, done) -> None:

@@ -413,7 +413,7 @@ def test_store_points_from_records_that_predate_a_knob_are_completed_not_a_crash
     Optuna's FixedTrial had no value for it. A record that lacks a knob ran at its default."""
     from trainscout.search.service import SearchArgs, start_points, store_points
     from trainscout.search.space import Space
-    from trainscout.spaces import get
+    from trainscout.spaces import applies, get
     from trainscout.trial.runner import context, prepare
     hw = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2, "gpu_count": 1,
           "capability": "9.0", "cpu": "x86_64", "cpu_count": 16, "host_memory_gib": 125.0}
@@ -430,7 +430,7 @@ def test_store_points_from_records_that_predate_a_knob_are_completed_not_a_crash
     from trainscout.search.start import spec_at
     from trainscout.predictor import memory
     for point, _ in points:
-        assert all(k in point for k in space.domains if get(k).applies(point))
+        assert all(k in point for k in space.domains if applies(get(k), point))
         # another model's best takes the saver this one needs: it fits at the least micro-batch it would try
         least = spec_at(args, space, hw, point, micro_batch_size=1)
         assert memory.predict(least) <= memory.FIT_SHARE * hw["gpu_memory_gib"] * memory.GiB

@@ -69,7 +69,7 @@ def counted_with_checkpointing(config: dict, every: int) -> float:
     kw = {"experts_implementation": "eager"} if "num_experts" in config else {}
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), attn_implementation="eager", **kw)
     model.config.use_cache = False
-    model = get("activation_checkpointing").transform(model, Plan(checkpoint_every=every))
+    model = get("activation_checkpointing").runtime.transform(model, Plan(checkpoint_every=every))
     assert type(model.model.layers[0] if hasattr(model, "model") else model.gpt_neox.layers[0]).__name__ == \
         "CheckpointWrapper"
     ids = torch.randint(0, config["vocab_size"], (2, S))

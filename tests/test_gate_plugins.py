@@ -20,6 +20,7 @@ PLUGIN = '''
 import torch
 from trainscout.spaces import Knob, register
 from trainscout.spaces.layers import decoder_layers
+from trainscout.spaces.roles import Numerics, Runtime
 
 
 class _Test(Knob):
@@ -30,18 +31,9 @@ class _Test(Knob):
             plan.knobs[self.name] = value
 
 
-@register
-class GradZero(_Test):
-    """Test plugin: zeroes gradients (a hook on each decoder parameter, or on every parameter)."""
-    name = "grad_zero"
-    choices = ("off", "decoder", "all")
-    stage = "modules"
-
-    def numerics(self, value, cfg, ctx):
-        return None if value == "off" else f"gradients zeroed ({value})"
-
+class ZeroGrads(Runtime):
     def transform(self, model, plan):
-        what = plan.knobs.get(self.name)
+        what = plan.knobs.get("grad_zero")
         if what:
             params = model.parameters() if what == "all" else (p for l in decoder_layers(model) for p in l.parameters())
             for p in params:
@@ -49,17 +41,23 @@ class GradZero(_Test):
         return model
 
 
+class ZeroedNumerics(Numerics):
+    def why(self, value, cfg, ctx):
+        return None if value == "off" else f"gradients zeroed ({value})"
+
+
 @register
-class GradHalf(_Test):
-    """Test plugin: halves every gradient after each micro-batch's backward (its wrap_step)."""
-    name = "grad_half"
-    choices = ("off", "on")
+class GradZero(_Test):
+    """Test plugin: zeroes gradients (a hook on each decoder parameter, or on every parameter)."""
+    name = "grad_zero"
+    choices = ("off", "decoder", "all")
+    runtime = ZeroGrads(stage="modules")
+    numerics = ZeroedNumerics()
 
-    def numerics(self, value, cfg, ctx):
-        return "gradients halved" if value == "on" else None
 
+class HalveGrads(Runtime):
     def wrap_step(self, step, plan, dims):
-        if not plan.knobs.get(self.name):
+        if not plan.knobs.get("grad_half"):
             return step
 
         def halved(model, batch, scale, **kw):
@@ -71,21 +69,40 @@ class GradHalf(_Test):
         return halved
 
 
+class HalvedNumerics(Numerics):
+    def why(self, value, cfg, ctx):
+        return "gradients halved" if value == "on" else None
+
+
+@register
+class GradHalf(_Test):
+    """Test plugin: halves every gradient after each micro-batch's backward (its wrap_step)."""
+    name = "grad_half"
+    choices = ("off", "on")
+    runtime = HalveGrads()
+    numerics = HalvedNumerics()
+
+
+class FreezeAttention(Runtime):
+    def transform(self, model, plan):
+        if plan.knobs.get("freeze_first"):
+            for p in decoder_layers(model)[0].attention.parameters():
+                p.requires_grad_(False)
+        return model
+
+
+class FrozenNumerics(Numerics):
+    def why(self, value, cfg, ctx):
+        return "first layer's attention frozen" if value == "on" else None
+
+
 @register
 class FreezeFirst(_Test):
     """Test plugin: freezes the first decoder layer's attention (at the checkpoint stage, outside the gate's own)."""
     name = "freeze_first"
     choices = ("off", "on")
-    stage = "checkpoint"
-
-    def numerics(self, value, cfg, ctx):
-        return "first layer's attention frozen" if value == "on" else None
-
-    def transform(self, model, plan):
-        if plan.knobs.get(self.name):
-            for p in decoder_layers(model)[0].attention.parameters():
-                p.requires_grad_(False)
-        return model
+    runtime = FreezeAttention(stage="checkpoint")
+    numerics = FrozenNumerics()
 '''
 
 GATE = textwrap.dedent("""

@@ -1,6 +1,6 @@
 """The knob protocol covers every role a knob plays (issue 28): search/, analysis/ and cli/ name no knob and read
-what they need from spaces.Knob (start, savers, micro_batch, export, hook_only, column, demo), so a knob from a
-plugin gets every role without a library file edited."""
+what they need from a knob's roles (spaces/roles.py: Search's start, savers, micro_batch, column, demo; Export's
+fields and hook_only), so a knob from a plugin gets every role without a library file edited."""
 import ast
 import contextlib
 import io
@@ -11,13 +11,14 @@ import pathlib
 import pytest
 
 from trainscout.spaces import REGISTRY, ConfigError, Knob, all_knobs, register
+from trainscout.spaces.roles import Costs, Export, Search
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCANNED = ("search", "analysis", "cli", "atlas")  # atlas/: issue 47 (82 knob names there before, 0 after)
 # (file, knob name) -> how often it may appear there, and why. Only names that are not the knob there.
 ALLOWED = {
     # transformers' TrainingArguments fields spelled as the knobs are: HF_ORDER, the order training_args.json lists
-    # its fields in (the knobs' own fields come from Knob.export)
+    # its fields in (the knobs' own fields come from their Export.fields)
     ("analysis/export.py", "activation_checkpointing"): 1,
     # the same field in HF_ORDER, and set to None where a GPU measurement's arguments are checked on a machine
     # without a GPU (TrainingArguments refuses tf32 there)
@@ -81,7 +82,7 @@ def f(cfg, plan, micro_batch_size=1):  # fp8 in a comment
 
 def test_search_analysis_cli_and_atlas_name_no_knob():
     """Every registered knob's name as code in search/, analysis/, cli/ and atlas/: only the allowlist's, as often as it
-    says. A knob's role belongs in its own file (spaces.Knob's docstring lists them)."""
+    says. A knob's role belongs in its own file (spaces/roles.py lists them)."""
     names = {k.name for k in all_knobs()}
     found: dict[tuple[str, str], list[int]] = {}
     for folder in SCANNED:
@@ -99,30 +100,36 @@ def test_search_analysis_cli_and_atlas_name_no_knob():
 WIDGET = "test_roles_widget"
 
 
+class WidgetExport(Export):
+    def fields(self, fmt, plan, device):
+        on = plan.knobs.get(WIDGET) == "on"
+        if fmt == "hf" and on:
+            return {"dataloader_num_workers": 2}  # a real TrainingArguments field, so that the export builds them
+        return {}
+
+
+class WidgetCosts(Costs):
+    def memory(self, terms, plan, spec):
+        if plan.knobs.get(WIDGET) == "on":  # keeps no activations: the saver that makes anything fit
+            terms.activations = terms.logits = 0
+
+
 class Widget(Knob):
     """A knob of this test only: every role, none of them known to the library."""
 
     name = WIDGET
     default = "off"
     choices = ("off", "on")
-    start = (3, "on")                    # a start-point step after the built-ins' (compile 1, FP8 2)
-    savers = ((5, {WIDGET: "on"}),)      # cheaper than every built-in saver (checkpointing every 4th layer: 10)
-    without_hook, hook_rank = "off", 99  # only the runtime hook applies it, after every built-in hook setting
-    column, demo = 99, "off"
+    # a start-point step after the built-ins' (compile 1, FP8 2); a saver cheaper than every built-in one
+    # (checkpointing every 4th layer: 10)
+    search = Search(start=(3, "on"), savers=((5, {WIDGET: "on"}),), column=99, demo="off")
+    # only the runtime hook applies it, after every built-in hook setting
+    export = WidgetExport(without_hook="off", hook_rank=99)
+    costs = WidgetCosts()
 
     def apply(self, plan, value, cfg, ctx):
         if value == "on":
             plan.knobs[self.name] = value
-
-    def export(self, fmt, plan, device):
-        on = plan.knobs.get(self.name) == "on"
-        if fmt == "hf" and on:
-            return {"dataloader_num_workers": 2}  # a real TrainingArguments field, so that the export builds them
-        return {}
-
-    def memory(self, terms, plan, spec):
-        if plan.knobs.get(self.name) == "on":  # keeps no activations: the saver that makes anything fit
-            terms["activations"] = terms["logits"] = 0
 
 
 @pytest.fixture

@@ -233,7 +233,7 @@ def test_per_layer_compile_compiles_every_layer():
 
     class Plan:
         compile, compile_scope = True, "layers"
-    get("compile_scope").transform(model, Plan())
+    get("compile_scope").runtime.transform(model, Plan())
     x = torch.randint(0, config["vocab_size"], (2, 32))
     model(input_ids=x, labels=x).loss.backward()
     assert counters["stats"]["unique_graphs"] == 1 and counters["stats"]["calls_captured"] > 0

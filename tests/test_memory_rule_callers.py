@@ -113,7 +113,7 @@ def _estimate(capsys, *sets: str) -> tuple[int, dict]:
 
 def _estimate_spec(settings: dict):
     """The spec `trainscout estimate` builds (its GPU box: a Hopper's capability, every knob's packages)."""
-    installed = frozenset(p for k in all_knobs() for p in k.packages)
+    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)
     hw = {"device": "cuda", "gpu_count": 1, "gpu": None, "capability": "9.0"}
     return prepare("pythia-410m", settings, hw=hw, installed=installed)
 

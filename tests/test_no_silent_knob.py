@@ -32,7 +32,7 @@ MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hid
        "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 512,
        "max_position_embeddings": 256, "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
 RECIPE = dict(TINY.recipe.to_dict(), seq_len=32, global_batch=256)
-ALL = frozenset({p for k in all_knobs() for p in k.packages})
+ALL = frozenset({p for k in all_knobs() for p in k.runtime.packages})
 
 
 def contexts(config):
@@ -59,8 +59,7 @@ def built(plan, ctx, config, modules: bool) -> dict:
     another device or several ranks only where its transforms run here, as the process-wide kernel flags do)."""
     fields = {k: v for k, v in plan.to_dict().items() if k not in ("knobs", "notes")}
     spec = optimizer_spec(plan, RECIPE, ctx.device)
-    out = {"plan": fields, "optimizer": (spec["cls"].__qualname__, sorted(spec["kwargs"].items()), spec["states"],
-                                         spec["bytes"])}
+    out = {"plan": fields, "optimizer": (spec.cls.__qualname__, sorted(spec.kwargs.items()), spec.states, spec.bytes)}
     trial = TrialSpec(model="m", model_config=config, device=ctx.device, world_size=ctx.world_size, config={},
                       plan=plan, recipe=RECIPE, grad_accum=plan.grad_accum, measured_accum=1, timed_steps=1,
                       warmup_steps=0)
@@ -233,19 +232,22 @@ def test_the_example_plugins_knobs_change_what_a_trial_builds(example_plugin):
 
 def test_a_plugin_optimizer_hook_that_raises_is_named():
     """A plugin knob's optimizer hook runs in every engine's optimizer construction; one that raises names it."""
+    from trainscout.spaces.roles import Runtime
     from trainscout.trial.engines.base import optimizer_spec
+
+    class Fails(Runtime):
+        def optimizer(self, spec, plan):
+            raise KeyError("no such optimizer")
 
     class Broken(Knob):
         """An optimizer hook that fails."""
         name = "broken_optimizer_hook"
         default = "off"
         choices = ("off", "on")
+        runtime = Fails()
 
         def apply(self, plan, value, cfg, ctx):
             plan.knobs[self.name] = value
-
-        def optimizer(self, spec, plan):
-            raise KeyError("no such optimizer")
 
     register(Broken)
     plugins.ORIGIN["broken_optimizer_hook"] = "ts-broken (entry point b = b)"

@@ -50,11 +50,11 @@ def test_optimizer_impl_auto_is_todays_choice_and_one_configuration_with_it():
     assert cpu["optimizer_impl"] == "foreach"  # auto decided: the same key as foreach set by hand
     gpu = Context(world_size=1, device="cuda", num_layers=2, global_batch=2, capability="9.0")
     cfg, plan = resolve({}, gpu)
-    assert cfg["optimizer_impl"] == "fused" and optimizer_spec(plan, RECIPE, "cuda")["kwargs"]["fused"] is True
+    assert cfg["optimizer_impl"] == "fused" and optimizer_spec(plan, RECIPE, "cuda").kwargs["fused"] is True
     # a plan stored before the knob (no plan.knobs entry) keeps the device's choice
     from trainscout.spaces import Plan
-    assert optimizer_spec(Plan(), RECIPE, "cuda")["kwargs"]["fused"] is True
-    assert optimizer_spec(Plan(), RECIPE, "cpu")["kwargs"]["foreach"] is True
+    assert optimizer_spec(Plan(), RECIPE, "cuda").kwargs["fused"] is True
+    assert optimizer_spec(Plan(), RECIPE, "cpu").kwargs["foreach"] is True
 
 
 def test_fsdp_cpu_offload_runs_fused_and_says_so():
@@ -105,7 +105,7 @@ def test_optimizer_state_bytes_come_from_torchaos_block_sizes_and_reach_the_memo
     fp32 = memory.components(prepare("tiny", {"micro_batch_size": 2}, device="cpu", hw=HW))
     N = fp32["optimizer"] / 8
     for state, per in want.items():
-        assert optimizer_spec(plan_of(optimizer_state=state))["bytes"] == pytest.approx(per)
+        assert optimizer_spec(plan_of(optimizer_state=state)).bytes == pytest.approx(per)
         comp = memory.components(prepare("tiny", {"micro_batch_size": 2, "optimizer_state": state}, device="cpu",
                                          hw=HW))
         assert comp["optimizer"] == pytest.approx(per * N)
@@ -123,7 +123,7 @@ def test_optimizer_state_measured_memory_is_the_estimate():
     for state in ("8bit", "4bit", "fp8"):
         plan = plan_of(optimizer_state=state)
         engine, _ = trained(plan, steps=1)
-        per = optimizer_spec(plan)["bytes"] / 2  # one state
+        per = optimizer_spec(plan).bytes / 2  # one state
         quantised = small = tables = 0
         for p, st in engine.opt.state.items():
             for k in ("exp_avg", "exp_avg_sq"):
@@ -136,7 +136,7 @@ def test_optimizer_state_measured_memory_is_the_estimate():
                     assert p.numel() < 4096 and v.dtype == torch.float32
                     small += v.numel() * 4
         n = sum(p.numel() for p in engine.params)
-        est = optimizer_spec(plan)["bytes"] * n
+        est = optimizer_spec(plan).bytes * n
         n_small = small / 8
         assert est - quantised == pytest.approx(per * 2 * n_small)  # the estimate counts them quantised
         # the lookup tables: 256 (8bit) or 16 (4bit) fp32 values per state tensor, not per parameter (0.3 MiB on a
@@ -181,8 +181,8 @@ def test_precision_bf16_memory_halves_the_model_states_without_autocast_copies()
 def test_precision_bf16_numerics_and_refusals():
     from trainscout.spaces import get
     ctx = CTX
-    assert "bf16 weights" in get("precision").numerics("bf16", {}, ctx)
-    assert get("optimizer_state").numerics("8bit", {}, ctx)  # the quality gate compares it with fp32 states
+    assert "bf16 weights" in get("precision").numerics.why("bf16", {}, ctx)
+    assert get("optimizer_state").numerics.why("8bit", {}, ctx)  # the quality gate compares it with fp32 states
     with pytest.raises(ConfigError, match="not DeepSpeed's bf16 mode.*set precision=bf16-mixed or zero_stage=0"):
         plan_of(precision="bf16", zero_stage=1)
     with pytest.raises(ConfigError, match="optimizer_state=bf16: precision=bf16 keeps"):
@@ -193,7 +193,7 @@ def test_hooks_run_in_the_declared_order_not_by_name():
     from trainscout.spaces import get
     from trainscout.spaces.knob import in_order
     order = [k.name for k in transforms()]
-    assert order.index("experts") < order.index("fp8") and get("fp8").order > get("experts").order
+    assert order.index("experts") < order.index("fp8") and get("fp8").runtime.order > get("experts").runtime.order
     # a knob named to sort first, declared later, runs later
     names = [k.name for k in in_order([get("optimizer_state"), get("precision"), get("optimizer_impl")])]
     assert names.index("optimizer_state") == 2

@@ -136,12 +136,16 @@ BROKEN = {  # distribution -> (entry point, module source, what its warning says
     "ts-requires-none": ("requires_none", KNOB.format(cls="Rn", name="requires_none", body=APPLY_ENV + (
         "    requires = {'no_such_knob_x': ('on',)}\n")), "requires no_such_knob_x, which no knob registers"),
 }
-WORKS_UNTIL_USED = ("ts-bad-transform", "bad_transform", KNOB.format(cls="Tr", name="bad_transform", body=APPLY + (
-    "    stage = 'modules'\n"
-    "    def transform(self, model, plan):\n"
-    "        if plan.knobs.get(self.name) == 'on':\n            raise ValueError('cannot swap these modules')\n"
-    "        return model\n"
-    "    def memory(self, terms, plan, spec):\n        raise ZeroDivisionError('no estimate')\n")))
+WORKS_UNTIL_USED = ("ts-bad-transform", "bad_transform", "from trainscout.spaces.roles import Costs, Runtime\n"
+                    "class Swaps(Runtime):\n"
+                    "    def transform(self, model, plan):\n"
+                    "        if plan.knobs.get('bad_transform') == 'on':\n"
+                    "            raise ValueError('cannot swap these modules')\n"
+                    "        return model\n"
+                    "class Guesses(Costs):\n"
+                    "    def memory(self, terms, plan, spec):\n        raise ZeroDivisionError('no estimate')\n"
+                    + KNOB.format(cls="Tr", name="bad_transform", body=APPLY + (
+                        "    runtime = Swaps(stage='modules')\n    costs = Guesses()\n")))
 
 
 def fake_dist(folder, dist: str, module: str, source: str) -> None:

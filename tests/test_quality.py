@@ -4,7 +4,23 @@ import pytest
 import torch
 
 from trainscout.spaces import REGISTRY, Knob
+from trainscout.spaces.roles import Numerics, Runtime
 from trainscout.trial import execute, prepare, quality
+
+
+class Rounds(Numerics):
+    def why(self, value, cfg, ctx):
+        return "outputs of every linear rounded to one bit" if value else None
+
+
+class RoundsOutputs(Runtime):
+    def transform(self, model, plan):
+        if plan.knobs.get(Corrupt.name):
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.register_forward_hook(lambda mod, args, out: torch.sign(out) * 2 ** torch.round(
+                        torch.log2(out.abs().clamp_min(1e-30))))
+        return model
 
 
 class Corrupt(Knob):
@@ -13,22 +29,12 @@ class Corrupt(Knob):
     name = "test_corrupt"
     default = False
     choices = (False, True)
-    stage = "modules"
-
-    def numerics(self, value, cfg, ctx):
-        return "outputs of every linear rounded to one bit" if value else None
+    runtime = RoundsOutputs(stage="modules")
+    numerics = Rounds()
 
     def apply(self, plan, value, cfg, ctx):
         if value:
             plan.knobs[self.name] = True
-
-    def transform(self, model, plan):
-        if plan.knobs.get(self.name):
-            for m in model.modules():
-                if isinstance(m, torch.nn.Linear):
-                    m.register_forward_hook(lambda mod, args, out: torch.sign(out) * 2 ** torch.round(
-                        torch.log2(out.abs().clamp_min(1e-30))))
-        return model
 
 
 @pytest.fixture

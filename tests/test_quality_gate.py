@@ -13,34 +13,20 @@ import pytest
 import torch
 
 from trainscout.spaces import REGISTRY, ConfigError, Context, Knob, Plan, resolve
+from trainscout.spaces.roles import Numerics, Runtime
 from trainscout.trial import prepare, quality
 
 CPU = torch.device("cpu")
 
 
-class GradNoise(Knob):
-    """A test plugin knob: adds random noise to each gradient after the backward, `scale` times that parameter's
-    batch-to-batch spread (set by the test), or a NaN into one gradient."""
-
-    name = "test_grad_noise"
-    default = "off"
-    choices = ("off", "ten", "near", "small", "nan")
-    spreads: dict = {}  # parameter -> the reference's spread at the gate's weights (the test measures it)
-
-    @staticmethod
-    def scales() -> dict:
-        line = quality.LINES["layer_noise"]
-        return {"ten": 10.0, "near": (1 + line.band) / 2 * line.limit, "small": line.band / 2 * line.limit}
-
-    def numerics(self, value, cfg, ctx):
+class NoiseNumerics(Numerics):
+    def why(self, value, cfg, ctx):
         return None if value == "off" else f"gradients plus noise ({value})"
 
-    def apply(self, plan, value, cfg, ctx):
-        if value != "off":
-            plan.knobs[self.name] = value
 
+class NoisyStep(Runtime):
     def wrap_step(self, step, plan, dims):
-        value = plan.knobs.get(self.name)
+        value = plan.knobs.get(GradNoise.name)
         if not value:
             return step
         gen = torch.Generator().manual_seed(0)
@@ -52,9 +38,30 @@ class GradNoise(Knob):
                     p.grad.view(-1)[0] = math.nan
                     break
                 z = torch.randn(p.grad.shape, generator=gen)
-                p.grad.add_(z * (self.scales()[value] * self.spreads[n] / z.norm()))  # exactly that norm
+                p.grad.add_(z * (GradNoise.scales()[value] * GradNoise.spreads[n] / z.norm()))  # exactly that norm
             return loss
         return noisy
+
+
+class GradNoise(Knob):
+    """A test plugin knob: adds random noise to each gradient after the backward, `scale` times that parameter's
+    batch-to-batch spread (set by the test), or a NaN into one gradient."""
+
+    name = "test_grad_noise"
+    default = "off"
+    choices = ("off", "ten", "near", "small", "nan")
+    spreads: dict = {}  # parameter -> the reference's spread at the gate's weights (the test measures it)
+    runtime = NoisyStep()
+    numerics = NoiseNumerics()
+
+    @staticmethod
+    def scales() -> dict:
+        line = quality.LINES["layer_noise"]
+        return {"ten": 10.0, "near": (1 + line.band) / 2 * line.limit, "small": line.band / 2 * line.limit}
+
+    def apply(self, plan, value, cfg, ctx):
+        if value != "off":
+            plan.knobs[self.name] = value
 
 
 @pytest.fixture(scope="module")

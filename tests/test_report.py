@@ -334,9 +334,9 @@ def _rec(config, tps, spread=0.01, world=2, model="tiny", status="ok"):
 
 def _differing(a, b):
     """The knobs that apply to both configurations and differ between them."""
-    from trainscout.spaces import all_knobs, fmt
+    from trainscout.spaces import all_knobs, applies, fmt
     ca, cb = ({k.name: c.get(k.name, k.default) for k in all_knobs()} for c in (a.config, b.config))
-    return [k.name for k in all_knobs() if k.applies(ca) and k.applies(cb) and fmt(ca[k.name]) != fmt(cb[k.name])]
+    return [k.name for k in all_knobs() if applies(k, ca) and applies(k, cb) and fmt(ca[k.name]) != fmt(cb[k.name])]
 
 
 def test_knob_pairs_differ_in_exactly_one_knob():

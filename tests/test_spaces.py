@@ -10,7 +10,7 @@ CTX = Context(world_size=2, device="cpu", num_layers=4, global_batch=256,
               installed=frozenset({"torchao"}))  # this CPU box: torchao installed (its optimizers run here)
 KNOBS = spaces.all_knobs()
 GPU = Context(world_size=1, device="cuda", num_layers=4, global_batch=256, capability="9.0",
-              installed=frozenset(p for k in KNOBS for p in k.packages))  # an H200 with every optional package
+              installed=frozenset(p for k in KNOBS for p in k.runtime.packages))  # an H200 with every optional package
 PIPELINE = Context(world_size=8, num_layers=16, global_batch=256)
 GPUS = Context(world_size=8, device="cuda", num_layers=16, global_batch=256, capability="9.0",
                installed=GPU.installed)  # 8 H200s: a knob that needs several GPUs (context parallel)
@@ -25,7 +25,7 @@ def test_builtin_knobs_are_registered():
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
 def test_knob_contract(knob):
     # a one-line description, a default, a fixed non-empty search domain of distinct values
-    assert knob.description and "\n" not in knob.description
+    assert spaces.description(knob) and "\n" not in spaces.description(knob)
     assert len(knob.choices) == len(set(map(spaces.fmt, knob.choices))) >= 2
     # every requirement names a registered knob and allowed values in its domain
     for other, allowed in knob.requires.items():
@@ -58,10 +58,12 @@ def test_knob_contract(knob):
             raise AssertionError(f"{knob.name}={spaces.fmt(v)} resolves nowhere: {errors}")
         assert cfg[knob.name] == v
         assert isinstance(plan, Plan) and Plan.from_dict(plan.to_dict()) == plan
-    # the runtime half: a declared stage of the runtime's order, with its own transform
+    # the runtime role: a declared stage of the runtime's order, with its own transform; every role a role object
     from trainscout.runtime import STAGES
-    assert knob.stage is None or knob.stage in STAGES
-    assert (knob.stage is not None) == (type(knob).transform is not spaces.Knob.transform)
+    from trainscout.spaces import plugins, roles
+    assert knob.runtime.stage is None or knob.runtime.stage in STAGES
+    assert (knob.runtime.stage is not None) == (type(knob.runtime).transform is not roles.Runtime.transform)
+    assert plugins.role_problem(knob) is None
 
 
 def test_defaults_resolve_to_plain_ddp():
@@ -279,14 +281,16 @@ def test_resolve_gives_one_answer_under_every_order_of_the_knobs():
 
 
 def test_every_knobs_optimizer_hook_keeps_the_spec_whole_and_the_order_is_declared():
-    """Knob.optimizer over every registered knob and every value that resolves: the spec keeps its keys, a class that
-    takes its keyword arguments, states named and bytes per parameter > 0; `order` is an int on every knob."""
+    """Runtime.optimizer over every registered knob and every value that resolves: the spec stays an OptimizerSpec, a
+    class that takes its keyword arguments, states named and bytes per parameter > 0; `order` is an int on every
+    knob."""
     import inspect
 
+    from trainscout.spaces.roles import OptimizerSpec
     from trainscout.trial.engines.base import optimizer_spec
     recipe = {"lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.0}
     for knob in KNOBS:
-        assert isinstance(knob.order, int), knob.name
+        assert isinstance(knob.runtime.order, int), knob.name
         for value in knob.choices:
             for ctx in (CTX, GPU):
                 try:
@@ -294,8 +298,8 @@ def test_every_knobs_optimizer_hook_keeps_the_spec_whole_and_the_order_is_declar
                 except ConfigError:
                     continue
                 spec = optimizer_spec(plan, recipe, ctx.device)
-                # step_cost: the optimizer step's cost against fused fp32 AdamW's (predictor/steptime.py), where it differs
-                assert set(spec) - {"step_cost"} == {"cls", "kwargs", "device", "states", "bytes"}, (knob.name, value)
-                assert spec.get("step_cost", 1.0) > 0
-                assert set(spec["kwargs"]) <= set(inspect.signature(spec["cls"].__init__).parameters)
-                assert spec["states"] and spec["bytes"] > 0
+                # step_cost: the optimizer step's cost against fused fp32 AdamW's (predictor/steptime.py)
+                assert isinstance(spec, OptimizerSpec), (knob.name, value)
+                assert spec.step_cost > 0
+                assert set(spec.kwargs) <= set(inspect.signature(spec.cls.__init__).parameters)
+                assert spec.states and spec.bytes > 0

@@ -132,7 +132,7 @@ def test_zero3_hooks_are_a_host_floor_under_the_step_not_a_term_added_to_it():
 
 
 def test_the_loss_kernels_logits_traffic_is_what_loss_kernel_declares():
-    """The logits move loss_kernel's `logits_bytes` per token and vocabulary entry (measured on an H100: eager 52,
+    """The logits move loss_kernel's Costs.logits_bytes per token and vocabulary entry (measured on an H100: eager 52,
     compiled 9.4, bench/data/gpu-2026-12-06-s26): a compiled loss saves (52 - 9.4) x b x s x V bytes at the
     GPU's bandwidth, and the model compiled whole counts as compiled whatever its loss kernel. Mock: the H100 is its
     fingerprint."""
@@ -144,7 +144,7 @@ def test_the_loss_kernels_logits_traffic_is_what_loss_kernel_declares():
         return s, steptime.step_s(s)
     spec, eager = at(loss_kernel="eager", compile=True, compile_scope="layers")
     _, compiled = at(loss_kernel="compiled", compile=True, compile_scope="layers")
-    b = LossKernel.logits_bytes
+    b = LossKernel.costs.logits_bytes
     assert steptime.logits_bytes(spec) == b["eager"] == 52.0 and b["compiled"] == 9.4
     saved = (b["eager"] - b["compiled"]) * 8 * spec.recipe["seq_len"] * 50304 / 3.35e12
     assert eager - compiled == pytest.approx(saved, rel=1e-6)

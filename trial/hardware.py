@@ -10,11 +10,11 @@ LIBRARIES = ("torch", "transformers", "deepspeed", "ray", "optuna", "trainscout"
 
 def versions() -> dict[str, str | None]:
     """Versions of Python, of the LIBRARIES a result depends on and of the optional packages knobs name
-    (Knob.packages: torchao, liger_kernel, ...: a contribution's knobs are checked against them, store/contrib.py);
+    (Runtime.packages: torchao, liger_kernel, ...: a contribution's knobs are checked against them, store/contrib.py);
     None for one not installed."""
     from trainscout.spaces import all_knobs
     out = {"python": platform.python_version()}
-    for lib in (*LIBRARIES, *sorted({p for k in all_knobs() for p in k.packages} - set(LIBRARIES))):
+    for lib in (*LIBRARIES, *sorted({p for k in all_knobs() for p in k.runtime.packages} - set(LIBRARIES))):
         try:
             out[lib] = version(lib)
         except PackageNotFoundError:
@@ -35,7 +35,7 @@ def fingerprint(device: str, world_size: int) -> dict:
 
 
 def installed_optional() -> frozenset:
-    """The optional packages knobs name (Knob.packages) that are importable here."""
+    """The optional packages knobs name (Runtime.packages) that are importable here."""
     from trainscout.runtime import installed_packages
     return installed_packages()
 

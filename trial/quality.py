@@ -1,4 +1,4 @@
-"""The quality gate: does a configuration whose knobs change the numerics (Knob.numerics: FP8 products, another
+"""The quality gate: does a configuration whose knobs change the numerics (Numerics.why: FP8 products, another
 precision, an approximate kernel, 16-bit compute without autocast) train the same model as its reference, the same
 configuration with those knobs at their reference values?
 
@@ -94,16 +94,16 @@ GOOD = (SAME, PASSED, VERIFIED)  # what `search --quality strict` may call best
 def changes(cfg: dict, ctx) -> dict[str, str]:
     """The knobs of a concretised configuration whose values change the numerics, with why."""
     from trainscout.spaces import all_knobs
-    return {k.name: why for k in all_knobs() if k.name in cfg and (why := k.numerics(cfg[k.name], cfg, ctx))}
+    return {k.name: why for k in all_knobs() if k.name in cfg and (why := k.numerics.why(cfg[k.name], cfg, ctx))}
 
 
 def reference(cfg: dict, changed: dict) -> dict:
     """The reference configuration: cfg with the changed knobs at their reference values, and a knob whose
     requirements then no longer hold at its default (offload_optimizer once zero_stage is 0)."""
-    from trainscout.spaces import all_knobs, get
-    out = dict(cfg, **{name: get(name).reference_value() for name in changed})
+    from trainscout.spaces import all_knobs, applies, get, reference_value
+    out = dict(cfg, **{name: reference_value(get(name)) for name in changed})
     for k in all_knobs():
-        if k.name in out and not k.applies(out):
+        if k.name in out and not applies(k, out):
             out[k.name] = k.default
     return out
 
@@ -162,8 +162,9 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
     import torch
 
     from trainscout.runtime import STAGES, transforms
-    from trainscout.spaces import Knob, ParallelDims, get, plugins
+    from trainscout.spaces import ParallelDims, get, plugins
     from trainscout.spaces.layers import decoder_layers
+    from trainscout.spaces.roles import Runtime
 
     from . import engines
     from .engines.base import autocast_dtype, causal_lm_loss
@@ -175,7 +176,7 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
     model.train()
     dims = ParallelDims(world=1)
     for knob in transforms():
-        if knob.stage in GATE_STAGES or knob.name in changed:
+        if knob.runtime.stage in GATE_STAGES or knob.name in changed:
             model = plugins.transform(knob, model, plan, dims)  # a plugin's failure names the plugin
     paths = {id(m): n for n, m in model.named_modules()}
     layer_of = {id(p): paths.get(id(layer), f"layer {i}") for i, layer in enumerate(decoder_layers(model))
@@ -216,10 +217,10 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
             h.remove()
         loss.backward()
         return loss
-    wrappers = [get(n) for n in changed if type(get(n)).wrap_step is not Knob.wrap_step]
-    for knob in sorted(wrappers, key=lambda k: STAGES.index(k.stage) if k.stage in STAGES else len(STAGES),
-                       reverse=True):  # as runtime.wrap_step orders them: the first stage's outermost
-        step = knob.wrap_step(step, plan, dims)
+    wrappers = [get(n) for n in changed if type(get(n).runtime).wrap_step is not Runtime.wrap_step]
+    for knob in sorted(wrappers, key=lambda k: STAGES.index(k.runtime.stage) if k.runtime.stage in STAGES
+                       else len(STAGES), reverse=True):  # as runtime.wrap_step orders them: the first stage's outermost
+        step = knob.runtime.wrap_step(step, plan, dims)
     for i, batch in enumerate(batches):
         loss = step(model, batch, 1.0)
         op = (min(ops) if ops else None) if i == 0 else None

@@ -131,7 +131,7 @@ class RankResult(_Json):
     gc_s: float | None = None       # of this rank's trial: Python's garbage collector, automatic and explicit
     reset_s: float | None = None    # reset_process() after it (trial.pool.Rank.run)
     span_s: float | None = None     # the rank's whole call: trial and reset (the caller's wall less it: hand-off)
-    dtypes: dict | None = None      # what its optimizer stepped: weights, gradients, optimizer states (predictor.dtypes)
+    dtypes: dict | None = None      # what its optimizer stepped: weights, gradients, optimizer states (dtypes.watch)
     shared: dict | None = None      # other trials on its node during the timed steps (trial.contention.timed_end)
     extra: dict = field(default_factory=dict)
     _absent: frozenset = field(default=frozenset(), repr=False, compare=False)

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from trainscout.spaces import ConfigError, all_knobs, fmt, get
+from trainscout.spaces import ConfigError, all_knobs, applies, fmt, get
 from trainscout.store import secrets
 from trainscout.trial.status import Status
 
@@ -109,7 +109,7 @@ def knob_importance(trials: pd.DataFrame, search: str) -> dict | None:
         tps = r["tokens_per_s"]
         value = (float(tps) if r["status"] in (Status.OK, Status.STOPPED) and tps is not None and not pd.isna(tps)
                  else 0.0)
-        params = {n: c[n] for n in searched if c[n] is not None and get(n).applies(c)}
+        params = {n: c[n] for n in searched if c[n] is not None and applies(get(n), c)}
         made.append(optuna.trial.create_trial(params=params, distributions={n: searched[n] for n in params},
                                               value=value))
     # PED-ANOVA compares the top quantile of trials with all of them; at least 2 trials on top

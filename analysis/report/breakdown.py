@@ -7,7 +7,7 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-from trainscout.spaces import ConfigError, all_knobs, fmt
+from trainscout.spaces import ConfigError, all_knobs, applies, fmt
 
 from .analysis import Analysis
 from .formatting import _first_line, _na, label
@@ -109,7 +109,7 @@ def knob_pairs(records: list) -> list[dict]:
         if not rec.ok or _na(m.get("tokens_per_s")) or not m["tokens_per_s"]:
             continue
         cfg = {k.name: (rec.config or {}).get(k.name, k.default) for k in knobs}
-        on = {k.name for k in knobs if k.applies(cfg)}
+        on = {k.name for k in knobs if applies(k, cfg)}
         where_ = (rec.model, rec.world_size, rec.device, (rec.hardware or {}).get("gpu") or m.get("gpu"),
                   json.dumps(rec.recipe, sort_keys=True, default=str))
         cells.setdefault(where_, []).append((rec, cfg, on))

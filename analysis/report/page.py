@@ -232,7 +232,7 @@ def memory_section(a: Analysis) -> list[str]:
         return out
     cal = [r for r in rows if r["calibrated_gib"]]
     out.append(f"<p class=\"note\">The fastest GPU measurements (at most {VIEW_TOP}): the upper bar is the memory "
-               "model's prediction per rank by component (<code>predictor.memory.components</code> on the stored record, "
+               "model's prediction per rank by component (<code>memory.components</code> on the stored record, "
                "plus the 1 GiB workspace allowance of its uncalibrated prediction), the lower bar the measured peak "
                "(torch.cuda.max_memory_allocated, the fullest rank); the dashed line is the GPU's memory."
                + (" Red diamonds: the prediction calibrated on this store's measured peaks of that GPU (what a "

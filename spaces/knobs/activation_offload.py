@@ -1,5 +1,37 @@
 from ..knob import Knob, register
 from ..layers import decoder_layers
+from ..roles import Costs, Export, Runtime, Search
+
+
+class OffloadCosts(Costs):
+    def memory(self, terms, plan, spec):
+        # save_on_cpu copies every tensor a decoder layer saves for backward to the host as it is saved (the original
+        # freed at once; in backward each comes back for the one op that reads it and is freed after it), so the GPU
+        # keeps none of the layers' activations, nor autocast's 16-bit copies of the layers' weights (the linears
+        # save them, autocast's cache drops them as the forward ends); what is saved outside the layers (token ids,
+        # the final norm, the head's input and its weight's copy) and the logits stay (checked against a GPU's
+        # peak: docs/knobs-why.md). The host holds the layers' saved tensors and 16-bit weight copies.
+        # On the CPU the host is the device: nothing moves.
+        setting = plan.knobs.get(ActivationOffload.name)
+        if not setting or spec.device == "cpu" or terms.layers < 1:
+            return
+        moved = terms.layer_activations
+        terms.activations -= moved
+        terms.layer_activations = 0.0
+        weights = (4 if plan.precision == "fp32" else 2) * terms.layer_params * terms.layers
+        terms.cast -= terms.layer_cast  # autocast's copies of the layers' linears: the host's, not the GPU's
+        terms.host += moved + weights
+
+
+class OffloadRuntime(Runtime):
+    def transform(self, model, plan):
+        """Each decoder layer's forward runs inside save_on_cpu: a forward pre-hook enters it, a forward hook leaves
+        it (hooks, not a wrapper module, so checkpointing's and compile's unwrapping of the layers is unchanged)."""
+        setting = plan.knobs.get(ActivationOffload.name)
+        if setting:
+            for layer in decoder_layers(model):
+                offload_saved_tensors(layer, pin_memory=setting["pin_memory"])
+        return model
 
 
 @register
@@ -12,43 +44,18 @@ class ActivationOffload(Knob):
     # a checkpointed layer keeps its input (and selective's saved outputs) inside torch's checkpoint, which no
     # saved-tensor hook outside it sees: offload there would move nothing. One or the other.
     requires = {"activation_checkpointing": ("none",)}
-    stage = "checkpoint"  # hooks on the layers before per-layer compile (which graph-breaks at them) and sharding
+    # hooks on the layers before per-layer compile (which graph-breaks at them) and sharding
+    runtime = OffloadRuntime(stage="checkpoint")
     # a memory saver: start points and the atlas pick among the savers that fit by predicted step time, which charges
     # its PCIe traffic (predictor/steptime.offload_s: memory.host_held's bytes down in forward and up in backward, every
     # micro-batch, not overlapped: docs/knobs-why.md), so it comes after checkpointing's recompute wherever that fits
-    savers = ((35, {"activation_offload": "on"}),)
-    without_hook = "off"
+    search = Search(savers=((35, {"activation_offload": "on"}),))
+    costs = OffloadCosts()
+    export = Export(without_hook="off")
 
     def apply(self, plan, value, cfg, ctx):
         if value == "on":
             plan.knobs[self.name] = {"pin_memory": ctx.device == "cuda"}
-
-    def memory(self, terms, plan, spec):
-        # save_on_cpu copies every tensor a decoder layer saves for backward to the host as it is saved (the original
-        # freed at once; in backward each comes back for the one op that reads it and is freed after it), so the GPU
-        # keeps none of the layers' activations, nor autocast's 16-bit copies of the layers' weights (the linears
-        # save them, autocast's cache drops them as the forward ends); what is saved outside the layers (token ids,
-        # the final norm, the head's input and its weight's copy) and the logits stay (checked against a GPU's
-        # peak: docs/knobs-why.md). The host holds the layers' saved tensors and 16-bit weight copies.
-        # On the CPU the host is the device: nothing moves.
-        setting = plan.knobs.get(self.name)
-        if not setting or spec.device == "cpu" or terms["layers"] < 1:
-            return
-        moved = terms["layer_activations"]
-        terms["activations"] -= moved
-        terms["layer_activations"] = 0.0
-        weights = (4 if plan.precision == "fp32" else 2) * terms["layer_params"] * terms["layers"]
-        terms["cast"] -= terms["layer_cast"]  # autocast's copies of the layers' linears: the host's, not the GPU's
-        terms["host"] = terms.get("host", 0.0) + moved + weights
-
-    def transform(self, model, plan):
-        """Each decoder layer's forward runs inside save_on_cpu: a forward pre-hook enters it, a forward hook leaves
-        it (hooks, not a wrapper module, so checkpointing's and compile's unwrapping of the layers is unchanged)."""
-        setting = plan.knobs.get(self.name)
-        if setting:
-            for layer in decoder_layers(model):
-                offload_saved_tensors(layer, pin_memory=setting["pin_memory"])
-        return model
 
 
 def offload_saved_tensors(module, pin_memory: bool):

@@ -2,6 +2,7 @@ import sys
 
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..roles import Runtime
 from ..model_config import model_attentions, model_class_name
 
 _noted: set[str] = set()
@@ -22,7 +23,7 @@ class Attention(Knob):
     name = "attention"
     default = "sdpa"
     choices = ("eager", "sdpa", "flash")
-    packages = ("flash_attn",)
+    runtime = Runtime(packages=("flash_attn",))
 
     def default_for(self, ctx):
         # a model whose transformers class has no SDPA attention (BLOOM, Gemma-2, Mamba) trains with eager by default,

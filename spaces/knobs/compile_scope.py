@@ -1,6 +1,23 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..roles import Export, Runtime
 from ..layers import decoder_layers
+
+
+class CompileScopeRuntime(Runtime):
+    def transform(self, model, plan):
+        if plan.compile and plan.compile_scope == "layers":
+            import torch
+
+            layers = decoder_layers(model)
+            for i in range(len(layers)):
+                layers[i] = torch.compile(layers[i])
+        return model
+
+
+class CompileScopeExport(Export):
+    def hook_only(self, name, value, plan, stock):
+        return f"{name}=layers" if plan.compile and plan.compile_scope == "layers" else None
 
 
 @register
@@ -13,8 +30,9 @@ class CompileScope(Knob):
     auto = True
     choices = ("layers", "model")
     requires = {"compile": (True,)}
-    stage = "compile_layers"  # after checkpointing wraps the layers, before sharding
-    without_hook, hook_rank = "model", 1  # TrainingArguments' torch_compile compiles the whole model
+    runtime = CompileScopeRuntime(stage="compile_layers")  # after checkpointing wraps the layers, before sharding
+    # TrainingArguments' torch_compile compiles the whole model
+    export = CompileScopeExport(without_hook="model", hook_rank=1)
     # Why: transformers builds the causal mask inside the model's forward. Traced by torch.compile it is
     # materialised (transformers skips it only outside tracing, before torch 2.14), so SDPA gets a mask tensor
     # instead of is_causal. Compiling the layers leaves the mask-building eager; one layer graph serves them all
@@ -32,15 +50,3 @@ class CompileScope(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         plan.compile_scope = value
-
-    def hook_only(self, value, plan, stock):
-        return f"{self.name}=layers" if plan.compile and plan.compile_scope == "layers" else None
-
-    def transform(self, model, plan):
-        if plan.compile and plan.compile_scope == "layers":
-            import torch
-
-            layers = decoder_layers(model)
-            for i in range(len(layers)):
-                layers[i] = torch.compile(layers[i])
-        return model

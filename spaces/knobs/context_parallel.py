@@ -1,6 +1,7 @@
 """Context parallelism: every sequence's tokens split over ranks, attention as a ring over them (long sequences)."""
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..roles import Export, Runtime
 
 # what torch 2.13 answers on the CPU (gloo, 2 ranks, checked in tests/test_context_parallel.py): its ring attention
 # shards only the CUDA SDPA kernels (flash, memory-efficient, cuDNN); the CPU's flash kernel has no sharding
@@ -9,45 +10,7 @@ CPU_ERROR = ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default 
              "registered")
 
 
-@register
-class ContextParallel(Knob):
-    """Context parallel degree: split every sequence's tokens over this many ranks, ring attention between them (torch.distributed.tensor.experimental.context_parallel; CUDA SDPA kernels)."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
-
-    name = "context_parallel"
-    default = 1
-    choices = (1, 2, 4, 8)
-    requires = {"zero_stage": (0,), "pipeline_stages": (1,), "attention": ("sdpa",)}  # torch's ring replaces SDPA
-    mesh_dim = "cp"  # the memory model splits each sequence over it; gradients average over data x context ranks
-    formats = ("command",)
-    launcher = "trainscout"
-    not_carried = ("transformers' TrainingArguments has no context-parallel field (accelerate's parallelism_config "
-                   "cp_size needs your script to shard every batch in its context): use --format command, whose "
-                   "launch.sh runs it with `trainscout train`")
-
-    def check(self, value, cfg, ctx):
-        if value == 1:
-            return
-        if ctx.world_size % value:
-            raise ConfigError(self.name, f"context_parallel={value} does not divide the {ctx.world_size} rank(s): "
-                                         f"choose a divisor of {ctx.world_size}" +
-                                         (" (on one rank only context_parallel=1)" if ctx.world_size == 1 else ""))
-        chunks = 2 * value  # torch's load-balanced split: each rank a head and a tail chunk of every sequence
-        if ctx.seq_len and ctx.seq_len % chunks:
-            low = ctx.seq_len // chunks * chunks
-            near = "--seq-len " + " or ".join(str(n) for n in (low, low + chunks) if n > 0)
-            raise ConfigError(self.name, f"context_parallel={value} splits each sequence into {chunks} equal chunks: "
-                                         f"--seq-len {ctx.seq_len} is not a multiple of {chunks}: use {near}")
-        if ctx.device != "cuda":
-            raise ConfigError(self.name, f"context_parallel={value} needs CUDA GPUs: torch's ring attention shards "
-                                         f"only the CUDA SDPA kernels (on the CPU: {CPU_ERROR}): set "
-                                         "context_parallel=1")
-        if cfg["sdpa_backend"] == "math":
-            raise ConfigError(self.name, f"context_parallel={value} shards the flash, memory-efficient or cuDNN SDPA "
-                                         "kernel, not the math one: set sdpa_backend=auto")
-
-    def apply(self, plan, value, cfg, ctx):
-        pass  # resolve() writes the degree into plan.mesh["cp"] (mesh_dim); wrap_step reads it there
-
+class ContextParallelRuntime(Runtime):
     def wrap_step(self, step, plan, dims):
         """Shard the micro-batch's tokens over the mesh's "cp" ranks (load-balanced: each rank a head and a tail
         chunk) with the labels shifted and the positions numbered before sharding, and run forward and backward in
@@ -76,3 +39,43 @@ class ContextParallel(Knob):
             dist.all_reduce(out, group=mesh.get_group())
             return out / cp
         return cp_step
+
+
+@register
+class ContextParallel(Knob):
+    """Context parallel degree: split every sequence's tokens over this many ranks, ring attention between them (torch.distributed.tensor.experimental.context_parallel; CUDA SDPA kernels)."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (spaces.knob.description)
+
+    name = "context_parallel"
+    default = 1
+    choices = (1, 2, 4, 8)
+    requires = {"zero_stage": (0,), "pipeline_stages": (1,), "attention": ("sdpa",)}  # torch's ring replaces SDPA
+    # the memory model splits each sequence over its mesh dimension; gradients average over data x context ranks
+    runtime = ContextParallelRuntime(mesh_dim="cp")
+    export = Export(formats=("command",), launcher="trainscout",
+                    not_carried=("transformers' TrainingArguments has no context-parallel field (accelerate's "
+                                 "parallelism_config cp_size needs your script to shard every batch in its context): "
+                                 "use --format command, whose launch.sh runs it with `trainscout train`"))
+
+    def check(self, value, cfg, ctx):
+        if value == 1:
+            return
+        if ctx.world_size % value:
+            raise ConfigError(self.name, f"context_parallel={value} does not divide the {ctx.world_size} rank(s): "
+                                         f"choose a divisor of {ctx.world_size}" +
+                                         (" (on one rank only context_parallel=1)" if ctx.world_size == 1 else ""))
+        chunks = 2 * value  # torch's load-balanced split: each rank a head and a tail chunk of every sequence
+        if ctx.seq_len and ctx.seq_len % chunks:
+            low = ctx.seq_len // chunks * chunks
+            near = "--seq-len " + " or ".join(str(n) for n in (low, low + chunks) if n > 0)
+            raise ConfigError(self.name, f"context_parallel={value} splits each sequence into {chunks} equal chunks: "
+                                         f"--seq-len {ctx.seq_len} is not a multiple of {chunks}: use {near}")
+        if ctx.device != "cuda":
+            raise ConfigError(self.name, f"context_parallel={value} needs CUDA GPUs: torch's ring attention shards "
+                                         f"only the CUDA SDPA kernels (on the CPU: {CPU_ERROR}): set "
+                                         "context_parallel=1")
+        if cfg["sdpa_backend"] == "math":
+            raise ConfigError(self.name, f"context_parallel={value} shards the flash, memory-efficient or cuDNN SDPA "
+                                         "kernel, not the math one: set sdpa_backend=auto")
+
+    def apply(self, plan, value, cfg, ctx):
+        pass  # resolve() writes the degree into plan.mesh["cp"] (mesh_dim); wrap_step reads it there

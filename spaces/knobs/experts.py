@@ -1,6 +1,17 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
 from ..model_config import sizes
+from ..roles import Runtime
+
+
+class ExpertsRuntime(Runtime):
+    def transform(self, model, plan):
+        if plan.knobs.get(Experts.name):
+            model.set_experts_implementation(plan.knobs[Experts.name])
+        for module in model.modules():
+            if _is_experts(module):
+                _compute_under_autocast(module)
+        return model
 
 
 @register
@@ -12,7 +23,7 @@ class Experts(Knob):
     default = "auto"  # transformers 5.x: grouped_mm where its kernel can run, else eager
     auto = True
     choices = ("grouped_mm", "eager")
-    stage = "modules"  # before fp8 swaps modules and before checkpointing and compile wrap the layers
+    runtime = ExpertsRuntime(stage="modules")  # before fp8 swaps modules and before checkpointing and compile wrap
     # Why: grouped_mm is several times faster than eager on a GPU; batched_mm gathers each token's expert weights, too
     # much memory to train (measured: docs/knobs-why.md). Whatever the kernel, the transform runs the experts in
     # autocast's dtype (_compute_under_autocast).
@@ -41,14 +52,6 @@ class Experts(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != "auto":
             plan.knobs[self.name] = value
-
-    def transform(self, model, plan):
-        if plan.knobs.get(self.name):
-            model.set_experts_implementation(plan.knobs[self.name])
-        for module in model.modules():
-            if _is_experts(module):
-                _compute_under_autocast(module)
-        return model
 
 
 def _is_experts(module) -> bool:

@@ -1,34 +1,23 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
 from ..model_config import sizes
+from ..roles import Costs, Export, Numerics, Runtime, Search
 
 # config fields of models whose logits are more than the head's product: a fused linear cross-entropy would skip them
 _LOGIT_EXTRAS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-@register
-class LossKernel(Knob):
-    """How the cross-entropy loss runs: eager (PyTorch ops, fp32 copy of the logits), compiled on its own by
-    torch.compile, or fused_linear (liger-kernel: the head's matmul and the loss in chunks, no logits kept)."""
+class LossKernelRuntime(Runtime):
+    def transform(self, model, plan):
+        if plan.loss_kernel == "compiled":  # the HF model's loss; the pipeline engine calls the same function
+            import torch
+            model.loss_function = torch.compile(model.loss_function)
+        elif plan.loss_kernel == "fused_linear":
+            model.forward = _fused_linear_forward(model)
+        return model
 
-    name = "loss_kernel"
-    default = "eager"
-    choices = ("eager", "compiled", "fused_linear")
-    stage = "loss"
-    packages = ("liger_kernel",)
-    start, start_follows = (1, "compiled"), True  # compiled along with the layers, which leave the loss out
-    without_hook, hook_rank = "eager", 3
-    demo = "eager"
-    # Why: with compile_scope=layers the loss runs outside every compiled graph. Eager, it copies the logits to fp32
-    # and reads them several times; torchtitan compiles its loss for the same reason. The model compiled whole
-    # already fuses it (no change). fused_linear: the logits are most of the activation memory at a large
-    # vocabulary; liger computes them chunk by chunk and never keeps them. The numbers: docs/knobs-why.md.
 
-    # The bytes the head's logits move per token and vocabulary entry, at the GPU's memory bandwidth (the roofline's
-    # unit, predictor/steptime.py; the model compiled whole counts as compiled): eager and compiled measured (medians),
-    # fused_linear counted as each of its chunks' kernels reading its inputs and writing its outputs once
-    logits_bytes = {"eager": 52.0, "compiled": 9.4, "fused_linear": 10.0}
-
+class LossKernelCosts(Costs):
     def head_s(self, value, spec, tokens, product_s, bytes_per_s):
         """Seconds of the head and its loss in one micro-batch where liger runs them (fused_linear; None: the
         step-time model's own, predictor/steptime.head_s): chunk by chunk (liger's chunk size), each chunk's three
@@ -48,6 +37,45 @@ class LossKernel(Knob):
             chunk * z.vocab * self.logits_bytes["fused_linear"] / bytes_per_s
         return chunks * per + (w * 6 / bytes_per_s if acc == 8 else 0.0)
 
+    def memory(self, terms, plan, spec):
+        b, s, V = plan.micro_batch_size, spec.recipe["seq_len"], sizes(spec.model_config).vocab
+        if plan.loss_kernel == "compiled":  # no fp32 copy of the logits: 8·b·s·V bytes fewer (measured)
+            terms.logits -= 8 * b * s * V
+        elif plan.loss_kernel == "fused_linear":  # one chunk of logits (fp32 and 16-bit) and the head's fp32 grad
+            h = sizes(spec.model_config).hidden
+            chunk = _chunk(b * s, V, h)
+            terms.logits = 6 * chunk * V + 4 * V * h
+
+
+class LossKernelNumerics(Numerics):
+    def why(self, value, cfg, ctx):
+        # compiled: the same ops in fused kernels; fused_linear: the head and the loss in chunks, another summation
+        return "liger's chunked fused linear cross-entropy" if value == "fused_linear" else None
+
+
+@register
+class LossKernel(Knob):
+    """How the cross-entropy loss runs: eager (PyTorch ops, fp32 copy of the logits), compiled on its own by
+    torch.compile, or fused_linear (liger-kernel: the head's matmul and the loss in chunks, no logits kept)."""
+
+    name = "loss_kernel"
+    default = "eager"
+    choices = ("eager", "compiled", "fused_linear")
+    runtime = LossKernelRuntime(stage="loss", packages=("liger_kernel",))
+    # compiled along with the layers, which leave the loss out
+    search = Search(start=(1, "compiled"), start_follows=True, demo="eager")
+    export = Export(without_hook="eager", hook_rank=3)
+    numerics = LossKernelNumerics()
+    # Why: with compile_scope=layers the loss runs outside every compiled graph. Eager, it copies the logits to fp32
+    # and reads them several times; torchtitan compiles its loss for the same reason. The model compiled whole
+    # already fuses it (no change). fused_linear: the logits are most of the activation memory at a large
+    # vocabulary; liger computes them chunk by chunk and never keeps them. The numbers: docs/knobs-why.md.
+
+    # The bytes the head's logits move per token and vocabulary entry, at the GPU's memory bandwidth (the roofline's
+    # unit, predictor/steptime.py; the model compiled whole counts as compiled): eager and compiled measured
+    # (medians), fused_linear counted as each of its chunks' kernels reading its inputs and writing its outputs once
+    costs = LossKernelCosts(logits_bytes={"eager": 52.0, "compiled": 9.4, "fused_linear": 10.0})
+
     def check(self, value, cfg, ctx):
         if value != "fused_linear":
             return
@@ -65,29 +93,8 @@ class LossKernel(Knob):
             raise ConfigError(self.name, f"loss_kernel=fused_linear computes plain head logits, but the model scales "
                                          f"them ({', '.join(extras)}): set loss_kernel=compiled")
 
-    def numerics(self, value, cfg, ctx):
-        # compiled: the same ops in fused kernels; fused_linear: the head and the loss in chunks, another summation
-        return "liger's chunked fused linear cross-entropy" if value == "fused_linear" else None
-
     def apply(self, plan, value, cfg, ctx):
         plan.loss_kernel = value
-
-    def transform(self, model, plan):
-        if plan.loss_kernel == "compiled":  # the HF model's loss; the pipeline engine calls the same function
-            import torch
-            model.loss_function = torch.compile(model.loss_function)
-        elif plan.loss_kernel == "fused_linear":
-            model.forward = _fused_linear_forward(model)
-        return model
-
-    def memory(self, terms, plan, spec):
-        b, s, V = plan.micro_batch_size, spec.recipe["seq_len"], sizes(spec.model_config).vocab
-        if plan.loss_kernel == "compiled":  # no fp32 copy of the logits: 8·b·s·V bytes fewer (measured)
-            terms["logits"] -= 8 * b * s * V
-        elif plan.loss_kernel == "fused_linear":  # one chunk of logits (fp32 and 16-bit) and the head's fp32 grad
-            h = sizes(spec.model_config).hidden
-            chunk = _chunk(b * s, V, h)
-            terms["logits"] = 6 * chunk * V + 4 * V * h
 
 
 def _chunk(tokens: int, vocab: int, hidden: int) -> int:

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import REGISTRY, Knob, register
+from ..roles import Export, Search
 
 
 def divisors(n: int) -> list[int]:
@@ -7,15 +8,25 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+class MicroBatchSearch(Search):
+    def measured(self, value, plan):
+        return plan.micro_batch_size if value == "max" and plan else value  # the micro-batch the probe settled on
+
+
+class MicroBatchExport(Export):
+    def fields(self, fmt, plan, device):
+        return {"per_device_train_batch_size": plan.micro_batch_size} if fmt == "hf" else {}
+
+
 @register
 class MicroBatchSize(Knob):
-    """Sequences per forward/backward on one rank (max: the largest that fits, probed in one process); accumulation = per-rank batch / micro-batch."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
+    """Sequences per forward/backward on one rank (max: the largest that fits, probed in one process); accumulation = per-rank batch / micro-batch."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (spaces.knob.description)
 
     name = "micro_batch_size"
     default = "auto"  # the largest divisor of the per-rank batch that is <= 8
     choices = (1, 2, 4, 8, 16, 32, 64, 128, "max")
-    micro_batch = True
-    column = 1
+    search = MicroBatchSearch(micro_batch=True, column=1)
+    export = MicroBatchExport()
 
     def parse(self, raw):
         if isinstance(raw, str) and raw.strip().lower() in ("auto", "max"):
@@ -79,12 +90,6 @@ class MicroBatchSize(Knob):
                                          f"{per_call * n} (global_batch {ctx.global_batch} / "
                                          f"{ctx.data_parallel_ranks(cfg)} data-parallel ranks): choose a divisor "
                                          f"such as {near}")
-
-    def measured(self, value, plan):
-        return plan.micro_batch_size if value == "max" and plan else value  # the micro-batch the probe settled on
-
-    def export(self, fmt, plan, device):
-        return {"per_device_train_batch_size": plan.micro_batch_size} if fmt == "hf" else {}
 
     def apply(self, plan, value, cfg, ctx):
         per_call = self.per_call_batch(cfg, ctx)

@@ -1,4 +1,5 @@
 from ..knob import Knob, register
+from ..roles import Search
 
 
 @register
@@ -10,7 +11,7 @@ class OffloadOptimizer(Knob):
     choices = (False, True)
     requires = {"zero_stage": (1, 2, 3)}  # DeepSpeed: "Valid for ZeRO stage 1, 2, 3"
     # a memory saver past checkpointing every layer: the optimizer states and their step on the CPU
-    savers = ((50, {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"}),)
+    search = Search(savers=((50, {"zero_stage": 2, "offload_optimizer": True, "activation_checkpointing": "full"}),))
 
     def apply(self, plan, value, cfg, ctx):
         if value:

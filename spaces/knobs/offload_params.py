@@ -1,4 +1,5 @@
 from ..knob import Knob, register
+from ..roles import Search
 
 
 @register
@@ -10,8 +11,8 @@ class OffloadParams(Knob):
     choices = (False, True)
     requires = {"zero_stage": (3,)}  # DeepSpeed: offload_param is "Valid only with stage 3"
     # the last memory saver: the parameters fetched from the CPU per layer, every step
-    savers = ((60, {"zero_stage": 3, "offload_optimizer": True, "offload_params": True,
-                    "activation_checkpointing": "full"}),)
+    search = Search(savers=((60, {"zero_stage": 3, "offload_optimizer": True, "offload_params": True,
+                                  "activation_checkpointing": "full"}),))
 
     def apply(self, plan, value, cfg, ctx):
         if value:

@@ -1,7 +1,9 @@
 import functools
+from dataclasses import replace
 
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..roles import Export, Numerics, Runtime, Search
 
 # torchao.optim's AdamW for each value (8bit, 4bit: block-wise quantised codes with an fp32 scale per block and a
 # lookup table; fp8: float8_e4m3fn codes with an fp32 scale per block; bf16: torchao's _AdamW with its states made
@@ -17,6 +19,40 @@ SMALL = 4096  # torchao's line (bitsandbytes'): smaller states are not quantised
 STEP_MS = {"bf16": 72.18, "8bit": 51.59, "4bit": 119.29, "fp8": 91.73}
 
 
+class OptimizerStateRuntime(Runtime):
+    def optimizer(self, spec, plan):
+        value = plan.knobs.get(OptimizerState.name)
+        if not value:
+            return spec
+        kw = spec.kwargs
+        kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}  # no foreach / fused
+        kwargs["bf16_stochastic_round"] = kw.get("bf16_stochastic_round", False)  # precision=bf16's
+        cls = state_class(value)
+        from .optimizer_impl import FUSED_MS
+        return replace(spec, cls=cls, kwargs=kwargs, states=value if value != "bf16" else "bfloat16",
+                       bytes=2 * state_bytes(cls, value), step_cost=STEP_MS[value] / FUSED_MS)
+
+
+class OptimizerStateNumerics(Numerics):
+    def why(self, value, cfg, ctx):
+        if value == "fp32":
+            return None
+        return f"AdamW states in {value} (torchao.optim, block-wise scaled)" if value != "bf16" else \
+            "AdamW states in bf16 beside fp32 weights (torchao.optim)"
+
+
+class OptimizerStateExport(Export):
+    def fields(self, fmt, plan, device):
+        value = plan.knobs.get(OptimizerState.name)
+        if fmt == "hf" and value in ("8bit", "4bit"):  # TrainingArguments' torchao optimizers
+            return {"optim": f"adamw_torch_{value}"}
+        return {}
+
+    def hook_only(self, name, value, plan, stock):
+        # TrainingArguments names no torchao bf16 or fp8 AdamW: a stock Trainer runs fp32 states instead
+        return f"{name}={value}" if value in ("bf16", "fp8") else None
+
+
 @register
 class OptimizerState(Knob):
     """AdamW's two states: fp32 (torch's AdamW; in the weights' dtype, so bf16 under precision=bf16), or bf16, 8bit,
@@ -25,9 +61,11 @@ class OptimizerState(Knob):
     name = "optimizer_state"
     default = "fp32"
     choices = ("fp32", "bf16", "8bit", "4bit", "fp8")
-    packages = ("torchao",)
-    demo = "fp32"  # the CPU demo: torchao's optimizers compile their step with inductor (a C++ compiler)
-    order = 1  # after optimizer_impl and precision (order 0): it replaces their AdamW, keeping bf16 stochastic rounding
+    # after optimizer_impl and precision (order 0): it replaces their AdamW, keeping bf16 stochastic rounding
+    runtime = OptimizerStateRuntime(order=1, packages=("torchao",))
+    numerics = OptimizerStateNumerics()
+    search = Search(demo="fp32")  # the CPU demo: torchao's optimizers compile their step with inductor (a C++ compiler)
+    export = OptimizerStateExport()
     # Why: AdamW's fp32 states are 8 of the 16 bytes per parameter plain training holds; torchao reports 8-bit AdamW
     # matching fp32's loss on Llama-2 fine-tuning and 4-bit within noise (torchao/optim README). Measured, not
     # assumed: the quality gate compares it with fp32 states; bench/optimizer_gpu.py its memory against the estimate.
@@ -69,12 +107,6 @@ class OptimizerState(Knob):
                                          "(GradScaler); torchao's optimizers are not checked with it: set "
                                          "precision=bf16-mixed or optimizer_state=fp32")
 
-    def numerics(self, value, cfg, ctx):
-        if value == "fp32":
-            return None
-        return f"AdamW states in {value} (torchao.optim, block-wise scaled)" if value != "bf16" else \
-            "AdamW states in bf16 beside fp32 weights (torchao.optim)"
-
     def apply(self, plan, value, cfg, ctx):
         if value != "fp32":
             plan.knobs[self.name] = value
@@ -82,28 +114,6 @@ class OptimizerState(Knob):
             plan.notes.append(f"optimizer_state={value}: the quality gate's one step compares outputs and gradients, "
                               "which optimizer states do not change: `trainscout verify --quality` trains it against "
                               "fp32 states")
-
-    def optimizer(self, spec, plan):
-        value = plan.knobs.get(self.name)
-        if not value:
-            return spec
-        kw = spec["kwargs"]
-        kwargs = {k: kw[k] for k in ("lr", "betas", "weight_decay", "eps") if k in kw}  # no foreach / fused
-        kwargs["bf16_stochastic_round"] = kw.get("bf16_stochastic_round", False)  # precision=bf16's
-        cls = state_class(value)
-        from .optimizer_impl import FUSED_MS
-        return dict(spec, cls=cls, kwargs=kwargs, states=value if value != "bf16" else "bfloat16",
-                    bytes=2 * state_bytes(cls, value), step_cost=STEP_MS[value] / FUSED_MS)
-
-    def export(self, fmt, plan, device):
-        value = plan.knobs.get(self.name)
-        if fmt == "hf" and value in ("8bit", "4bit"):  # TrainingArguments' torchao optimizers
-            return {"optim": f"adamw_torch_{value}"}
-        return {}
-
-    def hook_only(self, value, plan, stock):
-        # TrainingArguments names no torchao bf16 or fp8 AdamW: a stock Trainer runs fp32 states instead
-        return f"{self.name}={value}" if value in ("bf16", "fp8") else None
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..roles import Runtime
 
 # schedule -> model chunks (virtual stages) per pipeline rank, as torch.distributed.pipelining runs them
 CHUNKS = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zero_bubble": 2}
@@ -15,13 +16,13 @@ BUBBLE = {"gpipe": 1.0, "1f1b": 1.0, "interleaved_1f1b": 1 / CHUNKS["interleaved
 
 @register
 class PipelineStages(Knob):
-    """Pipeline parallelism: split the layers over this many ranks (torch.distributed.pipelining); data parallel over the rest."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
+    """Pipeline parallelism: split the layers over this many ranks (torch.distributed.pipelining); data parallel over the rest."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (spaces.knob.description)
 
     name = "pipeline_stages"
     default = 1
     choices = (1, 2, 4, 8)
-    mesh_dim = "pp"
     requires = {"zero_stage": (0,), "fsdp": ("off",), "compile": (False,)}
+    runtime = Runtime(mesh_dim="pp")
 
     def check(self, value, cfg, ctx):
         if value == 1:

@@ -1,6 +1,16 @@
 from ..errors import ConfigError
 from ..knob import Knob, register
+from ..roles import Export, Runtime
 from ..model_config import sizes
+
+
+class SdpaRuntime(Runtime):
+    def transform(self, model, plan):
+        """Leave only that scaled_dot_product_attention kernel enabled in this process (auto: all, PyTorch picks).
+        Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice; set every
+        trial, as a reused process keeps the last trial's."""
+        select_sdpa(plan.knobs.get(SdpaBackend.name, SdpaBackend.default))
+        return model
 
 
 @register
@@ -11,8 +21,8 @@ class SdpaBackend(Knob):
     default = "auto"
     choices = ("auto", "flash", "cudnn", "efficient", "math")
     requires = {"attention": ("sdpa",)}
-    stage = "process"
-    without_hook, hook_rank = "auto", 4
+    runtime = SdpaRuntime(stage="process")
+    export = Export(without_hook="auto", hook_rank=4)
     # Why: attention's backward was the largest single kernel of the compiled step profiled (docs/knobs-why.md); the
     # other backends are the alternatives.
 
@@ -34,13 +44,6 @@ class SdpaBackend(Knob):
     def apply(self, plan, value, cfg, ctx):
         if value != self.default:
             plan.knobs[self.name] = value
-
-    def transform(self, model, plan):
-        """Leave only that scaled_dot_product_attention kernel enabled in this process (auto: all, PyTorch picks).
-        Process-wide flags (the CPU dispatcher reads them too), so torch.compile traces the same choice; set every
-        trial, as a reused process keeps the last trial's."""
-        select_sdpa(plan.knobs.get(self.name, self.default))
-        return model
 
 
 def _refuse_grouped_query(name: str, model_config: dict) -> None:

@@ -3,6 +3,7 @@ from ..errors import ConfigError
 from ..knob import Knob, register
 from ..layers import decoder_layers
 from ..model_config import sizes
+from ..roles import Costs, Export, Runtime
 
 # a decoder layer's linears by family: colwise (split by output features: each rank its heads, its MLP columns; the
 # outputs stay local) then rowwise (split by input features: partial sums all-reduced into the residual). The names
@@ -19,21 +20,50 @@ PLANS = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA,
 SPLIT_SHARE = 24 / 34
 
 
+class TensorParallelRuntime(Runtime):
+    def transform(self, model, plan, dims=None):
+        """Parallelize every decoder layer's linears over the mesh's "tp" dimension."""
+        tp = plan.mesh.get("tp", 1)
+        if tp == 1:
+            return model
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        colwise, rowwise = PLANS[model.config.model_type]
+        mesh = dims.mesh(next(model.parameters()).device.type)["tp"]
+        for layer in decoder_layers(model):
+            parallelize_module(layer, mesh, {**{n: ColwiseParallel() for n in colwise},
+                                             **{n: RowwiseParallel() for n in rowwise}})
+        return model
+
+
+class TensorParallelCosts(Costs):
+    def memory(self, terms, plan, spec):
+        tp = plan.mesh.get("tp", 1)
+        if tp == 1:
+            return
+        # the layers' weights (their norms and rowwise biases, a fraction of a percent, counted as split too);
+        # the embedding and the head stay whole
+        terms.params -= terms.layers * terms.layer_params * (1 - 1 / tp)
+        terms.layer_params /= tp
+        cut = terms.layer_activations * SPLIT_SHARE * (1 - 1 / tp)
+        terms.layer_activations -= cut
+        terms.activations -= cut
+
+
 @register
 class TensorParallel(Knob):
-    """Tensor parallel degree: split each decoder layer's attention heads and MLP columns over this many ranks (torch.distributed.tensor.parallel; data parallel over the rest: FSDP2 on a 2-D mesh, or FSDP2's replicate)."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (Knob.description)
+    """Tensor parallel degree: split each decoder layer's attention heads and MLP columns over this many ranks (torch.distributed.tensor.parallel; data parallel over the rest: FSDP2 on a 2-D mesh, or FSDP2's replicate)."""  # noqa: E501 - its first line is the description `trainscout knobs` prints (spaces.knob.description)
 
     name = "tensor_parallel"
     default = 1
     choices = (1, 2, 4, 8)
     requires = {"zero_stage": (0,), "pipeline_stages": (1,)}  # DeepSpeed and the pipeline engine hold plain tensors
-    stage = "tensor_parallel"  # after the module swaps, before checkpointing, compile and FSDP (torchtitan's order)
-    mesh_dim = "tp"
-    formats = ("command",)
-    launcher = "trainscout"
-    not_carried = ("transformers' TrainingArguments has no tensor-parallel field (TP there is "
-                   "from_pretrained(tp_plan=) in your own script with accelerate's parallelism_config): use --format "
-                   "command, whose launch.sh runs it with `trainscout train`")
+    # after the module swaps, before checkpointing, compile and FSDP (torchtitan's order)
+    runtime = TensorParallelRuntime(stage="tensor_parallel", mesh_dim="tp")
+    costs = TensorParallelCosts()
+    export = Export(formats=("command",), launcher="trainscout",
+                    not_carried=("transformers' TrainingArguments has no tensor-parallel field (TP there is "
+                                 "from_pretrained(tp_plan=) in your own script with accelerate's parallelism_config): "
+                                 "use --format command, whose launch.sh runs it with `trainscout train`"))
 
     def check(self, value, cfg, ctx):
         if value == 1:
@@ -66,28 +96,3 @@ class TensorParallel(Knob):
 
     def apply(self, plan, value, cfg, ctx):
         pass  # resolve() writes the degree into plan.mesh["tp"] (mesh_dim); the transform reads it there
-
-    def transform(self, model, plan, dims=None):
-        """Parallelize every decoder layer's linears over the mesh's "tp" dimension."""
-        tp = plan.mesh.get("tp", 1)
-        if tp == 1:
-            return model
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-        colwise, rowwise = PLANS[model.config.model_type]
-        mesh = dims.mesh(next(model.parameters()).device.type)["tp"]
-        for layer in decoder_layers(model):
-            parallelize_module(layer, mesh, {**{n: ColwiseParallel() for n in colwise},
-                                             **{n: RowwiseParallel() for n in rowwise}})
-        return model
-
-    def memory(self, terms, plan, spec):
-        tp = plan.mesh.get("tp", 1)
-        if tp == 1:
-            return
-        # the layers' weights (their norms and rowwise biases, a fraction of a percent, counted as split too);
-        # the embedding and the head stay whole
-        terms["params"] -= terms["layers"] * terms["layer_params"] * (1 - 1 / tp)
-        terms["layer_params"] /= tp
-        cut = terms["layer_activations"] * SPLIT_SHARE * (1 - 1 / tp)
-        terms["layer_activations"] -= cut
-        terms["activations"] -= cut

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from trainscout.spaces import Plan
+    from trainscout.spaces.roles import OptimizerSpec
 
     from ..records import Record
 
@@ -40,24 +41,25 @@ def master_bytes(plan) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}[plan.master_dtype]
 
 
-def optimizer_spec(plan, recipe: dict | None = None, device_type: str | None = None) -> dict:
-    """The optimizer a rank builds under the plan, before it has parameters: torch's AdamW with the recipe's lr, betas
-    and weight decay (fused on CUDA, foreach elsewhere: what optimizer_impl=auto keeps), then every knob's
-    `optimizer` hook in spaces.knob.in_order (optimizer_impl, precision=bf16, optimizer_state). Keys: cls, kwargs,
-    device, states (the record's name of the state tensors), bytes (the states' bytes per parameter). Without a
-    recipe or a device (the memory model, predictor.dtypes) its kwargs hold only what the knobs set."""
+def optimizer_spec(plan, recipe: dict | None = None, device_type: str | None = None) -> OptimizerSpec:
+    """The optimizer a rank builds under the plan, before it has parameters (spaces.roles.OptimizerSpec): torch's
+    AdamW with the recipe's lr, betas and weight decay (fused on CUDA, foreach elsewhere: what optimizer_impl=auto
+    keeps), then every knob's Runtime.optimizer hook in spaces.knob.in_order (optimizer_impl, precision=bf16,
+    optimizer_state). Without a recipe or a device (the predictor: memory, step time, dtypes) its kwargs hold only
+    what the knobs set."""
     import torch
 
-    from trainscout.spaces import Knob, all_knobs, plugins
+    from trainscout.spaces import all_knobs, plugins
     from trainscout.spaces.knob import in_order
+    from trainscout.spaces.roles import OptimizerSpec, Runtime
     kwargs = {} if recipe is None else {"lr": recipe["lr"], "betas": tuple(recipe["betas"]),
                                         "weight_decay": recipe["weight_decay"]}
     if device_type is not None:
         fused = device_type == "cuda"
         kwargs.update(fused=fused, foreach=None if fused else True)
-    spec = {"cls": torch.optim.AdamW, "kwargs": kwargs, "device": device_type, "states": plan.master_dtype,
-            "bytes": 2.0 * master_bytes(plan)}  # AdamW's two states in the master weights' dtype
-    for knob in in_order(k for k in all_knobs() if type(k).optimizer is not Knob.optimizer):
+    spec = OptimizerSpec(cls=torch.optim.AdamW, kwargs=kwargs, device=device_type, states=plan.master_dtype,
+                         bytes=2.0 * master_bytes(plan))  # AdamW's two states in the master weights' dtype
+    for knob in in_order(k for k in all_knobs() if type(k.runtime).optimizer is not Runtime.optimizer):
         spec = plugins.optimizer(knob, spec, plan)  # a plugin's failure names the plugin
     return spec
 
@@ -65,12 +67,12 @@ def optimizer_spec(plan, recipe: dict | None = None, device_type: str | None = N
 def optimizer(params, plan, recipe: dict, device):
     """The rank's optimizer over params: optimizer_spec's class and keyword arguments (every knob's hook applied)."""
     spec = optimizer_spec(plan, recipe, device.type)
-    return spec["cls"](_homogeneous_groups(params), **spec["kwargs"])
+    return spec.cls(_homogeneous_groups(params), **spec.kwargs)
 
 
 def optimizer_bytes(plan) -> float:
     """Bytes per parameter of the optimizer's states under the plan (the memory model's optimizer term)."""
-    return optimizer_spec(plan)["bytes"]
+    return optimizer_spec(plan).bytes
 
 
 def adamw(params, recipe: dict, device):
