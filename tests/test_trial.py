@@ -194,7 +194,8 @@ def settle(pids, want: int, timeout: float = 60) -> set:
 def test_a_warmed_group_runs_the_first_trial_and_one_of_another_kind_is_dropped(ray_local, worker_pids):
     """trial.runner.warm (a search's driver, for its first trial): the group is started before the trial asks, the
     trial runs in it (the same processes, its model already imported: no build cost left in the trial); a group
-    warmed for 1 rank is given up when a trial of 2 ranks comes first, so its processes do not outlive that."""
+    warmed for 1 rank frees an idle group of 2 ranks and is given up when a trial of 2 ranks comes first, so no
+    processes outlive that."""
     from trainscout.trial.runner import warm
 
     def spec(workers):
@@ -214,11 +215,12 @@ def test_a_warmed_group_runs_the_first_trial_and_one_of_another_kind_is_dropped(
     assert r.status == "ok" and r.reused == 0, r.error
     assert settle(worker_pids, 2) == warmed  # ran in the warmed processes; the idle 1-rank group freed for it
     assert r.metrics["build_s"] < 1.0  # the model's imports were done while warming (3-5 s cold on 2 cores)
-    warm(one)  # a trial of another kind comes before it is up: the warming group is given up, its rank killed
-    r = execute(two)
-    assert r.status == "ok" and r.reused == 1
+    warm(one)  # frees the idle 2-rank group, as run frees a group of another kind (it could starve Tune's actor)
+    r = execute(two)  # comes before the 1-rank group is up: that group is given up, its rank killed
+    assert r.status == "ok" and r.reused == 0, r.error
     time.sleep(2)
-    assert settle(worker_pids, 2) == warmed
+    after = settle(worker_pids, 2)
+    assert len(after) == 2 and not after & warmed
 
 
 def test_hang_is_killed_at_the_timeout(ray_local, worker_pids):
