@@ -118,7 +118,6 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
     answer; the one this process gave for the search before, where none is given: `search -q` prints the summary
     again) says which configuration came closest to fitting and what would make it fit ("nothing_fits").
     Returns the same as a dict."""
-    from trainscout.trial import quality
     if fit is not None:
         _FITS[(store.url, name)] = fit
     fit = fit or _FITS.get((store.url, name))
@@ -129,6 +128,47 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
     by_status: dict[str, int] = {}
     for t in trials:
         by_status[t["status"]] = by_status.get(t["status"], 0) + 1
+    best, records = _distinct_best(store, trials, verified)
+    best, passed_over = _called_best(best, strict, top)
+    tie = _tie(best, records, verified)
+    # orchestration overhead, in the order the trials ran
+    ran = [r for r in (store.get(t["key"]) for t in trials if t["status"] == Status.OK and t["key"] and not t["cached"])
+           if r and r.wall_s]
+    overhead = [overhead_s(r) for r in ran]
+    summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
+               "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
+               "passed_over": passed_over}
+    _print_counts(trials, by_status, stream)
+    summary["node_lost"] = by_status.get(Status.NODE_LOST, 0)
+    summary["unscheduled"] = by_status.get(Status.UNSCHEDULED, 0)
+    _print_not_run(trials, summary["node_lost"], summary["unscheduled"], out, stream)
+    from trainscout.analysis.table import shared_line
+    if shared := shared_line(store, trials):  # measurements taken beside other trials on the node (trial.contention)
+        print(shared, file=stream)
+    _print_overhead(ran, overhead, stream)
+    _print_best(store, name, trials, best, top, tie, out, stream)
+    for b in passed_over:  # faster, but not shown to train the same model (strict) or shown not to (failed)
+        print(f"not best ({'--quality strict' if strict else 'quality failed'}): {b['tokens_per_s']:,.0f} tokens/s, "
+              f"quality {b['quality']}: "
+              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
+    if strict and not best and trials:
+        print("no configuration shown to train the same model as its reference: none is called best", file=stream)
+    summary["measured"] = by_status.get(Status.OK, 0)  # trials that ended ok (answered from the store included)
+    if trials and not summary["measured"]:
+        print("nothing measured: no trial of this search ended ok ("
+              + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())) + "): no configuration to call best",
+              file=stream)
+        if fit is not None:
+            summary["nothing_fits"] = fit
+            print("\n".join(fit_lines(fit)), file=stream)
+    summary["verdict"] = _print_verdict(store, name, out, stream)
+    return summary
+
+
+def _distinct_best(store: Store, trials: list[dict], verified: dict) -> tuple[list[dict], list]:
+    """The search's distinct configurations that ended ok, fastest first, each with its measurement and quality
+    status; and their records (the key set on each)."""
+    from trainscout.trial import quality
     best = []
     seen, records = set(), []
     for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]),
@@ -143,6 +183,13 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
                      ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
                      "quality": status, "quality_why": why, "notes": rec.plan.notes if rec.plan else []})
+    return best, records
+
+
+def _called_best(best: list[dict], strict: bool, top: int) -> tuple[list[dict], list[dict]]:
+    """(those that may be called best, the faster ones passed over: at most `top`): --quality strict, those shown
+    to train the same model; mark, all but a failed verdict where anything else ran."""
+    from trainscout.trial import quality
     passed_over = []
     if strict:  # the faster configurations not shown to train the same model are named, not called best
         good = [b for b in best if b["quality"] in quality.GOOD]
@@ -153,51 +200,62 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         line = good[0]["tokens_per_s"]  # called best while anything else ran (analysis.ties: export --best alike)
         passed_over = [b for b in best if b["quality"] == quality.FAILED and b["tokens_per_s"] > line][:top]
         best = good
-    # the best of those: the fastest, or the simplest within its measured noise (analysis.ties; rule: README)
+    return best, passed_over
+
+
+def _tie(best: list[dict], records: list, verified: dict) -> dict | None:
+    """The best of those: the fastest, or the simplest within its measured noise (analysis.ties; rule: README), put
+    first in best; the tie where two or more are within that noise, else None."""
     from trainscout.analysis.ties import choose
     called = {b["key"] for b in best}
     choice = choose([r for r in records if r.key in called], verified)
     if choice is not None and choice.is_tie:
         best.sort(key=lambda b: b["key"] != choice.best.key)  # the chosen first, the others fastest first
-    tie = None if choice is None or len(choice.tied) < 2 else {
+    return None if choice is None or len(choice.tied) < 2 else {
         "best": choice.best.key, "fastest": choice.fastest.key, "tied": [r.key for r in choice.tied],
         "noise": choice.noise, "why": choice.line()}
-    # orchestration overhead, in the order the trials ran
-    ran = [r for r in (store.get(t["key"]) for t in trials if t["status"] == Status.OK and t["key"] and not t["cached"])
-           if r and r.wall_s]
-    overhead = [overhead_s(r) for r in ran]
-    summary = {"search": name, "trials": len(trials), "by_status": by_status, "best": best[:top],
-               "overhead_s": overhead, "tie": tie, "quality": "strict" if strict else "mark",
-               "passed_over": passed_over}
+
+
+def _print_counts(trials: list[dict], by_status: dict[str, int], stream) -> None:
+    """The trials by status, and how many count toward --trials."""
     free = len(trials) - counted(trials)
     lost = sum(1 for t in trials if t["status"] in NOT_COUNTED)  # host_oom, node_lost: the host's or the cluster's
     print(f"\n{len(trials)} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items()))
           + (f" ({counted(trials)} toward --trials; " + ", ".join(
               [f"{free - lost} refused or pruned before running"] * (free > lost)
               + [f"{lost} lost with their host or node"] * bool(lost)) + ")" if free else ""), file=stream)
-    summary["node_lost"] = by_status.get(Status.NODE_LOST, 0)
-    if summary["node_lost"]:  # the nodes, as each trial's reason names them (trial.status.node_lost_line)
+
+
+def _print_not_run(trials: list[dict], node_lost: int, unscheduled: int, out: str, stream) -> None:
+    """The trials lost with their node, and those the cluster gave no room, with what to do."""
+    if node_lost:  # the nodes, as each trial's reason names them (trial.status.node_lost_line)
         nodes = sorted({node for t in trials if t["status"] == Status.NODE_LOST and (node := lost_node(t["error"]))})
-        n = summary["node_lost"]
+        n = node_lost
         print(f"{n} trial{'s were' if n != 1 else ' was'} lost with {'their node' if len(nodes) < 2 else 'their nodes'}"
               f" {', '.join(nodes) or '(not named)'}: the node left the cluster while {'they' if n != 1 else 'it'} "
               "ran; nothing measured, not counted toward --trials; the search went on with the remaining nodes",
               file=stream)
-    summary["unscheduled"] = by_status.get(Status.UNSCHEDULED, 0)
-    if summary["unscheduled"]:
-        print(f"{summary['unscheduled']} trial{'s were' if summary['unscheduled'] != 1 else ' was'} unscheduled: the "
+    if unscheduled:
+        print(f"{unscheduled} trial{'s were' if unscheduled != 1 else ' was'} unscheduled: the "
               "cluster gave their ranks no room within the time limit (other searches or jobs held it; nothing ran "
               f"and the sampler learnt nothing): `trainscout search --resume {out}` runs them again; a smaller "
               "--max-concurrent leaves room", file=stream)
-    from trainscout.analysis.table import shared_line
-    if shared := shared_line(store, trials):  # measurements taken beside other trials on the node (trial.contention)
-        print(shared, file=stream)
+
+
+def _print_overhead(ran: list, overhead: list[float], stream) -> None:
+    """The measured trials' orchestration overhead (wall less timed steps), and where it went."""
     if overhead:
         later = f"; after the first: median {median(overhead[1:]):.1f} s" if len(overhead) > 1 else ""
         print(f"per-trial overhead (wall − timed steps): median {median(overhead):.1f} s, range "
               f"{min(overhead):.1f}–{max(overhead):.1f} s over {len(overhead)} measured trials{later}", file=stream)
         parts = overhead_parts(ran[1:] or ran, overhead[1:] or overhead)
         print(f"  where it went{' after the first' if len(ran) > 1 else ''}: {parts}", file=stream)
+
+
+def _print_best(store: Store, name: str, trials: list[dict], best: list[dict], top: int, tie: dict | None, out: str,
+                stream) -> None:
+    """The `top` best, each with its trial number (the live table's "#", set on every best), measurement, knobs
+    within the terminal's width, quality and notes; then why the first of a tie is the best."""
     tied = set(tie["tied"]) if tie else set()
     from trainscout.analysis.table import trial_numbers  # the live table's "#": Optuna's trial number
     numbers, first = trial_numbers(store, name), {}
@@ -222,24 +280,15 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
         why = tie["why"] or (f"the fastest is also the simplest of the {len(tied)} configurations within the measured "
                              f"noise ({tie['noise']:.1%}) of it, marked (tie): it is the best (rule: README, ties)")
         print(f"  {why}", file=stream)
-    for b in passed_over:  # faster, but not shown to train the same model (strict) or shown not to (failed)
-        print(f"not best ({'--quality strict' if strict else 'quality failed'}): {b['tokens_per_s']:,.0f} tokens/s, "
-              f"quality {b['quality']}: "
-              f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
-    if strict and not best and trials:
-        print("no configuration shown to train the same model as its reference: none is called best", file=stream)
-    summary["measured"] = by_status.get(Status.OK, 0)  # trials that ended ok (answered from the store included)
-    if trials and not summary["measured"]:
-        print("nothing measured: no trial of this search ended ok ("
-              + ", ".join(f"{v} {k}" for k, v in sorted(by_status.items())) + "): no configuration to call best",
-              file=stream)
-        if fit is not None:
-            summary["nothing_fits"] = fit
-            print("\n".join(fit_lines(fit)), file=stream)
+
+
+def _print_verdict(store: Store, name: str, out: str, stream) -> dict:
+    """Keep searching? The rule's verdict and its evidence (analysis.verdict), printed with the next commands;
+    returns the verdict as a dict."""
     from trainscout.analysis.terminal import terminal_width
     from trainscout.analysis.verdict import of_search  # keep searching? the rule and its evidence
     verdict = of_search(store, name)
-    summary["verdict"] = verdict.as_dict()
+    as_dict = verdict.as_dict()
     print(verdict.line(terminal_width(stream)), file=stream)
     print(f"results: trainscout results {out}   export: trainscout export {out} --best --format all", file=stream)
-    return summary
+    return as_dict
