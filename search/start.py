@@ -6,7 +6,7 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-from trainscout.spaces import ConfigError, all_knobs, fmt, get, memory_savers, micro_batch
+from trainscout.spaces import ConfigError, all_knobs, applies, fmt, get, memory_savers, micro_batch
 from trainscout.trial import prepare
 from trainscout.predictor.memory import FIT_SHARE  # a start point's share of the GPU (memory.refusal says why)
 
@@ -23,7 +23,7 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
     its default (the fixed ones as fixed), with the largest micro-batch that fits where it is searched - on a GPU
     probed (micro_batch_size=max) or else the largest the memory model predicts to fit in 85 % of its memory; on the
     CPU the smallest that fits the host's memory (_largest_fit says why). On a GPU the knobs' start values follow,
-    step by step (Knob.start: compile on with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor
+    step by step (Search.start: compile on with the loss compiled, then FP8 matmuls on top where the GPU has FP8 tensor
     cores). With two or more trials at once they run side by side. Where the defaults do not fit even at the smallest
     micro-batch, the memory saver of the space predicted fastest of those that make them fit (the GPU and the host) is
     added first (fits), and `notes` says which and why. A CPU search of a
@@ -55,20 +55,20 @@ def start_points(args: SearchArgs, space: Space, hw: dict, calibration: dict | N
 def applicable(point: dict) -> dict:
     """point less the knobs whose requirements it does not meet: they keep their defaults (compile_scope without
     compile)."""
-    return {k: v for k, v in point.items() if get(k).applies(point)}
+    return {k: v for k, v in point.items() if applies(get(k), point)}
 
 
 def started(args: SearchArgs, space: Space, hw: dict, point: dict) -> list[dict]:
     """The GPU start points after `point`: step by step, each searched knob's start value of that step on top of the
-    last (Knob.start). A step is taken where a knob of it that leads (not Knob.start_follows) changes the point; a
+    last (Search.start). A step is taken where a knob of it that leads (not Search.start_follows) changes the point; a
     step past the first only where the model accepts it (FP8: the knob's check refuses a GPU without it)."""
-    knobs = [k for k in all_knobs() if k.start and k.start[1] in space.domains.get(k.name, ())]
+    knobs = [k for k in all_knobs() if k.search.start and k.search.start[1] in space.domains.get(k.name, ())]
     out, on = [], dict(point)
-    for step in sorted({k.start[0] for k in knobs}):
-        now = [k for k in knobs if k.start[0] == step]
-        if not any(not k.start_follows and point.get(k.name) != k.start[1] for k in now):
+    for step in sorted({k.search.start[0] for k in knobs}):
+        now = [k for k in knobs if k.search.start[0] == step]
+        if not any(not k.search.start_follows and point.get(k.name) != k.search.start[1] for k in now):
             break
-        on = {**on, **{k.name: k.start[1] for k in now}}
+        on = {**on, **{k.name: k.search.start[1] for k in now}}
         if out and spec_at(args, space, hw, applicable(on)) is None:
             break
         out.append(applicable(on))
@@ -83,11 +83,11 @@ def space_defaults(space: Space) -> dict:
 def fits(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, point: dict,
          notes: list[str] | None = None, host: float | None = None) -> dict | None:
     """point if the memory model predicts it to fit at the space's smallest micro-batch; else point with the memory
-    saver of the space (spaces.memory_savers) predicted fastest (predictor.steptime, at the largest micro-batch that
-    fits it) of those that fit the GPU and the host (host: its bytes; default predictor.memory.host_capacity(hw)): the
-    rule a search's trials are pruned by (predictor.memory.refusal), held to FIT_SHARE of the GPU; sharding over the
-    ranks before offload where the GPUs hold the states, checkpointing every 4th layer before every layer; None where
-    none fits (notes: why)."""
+    saver of the space (spaces.memory_savers) predicted fastest (steptime.step_s, at the largest micro-batch that fits
+    it) of those that fit the GPU and the host (host: its bytes; default predictor.memory.host_capacity(hw)): the rule a
+    search's trials are pruned by (predictor.memory.refusal), held to FIT_SHARE of the GPU; sharding over the ranks
+    before offload where the GPUs hold the states, checkpointing every 4th layer before every layer; None where none
+    fits (notes: why)."""
     import re
 
     from trainscout.predictor import dtypes, memory, steptime
@@ -197,7 +197,7 @@ def atlas_points(args: SearchArgs, space: Space, hw: dict, have: list[dict],
         return []
     from trainscout.atlas import db
     from trainscout.atlas.lookup import lookup
-    from trainscout.trial.gpus import gpu_kind
+    from trainscout.trial.metrics import gpu_kind
     from trainscout.predictor import memory
     kind = gpu_kind(hw.get("gpu"))
     if kind is None:
@@ -253,7 +253,7 @@ def _put(args: SearchArgs, space: Space, hw: dict, point: dict, config: dict, mb
         v = config.get(k)
         if k != mb and v in dom:
             point[k] = v
-    point = {k: v for k, v in point.items() if k in space.domains and get(k).applies(point)}
+    point = {k: v for k, v in point.items() if k in space.domains and applies(get(k), point)}
     if size is not None and mb in space.domains:
         point[mb] = size
     # another model's best may not fit this one: it takes the memory saver this model needs (a 1.6B's bf16-mixed
@@ -273,7 +273,7 @@ def complete(space: Space, point: dict) -> dict:
     out = dict(point)
     for k in all_knobs():
         dom = space.domains.get(k.name)
-        if dom and k.name not in out and k.applies(out):
+        if dom and k.name not in out and applies(k, out):
             out[k.name] = k.default if k.default in dom else dom[0]
     return out
 
