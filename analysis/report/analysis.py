@@ -14,7 +14,7 @@ from trainscout.store import secrets
 from trainscout.trial.status import Status
 
 from .. import cost, table, ties
-from .formatting import NO_SEARCH, STATUS_TEXT, _first_line, _na, _native, config_text
+from .formatting import NO_SEARCH, STATUS_TEXT, config_text, first_line, is_missing, native_value
 
 @dataclass
 class Analysis:
@@ -49,7 +49,7 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     # the trial's number in the report: its Optuna trial number (the live table's and optuna-dashboard's; the report
     # said #4 for Optuna's 3), else its row from 0; rows keep their own anchor ("row")
     df.insert(0, "row", range(len(df)))
-    df.insert(0, "n", [int(n) if not _na(n) else i for i, n in enumerate(df["number"])])
+    df.insert(0, "n", [int(n) if not is_missing(n) else i for i, n in enumerate(df["number"])])
     records = {m.key: m for m in store.measurements()}
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
@@ -65,7 +65,7 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
         with_error = g[g["error"].notna()]
         ex = (with_error if len(with_error) else g).iloc[0]
         failures.append({"status": status, "count": len(g), "what": STATUS_TEXT.get(status, status),
-                         "error": _first_line(ex["error"]) if isinstance(ex["error"], str) else None,
+                         "error": first_line(ex["error"]) if isinstance(ex["error"], str) else None,
                          "config": config_text(ex, varied, knobs), "key": ex["key"]})
     failures.sort(key=lambda f: -f["count"])
     importance = [imp for search, g in df.groupby("search", sort=False) if (imp := knob_importance(g, search))]
@@ -79,7 +79,7 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
                     verdicts=verdicts)
 
 
-def _tied_keys(a: Analysis) -> set:
+def tied_keys(a: Analysis) -> set:
     """The keys of the configurations within the measured noise of the fastest (empty: no tie)."""
     return {r.key for r in a.tie.tied} if a.tie is not None and len(a.tie.tied) > 1 else set()
 
@@ -94,7 +94,7 @@ def knob_importance(trials: pd.DataFrame, search: str) -> dict | None:
 
     knobs = [k for k in all_knobs() if k.name in trials.columns]
     rows = trials.to_dict("records")
-    cfgs = [{k.name: _native(k, r[k.name]) for k in knobs} for r in rows]
+    cfgs = [{k.name: native_value(k, r[k.name]) for k in knobs} for r in rows]
     searched = {}
     for k in knobs:
         seen = {fmt(c[k.name]): c[k.name] for c in cfgs if c[k.name] is not None}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, all_knobs, applies, fmt
 
 from .analysis import Analysis
-from .formatting import _first_line, _na, label
+from .formatting import first_line, is_missing, label
 
 if TYPE_CHECKING:
     from trainscout.trial.records import Record
@@ -34,7 +34,7 @@ def step_breakdown(a: Analysis, top: int = VIEW_TOP) -> list[dict]:
     out = []
     for row, rec in _fastest(a, top):
         m, accum = rec.m, rec.grad_accum
-        if accum is None or any(_na(m.get(k)) for k in ("micro_batch_s", "last_micro_batch_s", "optimizer_s",
+        if accum is None or any(is_missing(m.get(k)) for k in ("micro_batch_s", "last_micro_batch_s", "optimizer_s",
                                                           "step_s")):
             continue
         parts = dict(zip(STEP_PARTS, ((accum - 1) * m["micro_batch_s"], m["last_micro_batch_s"], m["optimizer_s"])))
@@ -54,7 +54,7 @@ def memory_rows(a: Analysis, top: int = VIEW_TOP) -> tuple[list[dict], list[str]
     calibrations, out, skipped = {}, [], []
     for row, rec in _fastest(a, top):
         m, hw = rec.m, rec.hardware or {}
-        if rec.device != "cuda" or _na(m.get("peak_memory_gib")):
+        if rec.device != "cuda" or is_missing(m.get("peak_memory_gib")):
             continue
         gpu = m.get("gpu") or hw.get("gpu")
         if gpu not in calibrations:
@@ -62,7 +62,7 @@ def memory_rows(a: Analysis, top: int = VIEW_TOP) -> tuple[list[dict], list[str]
         try:
             comp = {k: v / memory.GiB for k, v in memory.components(rec).items()}
         except (ConfigError, OSError, KeyError, ValueError) as e:
-            skipped.append(f"{label(row)} ({_first_line(str(e), 120)})")
+            skipped.append(f"{label(row)} ({first_line(str(e), 120)})")
             continue
         cal = calibrations[gpu]
         # the model's own terms in its order; any other term an engine adds after them
@@ -106,7 +106,7 @@ def knob_pairs(records: list) -> list[dict]:
     cells = {}
     for rec in records:
         m = rec.m
-        if not rec.ok or _na(m.get("tokens_per_s")) or not m["tokens_per_s"]:
+        if not rec.ok or is_missing(m.get("tokens_per_s")) or not m["tokens_per_s"]:
             continue
         cfg = {k.name: (rec.config or {}).get(k.name, k.default) for k in knobs}
         on = {k.name for k in knobs if applies(k, cfg)}

@@ -26,23 +26,26 @@ STATUS_COLOR = {Status.OK: "#2e7d32", Status.OOM: "#c62828", Status.TIMEOUT: "#e
 MISSING = "-"  # a value not known or not measured, in every table and line (pandas printed <NA> and NaN)
 
 
-def _na(v) -> bool:
+def is_missing(v) -> bool:
+    """Whether a value is missing: None, NaN or pandas' NA."""
     return v is None or (pd.api.types.is_scalar(v) and bool(pd.isna(v)))
 
 
-def _e(v) -> str:
+def escape(v) -> str:
+    """A value as HTML-escaped text ("" for None)."""
     return html.escape("" if v is None else str(v))
 
 
-def _first_line(text: str, limit: int = 300) -> str:
+def first_line(text: str, limit: int = 300) -> str:
+    """The first non-blank line of text, without emoji, cut to limit characters."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     line = "".join(ch for ch in (lines[0] if lines else "") if ord(ch) <= 0xFFFF).strip()  # no emoji
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
-def _native(knob, v):
+def native_value(knob, v):
     """A table cell as the knob's own value (pandas turns an int column with gaps into floats)."""
-    if _na(v):  # None, NaN and pandas' NA (an Int64 column's gap: a knob added after a record was stored)
+    if is_missing(v):  # None, NaN and pandas' NA (an Int64 column's gap: a knob added after a record was stored)
         return None
     if hasattr(v, "item"):
         v = v.item()
@@ -58,7 +61,7 @@ def config_text(row, varied: list[str], knobs: list[str] | None = None) -> str:
         if name not in row:
             continue
         knob = get(name)
-        v = _native(knob, row[name])
+        v = native_value(knob, row[name])
         if v is None:
             continue
         if name in varied or fmt(v) != fmt(knob.default):
@@ -68,7 +71,7 @@ def config_text(row, varied: list[str], knobs: list[str] | None = None) -> str:
 
 def usd(v) -> str:
     """US dollars as text: whole dollars from $1000, else cents (2 significant digits under one); "-" if missing."""
-    if _na(v):
+    if is_missing(v):
         return MISSING
     if 0 < v < 0.01:
         return f"${v:.2g}"  # a tiny model's run: the digits that are there, not a rounded zero
@@ -77,20 +80,20 @@ def usd(v) -> str:
 
 def days(v) -> str:
     """Days as text, no unit: one decimal from 10 up, three significant digits below; "-" if missing."""
-    if _na(v):
+    if is_missing(v):
         return MISSING
     return f"{v:,.1f}" if v >= 10 else f"{v:.3g}"
 
 
 def num(v, spec: str = ",.0f") -> str:
     """A number formatted with spec (default: whole, thousands separated); "-" if missing."""
-    return MISSING if _na(v) else format(v, spec)
+    return MISSING if is_missing(v) else format(v, spec)
 
 
 def where(row) -> str:
     """A row's hardware and world size as text, e.g. "H200 x8"; "?" for unknown hardware."""
     n = row.get("world_size")
-    return f"{row.get('hardware') or '?'} x{int(n)}" if not _na(n) else str(row.get("hardware") or "?")
+    return f"{row.get('hardware') or '?'} x{int(n)}" if not is_missing(n) else str(row.get("hardware") or "?")
 
 
 def search_name(search: str) -> str:
@@ -114,6 +117,6 @@ def contributed(row) -> str:
 def gpu_s_text(row) -> str:
     """A row's device-seconds (wall time × ranks) as text, "≈N (est.)" when estimated; "-" if missing."""
     v = row.get("gpu_s")
-    if _na(v):
+    if is_missing(v):
         return MISSING
     return f"≈{v:,.0f} (est.)" if row.get("gpu_s_estimated") else f"{v:,.0f}"

@@ -10,9 +10,9 @@ from trainscout.trial.status import Status
 
 from .analysis import Analysis, pareto_front, progress
 from .breakdown import STEP_PARTS, WORKSPACE
-from .formatting import STATUS_COLOR, _na, _native, days, label, num, search_name, usd, where
-from .svg import _dot, _figure, _label, _note, _svg, _thousands, _tip
-from .text import _unit
+from .formatting import STATUS_COLOR, days, is_missing, label, native_value, num, search_name, usd, where
+from .svg import bar_label, dot, figure, note, thousands_axis, tip, to_svg
+from .text import hours_unit
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 STEP_COLORS = ("#5c6bc0", "#ef6c00", "#2e7d32")
@@ -32,18 +32,18 @@ def _colors(a: Analysis) -> dict:
 def plot_pareto(a: Analysis) -> str:
     """Projected days against peak memory per rank of each successful measurement, each model's Pareto front
     ringed (inline SVG)."""
-    fig = _figure(10, 4.6)
+    fig = figure(10, 4.6)
     ax = fig.subplots()
     b = a.best[a.best["projected_days"].notna() & a.best["peak_memory_gib"].notna()]
     if b.empty:
-        _note(ax, "no successful measurement: nothing to plot")
-        return _svg(fig)
+        note(ax, "no successful measurement: nothing to plot")
+        return to_svg(fig)
     colors = _colors(a)
     groups = [_group(r) for r in b.to_dict("records")]
     for g, color in colors.items():
         sel = b[[x == g for x in groups]]
         for j, (i, r) in enumerate(sel.iterrows()):
-            _dot(fig, ax, r["peak_memory_gib"], r["projected_days"],
+            dot(fig, ax, r["peak_memory_gib"], r["projected_days"],
                  f"{label(r)}: {num(r['tokens_per_s'])} tokens/s, {days(r['projected_days'])} days (rank {i + 1})",
                  s=40, color=color, alpha=0.75, label=g if j == 0 else "_nolegend_", zorder=2)
     for model, g in b.groupby("model"):
@@ -62,45 +62,45 @@ def plot_pareto(a: Analysis) -> str:
     ax.set_ylabel("projected days of the full run")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_cost(a: Analysis, top: int = 20) -> str:
     """Rent of the projected run (US$) of the `top` cheapest priced measurements, as bars (inline SVG)."""
     b = a.best[a.best["rent_usd"].notna()].sort_values("rent_usd").head(top)
-    fig = _figure(8, max(2.2, 0.38 * len(b) + 1.2))
+    fig = figure(8, max(2.2, 0.38 * len(b) + 1.2))
     ax = fig.subplots()
     if b.empty:
-        _note(ax, "no rental price for the hardware measured here: add one with --prices FILE.json")
-        return _svg(fig)
+        note(ax, "no rental price for the hardware measured here: add one with --prices FILE.json")
+        return to_svg(fig)
     labels = [f"rank {i + 1} {where(r)} [{str(r['key'])[:8]}]" for i, r in b.iterrows()]
     y = range(len(b))
     ax.barh(list(y), b["rent_usd"], color="#00897b")
     for yi, (_, r) in zip(y, b.iterrows()):
-        _label(ax, r["rent_usd"], yi, f"{usd(r['rent_usd'])} · {days(r['projected_days'])} days", 8)
+        bar_label(ax, r["rent_usd"], yi, f"{usd(r['rent_usd'])} · {days(r['projected_days'])} days", 8)
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("renting the projected run (US$, list-price estimate)")
     ax.set_xlim(0, b["rent_usd"].max() * 1.35)
     ax.grid(axis="x", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_importance(imp: dict) -> str:
     """One search's knob importances as bars (inline SVG)."""
     vals = imp["values"]
-    fig = _figure(7, max(1.8, 0.45 * len(vals) + 1))
+    fig = figure(7, max(1.8, 0.45 * len(vals) + 1))
     ax = fig.subplots()
     names = list(vals)
     ax.barh(names, [vals[n] for n in names], color="#5c6bc0")
     for i, n in enumerate(names):
-        _label(ax, vals[n], i, f"{vals[n]:.2f}", 9)
+        bar_label(ax, vals[n], i, f"{vals[n]:.2f}", 9)
     ax.invert_yaxis()
     ax.set_xlim(0, max(1e-9, max(vals.values())) * 1.2)
     ax.set_xlabel("importance (normalised, sums to 1)")
     ax.set_title(f"{search_name(imp['search'])}: {imp['trials']} trials, {imp['evaluator']}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_knob_values(a: Analysis) -> str:
@@ -109,13 +109,13 @@ def plot_knob_values(a: Analysis) -> str:
     knobs = [k for k in a.varied if ok[k].dropna().map(fmt).nunique() > 1] or a.varied
     cols = min(3, max(1, len(knobs)))
     rows = max(1, math.ceil(len(knobs) / cols))
-    fig = _figure(3.6 * cols, 2.9 * rows)
+    fig = figure(3.6 * cols, 2.9 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(knobs):]:
         ax.set_axis_off()
     if not knobs or ok.empty:
-        _note(axes.flat[0], "no knob took two values among successful trials")
-        return _svg(fig)
+        note(axes.flat[0], "no knob took two values among successful trials")
+        return to_svg(fig)
     colors = _colors(a)
     rows = ok.to_dict("records")
     groups = [_group(r) for r in rows]
@@ -124,7 +124,7 @@ def plot_knob_values(a: Analysis) -> str:
                    loc="outside upper center", ncols=min(3, len(colors)), fontsize=8, frameon=False)
     for ax, name in zip(axes.flat, knobs):
         knob = get(name)
-        vals = [_native(knob, v) for v in ok[name]]
+        vals = [native_value(knob, v) for v in ok[name]]
         order = [fmt(c) for c in knob.choices if fmt(c) in {fmt(v) for v in vals if v is not None}]
         order += sorted({fmt(v) for v in vals if v is not None} - set(order))
         for xi, value in enumerate(order):
@@ -133,7 +133,7 @@ def plot_knob_values(a: Analysis) -> str:
             ys = [t for t, *_ in pts]
             xs = [xi + (j - (len(ys) - 1) / 2) * min(0.08, 0.6 / max(1, len(ys))) for j in range(len(ys))]
             for x, (t, c, r) in zip(xs, pts):
-                _dot(fig, ax, x, t, f"{label(r)}: {num(t)} tokens/s, {name}={value}", s=28, color=c, alpha=0.8,
+                dot(fig, ax, x, t, f"{label(r)}: {num(t)} tokens/s, {name}={value}", s=28, color=c, alpha=0.8,
                      zorder=2)
             if len(colors) <= 1:  # a median across different hardware would mean nothing
                 med = sorted(ys)[len(ys) // 2]
@@ -142,10 +142,10 @@ def plot_knob_values(a: Analysis) -> str:
         ax.set_xlim(-0.6, len(order) - 0.4)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("tokens/s", fontsize=8)
-        _thousands(ax)
+        thousands_axis(ax)
         ax.tick_params(axis="y", labelsize=8)
         ax.grid(axis="y", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def _when(s) -> datetime | None:
@@ -186,11 +186,11 @@ def plot_timeline(a: Analysis) -> str:
              for i, r in zip(a.df.index, a.df.to_dict("records"))
              if (r["cached"] or not r["key"] or r["key"] not in a.records) and i not in stopped]
     marks = [m for m in marks if m[0]]
-    fig = _figure(8, max(2.2, 0.32 * (len(bars) + bool(marks)) + 1.2))
+    fig = figure(8, max(2.2, 0.32 * (len(bars) + bool(marks)) + 1.2))
     ax = fig.subplots()
     if not bars and not marks:
-        _note(ax, "no start times recorded")
-        return _svg(fig)
+        note(ax, "no start times recorded")
+        return to_svg(fig)
     bars.sort()
     t0 = min([b[0] for b in bars] + [m[0] for m in marks])
     span = max([(b[0] - t0).total_seconds() + b[1] for b in bars] + [(m[0] - t0).total_seconds() for m in marks] + [1])
@@ -200,7 +200,7 @@ def plot_timeline(a: Analysis) -> str:
         est = name.endswith("est.")
         ax.barh(yi, wall / scale, left=x, color=STATUS_COLOR.get(status, "#999"), height=0.6,
                 hatch="//" if est else None, alpha=0.55 if est else 1.0)
-        _label(ax, x + wall / scale, yi, f"{status} (time estimated)" if est else status, 7)
+        bar_label(ax, x + wall / scale, yi, f"{status} (time estimated)" if est else status, 7)
     labels = [name for *_, name in bars]
     if marks:
         y = len(bars)
@@ -216,29 +216,29 @@ def plot_timeline(a: Analysis) -> str:
     ax.legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False,
               ncols=max(1, len(handles)))
     ax.grid(axis="x", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_progress(a: Analysis) -> str:
     """Should I keep going: the best tokens/s so far against the device-hours spent, in trial order; each trial a
     dot at the hours spent once it ended (ok filled, stopped hollow, a failure an x on the axis)."""
-    fig = _figure(10, 4.2)
+    fig = figure(10, 4.2)
     ax = fig.subplots()
     if not a.df["gpu_s"].notna().any():
-        _note(ax, "no trial recorded its time: nothing to plot")
-        return _svg(fig)
-    unit = _unit(a)
+        note(ax, "no trial recorded its time: nothing to plot")
+        return to_svg(fig)
+    unit = hours_unit(a)
     for si, p in enumerate(progress(a)):
         color = COLORS[si % len(COLORS)]
         name = p["search"] if len(a.df["search"].unique()) > 1 else "best so far"
         ax.step(p["hours"], p["best"], where="post", color=color, lw=1.8, label=name, zorder=1)
         for h, (_, r) in zip(p["hours"], p["rows"].iterrows()):
             tps, status = r["tokens_per_s"], r["status"]
-            ran = status in (Status.OK, Status.STOPPED) and not _na(tps)
+            ran = status in (Status.OK, Status.STOPPED) and not is_missing(tps)
             kw = ({"s": 34, "color": color} if status == Status.OK else
                   {"s": 34, "facecolors": "none", "edgecolors": color} if ran else
                   {"s": 30, "marker": "x", "color": STATUS_COLOR.get(status, "#999")})
-            _dot(fig, ax, h, tps if ran else 0.0, f"{label(r)} {status}: {num(tps) + ' tokens/s' if ran else ''} "
+            dot(fig, ax, h, tps if ran else 0.0, f"{label(r)} {status}: {num(tps) + ' tokens/s' if ran else ''} "
                  f"after {h:,.3g} {unit}" + (" (its time estimated)" if r["gpu_s_estimated"] else ""),
                  zorder=2, alpha=0.85, **kw)
     lines = ax.get_legend_handles_labels()[0]
@@ -253,29 +253,29 @@ def plot_progress(a: Analysis) -> str:
     ax.set_xlabel(f"{unit} spent (cumulative, in trial order)")
     ax.set_ylabel("tokens/s")
     top = a.df["tokens_per_s"].max()
-    ax.set_ylim(bottom=-0.03 * (top if not _na(top) else 1))  # a failure's x on the axis stays visible
-    _thousands(ax)
+    ax.set_ylim(bottom=-0.03 * (top if not is_missing(top) else 1))  # a failure's x on the axis stays visible
+    thousands_axis(ax)
     ax.grid(alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_step_breakdown(rows: list[dict]) -> str:
     """step_breakdown's rows as stacked horizontal bars, each part with a hover title naming the trial."""
-    fig = _figure(10, max(2.2, 0.34 * len(rows) + 1.3))
+    fig = figure(10, max(2.2, 0.34 * len(rows) + 1.3))
     ax = fig.subplots()
     if not rows:
-        _note(ax, "no successful measurement with its phase times: nothing to plot")
-        return _svg(fig)
+        note(ax, "no successful measurement with its phase times: nothing to plot")
+        return to_svg(fig)
     for y, b in enumerate(rows):
         left = 0.0
         for name, color in zip(STEP_PARTS, STEP_COLORS):
             v = b["parts"][name]
             how = f"{b['grad_accum'] - 1} x {b['micro_batch_s']:.4g} s = " if name == STEP_PARTS[0] else ""
             bar = ax.barh(y, v, left=left, color=color, height=0.62, label=name if y == 0 else "_nolegend_")[0]
-            _tip(fig, bar, f"{label(b['row'])}: {name} {how}{v:.4g} s of a {b['step_s']:.4g} s step")
+            tip(fig, bar, f"{label(b['row'])}: {name} {how}{v:.4g} s of a {b['step_s']:.4g} s step")
             left += v
         off = b["residual_s"] / b["step_s"]
-        _label(ax, left, y, f"{b['step_s']:.3g} s = " + " + ".join(f"{b['parts'][n]:.3g}" for n in STEP_PARTS)
+        bar_label(ax, left, y, f"{b['step_s']:.3g} s = " + " + ".join(f"{b['parts'][n]:.3g}" for n in STEP_PARTS)
                + (f" ({100 * off:+.2f} %)" if abs(off) > 5e-4 else ""), 7.5)
     ax.set_yticks(range(len(rows)), [label(b["row"]) for b in rows], fontsize=8)
     ax.invert_yaxis()
@@ -283,13 +283,13 @@ def plot_step_breakdown(rows: list[dict]) -> str:
     ax.set_xlabel("seconds of one projected optimizer step (the recipe's global batch)")
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False, ncols=3)
     ax.grid(axis="x", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_memory(rows: list[dict]) -> str:
     """memory_rows as a stacked bar of the model's components above a bar of the measured peak, per configuration;
     the calibrated prediction a diamond, the GPU's capacity a dashed line."""
-    fig = _figure(10, max(2.4, 0.56 * len(rows) + 1.5))
+    fig = figure(10, max(2.4, 0.56 * len(rows) + 1.5))
     ax = fig.subplots()
     names = list(dict.fromkeys(k for r in rows for k in r["parts"]))
     colors = dict(zip([n for n in names if n != WORKSPACE], MEMORY_COLORS)) | {WORKSPACE: MEMORY_COLORS[-1]}
@@ -301,19 +301,19 @@ def plot_memory(rows: list[dict]) -> str:
             if v <= 0:
                 continue
             bar = ax.barh(y - h / 2, v, left=left, height=h, color=colors.get(name, "#999"), label=name)[0]
-            _tip(fig, bar, f"{label(r['row'])}: predicted {name} {v:.2f} GiB of {r['predicted_gib']:.2f} GiB")
+            tip(fig, bar, f"{label(r['row'])}: predicted {name} {v:.2f} GiB of {r['predicted_gib']:.2f} GiB")
             left += v
         bar = ax.barh(y + h / 2, r["measured_gib"], height=h, color="#37474f", label="measured peak (allocated)")[0]
-        _tip(fig, bar, f"{label(r['row'])}: measured peak {r['measured_gib']:.2f} GiB per rank (predicted "
+        tip(fig, bar, f"{label(r['row'])}: measured peak {r['measured_gib']:.2f} GiB per rank (predicted "
              f"{r['predicted_gib']:.2f} analytic" + (f", {r['calibrated_gib']:.2f} calibrated" if r["calibrated_gib"]
                                                      else "") + ")")
-        _label(ax, max(left, r["measured_gib"]), y, f"{r['measured_gib']:.1f} measured / {r['predicted_gib']:.1f} "
+        bar_label(ax, max(left, r["measured_gib"]), y, f"{r['measured_gib']:.1f} measured / {r['predicted_gib']:.1f} "
                "predicted GiB", 7.5)
         if r["calibrated_gib"]:
-            _dot(fig, ax, r["calibrated_gib"], y - h / 2, f"{label(r['row'])}: calibrated prediction "
+            dot(fig, ax, r["calibrated_gib"], y - h / 2, f"{label(r['row'])}: calibrated prediction "
                  f"{r['calibrated_gib']:.2f} GiB (fitted on {r['calibration_n']} measured peaks of {r['gpu']})",
                  marker="D", s=26, color="#c62828", zorder=3, label="calibrated prediction")
-    caps = {(r["gpu"], r["capacity_gib"]) for r in rows if not _na(r["capacity_gib"])}
+    caps = {(r["gpu"], r["capacity_gib"]) for r in rows if not is_missing(r["capacity_gib"])}
     for i, (gpu, cap) in enumerate(sorted(caps, key=lambda c: c[1])):
         ax.axvline(cap, color="#c62828", ls="--", lw=1.3, label=f"GPU memory: {gpu} {cap:g} GiB" if i < 4 else None)
     ax.set_yticks(range(len(rows)), [label(r["row"]) for r in rows], fontsize=8)
@@ -327,12 +327,12 @@ def plot_memory(rows: list[dict]) -> str:
     ax.legend([seen[n] for n in order], order, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False,
               ncols=5)
     ax.grid(axis="x", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)
 
 
 def plot_knob_pairs(a: Analysis, groups: list[dict]) -> str:
     """pair_groups as one row per knob and value pair: each pair's ratio a dot with its error bar, the median a bar."""
-    fig = _figure(10, max(2.4, 0.42 * len(groups) + 1.4))
+    fig = figure(10, max(2.4, 0.42 * len(groups) + 1.4))
     ax = fig.subplots()
     labels = {r["key"]: label(r) for r in a.best.to_dict("records")}
     for y, g in enumerate(groups):
@@ -341,7 +341,7 @@ def plot_knob_pairs(a: Analysis, groups: list[dict]) -> str:
             yj = y + (j - (n - 1) / 2) * min(0.12, 0.7 / max(1, n))
             ax.errorbar([p["ratio"]], [yj], xerr=[[min(p["err"], 0.95 * p["ratio"])], [p["err"]]], fmt="none",
                         ecolor="#90a4ae", elinewidth=1, capsize=2, zorder=1)
-            _dot(fig, ax, p["ratio"], yj, f"{g['knob']} {g['from']} → {g['to']}: {labels.get(p['b'].key, p['b'].key)}"
+            dot(fig, ax, p["ratio"], yj, f"{g['knob']} {g['from']} → {g['to']}: {labels.get(p['b'].key, p['b'].key)}"
                  f" / {labels.get(p['a'].key, p['a'].key)} = {p['ratio']:.3f} ± {p['err']:.3f} ("
                  f"{num(p['b'].m['tokens_per_s'])} / {num(p['a'].m['tokens_per_s'])} tokens/s)",
                  s=26, color="#1f77b4", alpha=0.8, zorder=2)
@@ -361,4 +361,4 @@ def plot_knob_pairs(a: Analysis, groups: list[dict]) -> str:
     ax.set_xlabel("tokens/s ratio, to / from (1: no change; error bar: both measurements' step spread)")
     ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    return _svg(fig)
+    return to_svg(fig)

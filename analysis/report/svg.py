@@ -6,12 +6,12 @@ import io
 import itertools
 import re
 
-from .formatting import _e
+from .formatting import escape
 
 _PLOT = itertools.count(1)
 
 
-def _tip(fig, artist, title: str) -> None:
+def tip(fig, artist, title: str) -> None:
     """A hover title (an SVG <title>) on any drawn artist: a bar segment, a line."""
     tips = fig.__dict__.setdefault("_tips", {})
     gid = f"tip{len(tips)}"
@@ -19,12 +19,13 @@ def _tip(fig, artist, title: str) -> None:
     artist.set_gid(gid)
 
 
-def _dot(fig, ax, x, y, title: str, **kw) -> None:
+def dot(fig, ax, x, y, title: str, **kw) -> None:
     """One plotted point with a hover title (an SVG <title>), so that a dot can be matched to its table row."""
-    _tip(fig, ax.scatter([x], [y], **kw), title)
+    tip(fig, ax.scatter([x], [y], **kw), title)
 
 
-def _svg(fig) -> str:
+def to_svg(fig) -> str:
+    """A figure as inline SVG: text kept as text, its ids prefixed for this plot, its hover titles in place."""
     import matplotlib
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: no glyph definitions per plot
@@ -38,10 +39,11 @@ def _svg(fig) -> str:
     s = re.sub(r'(\sid=")([^"]+")', rf"\g<1>{p}\2", s)
     s = re.sub(r'(url\(#|href="#)', rf"\g<1>{p}", s)
     tips = fig.__dict__.get("_tips", {})
-    return re.sub(rf'(<g id="{p}(tip\d+)">)', lambda m: f"{m[1]}<title>{_e(tips.get(m[2], ''))}</title>", s)
+    return re.sub(rf'(<g id="{p}(tip\d+)">)', lambda m: f"{m[1]}<title>{escape(tips.get(m[2], ''))}</title>", s)
 
 
-def _figure(w: float, h: float):
+def figure(w: float, h: float):
+    """A matplotlib figure of w x h inches on the Agg backend, laid out constrained."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -49,16 +51,18 @@ def _figure(w: float, h: float):
     return fig
 
 
-def _label(ax, x: float, y: float, text: str, size: float) -> None:
+def bar_label(ax, x: float, y: float, text: str, size: float) -> None:
     """Text just right of a bar's end (an offset, since SVG text drops leading spaces)."""
     ax.annotate(text, (x, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=size)
 
 
-def _note(ax, text: str) -> None:
+def note(ax, text: str) -> None:
+    """Text in place of a plot: the axes hidden."""
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True, color="#555")
     ax.set_axis_off()
 
 
-def _thousands(ax) -> None:
+def thousands_axis(ax) -> None:
+    """The y axis labelled in whole numbers with thousands separated."""
     from matplotlib.ticker import FuncFormatter
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))

@@ -1,10 +1,11 @@
 """The report in words: the terminal summary, and the sentences the page shares with it."""
 from __future__ import annotations
 
-from .analysis import Analysis, _tied_keys
-from .formatting import NO_SEARCH, _na, config_text, contributed, days, label, num, search_name, usd, where
+from .analysis import Analysis, tied_keys
+from .formatting import NO_SEARCH, config_text, contributed, days, is_missing, label, num, search_name, usd, where
 
-def _unit(a: Analysis) -> str:
+def hours_unit(a: Analysis) -> str:
+    """The unit of device time spent: GPU-hours where a trial ran on a GPU, else worker-hours."""
     return "GPU-hours" if (a.df["device"].dropna() != "cpu").any() else "worker-hours"
 
 
@@ -70,7 +71,7 @@ def summary(a: Analysis, top: int = 5) -> str:
     if len(a.best):
         lines.append("best configurations (fastest first; rent = projected days x $/GPU-hour x GPUs, box = buying "
                      "the GPUs and machines):")
-        tied = _tied_keys(a)
+        tied = tied_keys(a)
         for i, r in a.best.head(top).iterrows():
             lines.append(f"  rank {i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
                          f"MFU {num(r['mfu'], '.3f')}  quality {r['quality']}  "
@@ -87,7 +88,8 @@ def summary(a: Analysis, top: int = 5) -> str:
             lines.append(f"  {h['model']} on {h['hardware']} x{h['world_size']}: {h['ok']}/{h['trials']} ok, "
                          f"{num(h['tokens_per_s'])} tokens/s, {days(h['projected_days'])} days, rent "
                          f"{usd(h['rent_usd'])}, box {usd(h['box_usd'])}")
-    unpriced = sorted({str(h) for h, p in zip(a.df["hardware"], a.df["price"]) if not _na(h) and _na(p)})
+    unpriced = sorted({str(h) for h, p in zip(a.df["hardware"], a.df["price"])
+                       if not is_missing(h) and is_missing(p)})
     if unpriced:
         lines.append(f"no price for {', '.join(unpriced)}: add it with --prices FILE.json (see analysis/prices.json)")
     if a.failures:
