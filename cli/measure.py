@@ -186,23 +186,11 @@ def cmd_estimate(a) -> int:
     capacity = None if a.gpu_memory is None else gpu_memory(a.gpu_memory)
     host_capacity = None if a.host_memory is None else host_memory(a.host_memory)
     input_file("--model", a.model)
-    from trainscout.spaces import all_knobs
-    from trainscout.trial.metrics import gpu_facts
-    # the GPU box estimated for, not this machine: --gpu's compute capability where it is known (fp8 needs sm_89),
-    # else a Hopper's, and every package a knob runs on (liger-kernel for the fused linear loss, torchao for fp8)
     records = None
     if a.calibrate:
         from trainscout.analysis.table import store_of
         records = store_of(a.calibrate, create=False).measurements()
-    kind = None
-    if a.gpu:  # a kind by exact identity, or with --calibrate a GPU of that store that is no kind, by its name
-        from trainscout.trial.gpus import asked_kind
-        kind = asked_kind(a.gpu, "--gpu", tuple(sorted({str(r.m.get("gpu")) for r in records or []
-                                                        if r.m.get("gpu") and not gpu_facts(r.m.get("gpu"))})))
-    facts = gpu_facts(kind) if kind else None
-    assumed = None if facts else "compute capability 9.0 (give --gpu NAME for another)"
-    hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu, "capability": facts[1] if facts else "9.0"}
-    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)
+    hw, kind, facts, installed = _estimate_box(a, records)
     spec = prepare(a.model, parse_sets(a.set), workers=a.workers, hw=hw, installed=installed, **recipe_kwargs(a))
     cal = None
     if a.calibrate:
@@ -229,6 +217,33 @@ def cmd_estimate(a) -> int:
                           "assumed": {"capability": hw["capability"], "packages": sorted(installed),
                                       "gpu_known": facts is not None}}))
         return 1 if fits is False else 0
+    _print_estimate(a, spec, (comp, total, host), cal, capacity, host_capacity, host_why, facts)
+    return 1 if fits is False else 0
+
+
+def _estimate_box(a, records: list | None) -> tuple[dict, str | None, tuple | None, frozenset]:
+    """(hw, the GPU kind, its facts, the packages assumed installed) of the GPU box estimated for, not this machine:
+    --gpu's compute capability where it is known (fp8 needs sm_89), else a Hopper's, and every package a knob runs
+    on (liger-kernel for the fused linear loss, torchao for fp8)."""
+    from trainscout.spaces import all_knobs
+    from trainscout.trial.metrics import gpu_facts
+    kind = None
+    if a.gpu:  # a kind by exact identity, or with --calibrate a GPU of that store that is no kind, by its name
+        from trainscout.trial.gpus import asked_kind
+        kind = asked_kind(a.gpu, "--gpu", tuple(sorted({str(r.m.get("gpu")) for r in records or []
+                                                        if r.m.get("gpu") and not gpu_facts(r.m.get("gpu"))})))
+    facts = gpu_facts(kind) if kind else None
+    hw = {"device": "cuda", "gpu_count": a.workers, "gpu": a.gpu, "capability": facts[1] if facts else "9.0"}
+    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)
+    return hw, kind, facts, installed
+
+
+def _print_estimate(a, spec, predicted: tuple, cal: dict | None, capacity: float | None, host_capacity: float | None,
+                    host_why: str | None, facts) -> None:
+    """estimate's text: the components per rank, the prediction, the host's memory, what was assumed, the verdicts;
+    predicted: (the components, their predicted total, the host's parts)."""
+    from trainscout.predictor import memory
+    comp, total, host = predicted
     print(f"model {spec.model}  ranks {a.workers}  config " + " ".join(f"{k}={v}" for k, v in spec.config.items()))
     for k, v in comp.items():
         print(f"  {k:12} {v / memory.GiB:8.2f} GiB")
@@ -237,8 +252,9 @@ def cmd_estimate(a) -> int:
     print(f"  {'predicted':12} {total / memory.GiB:8.2f} GiB per rank ({how})")
     print("  host memory, all ranks: " + ", ".join(f"{k} {v / memory.GiB:.1f}" for k, v in host.items())
           + f" GiB: {memory.host_need(host) / memory.GiB:.1f} GiB at the peak")
-    if assumed:
-        print(f"  assumed: a GPU of {assumed}, with every knob's packages installed")
+    if not facts:
+        print("  assumed: a GPU of compute capability 9.0 (give --gpu NAME for another), with every knob's packages "
+              "installed")
     if capacity:
         verdict = "fits" if total <= capacity else "does NOT fit"
         print(f"  {verdict} in {capacity / memory.GiB:.1f} GiB ({100 * total / capacity:.0f} %)")
@@ -246,7 +262,6 @@ def cmd_estimate(a) -> int:
         least = " at micro-batch 1, the least the probe tries" if spec.plan.micro_batch_probe else ""
         print(f"  host: does NOT fit: {host_why}" if host_why else
               f"  host: fits in {host_capacity / memory.GiB:.0f} GiB less {memory.MARGIN:.0%}{least} (a search's rule)")
-    return 1 if fits is False else 0
 
 
 def cmd_verify(a) -> int:

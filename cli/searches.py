@@ -77,73 +77,18 @@ def cmd_search(a) -> int:
 
 
 def _search(a) -> int:
+    """`trainscout search` past the terminal: the dry run, or the search's arguments (resumed or new), its run, the
+    summary again where -q or -v asks, and the exit status."""
     if a.dry_run or a.gpu or a.gpus or a.host_memory or a.gpu_memory:
         return _dry_run(a)
     track = tracking(a.track)
-    from trainscout.search.service import SearchArgs, counted, resumed, run_search, summarize
+    from trainscout.search.service import run_search, summarize
     from trainscout.store import default_url, open_store
     out = sys.stderr if a.json else sys.stdout  # --json: the JSON alone on stdout, the rest on stderr
     input_file("--space", a.space)
     sets = parse_sets(a.set) if a.set else None
     recipe = {k: v for k, v in recipe_kwargs(a).items() if v is not None}
-    if a.resume:
-        from trainscout.store import Store, storage_url
-        if not os.path.isdir(a.resume):
-            raise ConfigError("--resume", f"--resume {a.resume}: no such folder: give the --out folder of a search")
-        if a.out is not None and os.path.abspath(a.out) != os.path.abspath(a.resume):
-            raise ConfigError("--out", f"--out {a.out} with --resume {a.resume}: a resumed search stays in its folder: "
-                                       "leave --out out")
-        storage = storage_url(a.storage) if a.storage else None
-        if storage is None and not os.path.isfile(os.path.join(a.resume, "results.db")):
-            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there (no results.db): start one "
-                                          "with --out, or give its --storage")
-        store = Store(storage or default_url(a.resume))
-        name = os.path.basename(os.path.abspath(a.resume))
-        saved, folder = store.search_args(name), name
-        if saved is None:  # a folder renamed since: its store's one search is the one to continue, under its name
-            names = store.searches()
-            saved = store.search_args(names[0]) if len(names) == 1 else None
-            name = names[0] if saved is not None else name
-        if saved is None:
-            recorded = f" (it holds {', '.join(store.searches())}: give --storage and the matching folder name)" \
-                if store.searches() else ""
-            raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there{recorded}: start one with "
-                                          "--out")
-        given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
-                 "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
-                 "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
-                 "storage": storage, "address": a.address, "quality": a.quality,
-                 "max_concurrent": a.max_concurrent, "one_node": a.one_node}
-        args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
-        if name != folder:
-            args.name = name
-            notes.append(f"the folder was named {name} when the search started: it continues as {name}")
-        for note in notes if not a.quiet else ():
-            print(f"resuming {name}: {note}", file=out)
-    else:
-        if a.model is None:
-            import torch
-            if torch.cuda.is_available():
-                raise ConfigError("--model", "give --model (e.g. pythia-160m); without a GPU the default is a CPU demo")
-            # the demo's small settings where the flag was not given (a given --steps, --warmup, --gpus-per-trial or
-            # --trials is kept, as with --model)
-            a.model, a.trials = DEMO["model"], a.trials or DEMO["trials"]
-            for flag, key in (("gpus_per_trial", "workers"), ("steps", "steps"), ("warmup", "warmup")):
-                if getattr(a, flag) is None:
-                    setattr(a, flag, DEMO[key])
-            if not a.quiet:
-                print(f"no GPU here: running the CPU demo search (tiny model, {a.gpus_per_trial} workers, {a.trials} "
-                      "trials)", file=sys.stderr)
-            sets = dict(demo_sets(), **(sets or {}))
-        for k, v in SEARCH_DEFAULTS.items():
-            if getattr(a, k) is None:
-                setattr(a, k, v)
-        input_file("--model", a.model)
-        args = SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
-                          time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
-                          address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
-                          max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark",
-                          max_concurrent=a.max_concurrent, one_node=a.one_node)
+    args = _resumed_args(a, sets, recipe, out) if a.resume else _new_args(a, sets, recipe)
     # -q: the live table, its progress lines and the start line go nowhere; the summary is printed after it ends
     stream = open(os.devnull, "w", encoding="utf-8") if a.quiet else out
     try:
@@ -160,6 +105,80 @@ def _search(a) -> int:
             print_failures(store, summary["search"], out)
     if a.json:
         print(json.dumps(summary))
+    return _search_status(summary, args)
+
+
+def _resumed_args(a, sets: dict | None, recipe: dict, out):
+    """--resume DIR: the search's saved arguments with what this command line gives (a renamed folder's search
+    continues under its own name); each note printed unless -q."""
+    from trainscout.search.service import counted, resumed
+    from trainscout.store import Store, default_url, storage_url
+    if not os.path.isdir(a.resume):
+        raise ConfigError("--resume", f"--resume {a.resume}: no such folder: give the --out folder of a search")
+    if a.out is not None and os.path.abspath(a.out) != os.path.abspath(a.resume):
+        raise ConfigError("--out", f"--out {a.out} with --resume {a.resume}: a resumed search stays in its folder: "
+                                   "leave --out out")
+    storage = storage_url(a.storage) if a.storage else None
+    if storage is None and not os.path.isfile(os.path.join(a.resume, "results.db")):
+        raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there (no results.db): start one "
+                                      "with --out, or give its --storage")
+    store = Store(storage or default_url(a.resume))
+    name = os.path.basename(os.path.abspath(a.resume))
+    saved, folder = store.search_args(name), name
+    if saved is None:  # a folder renamed since: its store's one search is the one to continue, under its name
+        names = store.searches()
+        saved = store.search_args(names[0]) if len(names) == 1 else None
+        name = names[0] if saved is not None else name
+    if saved is None:
+        recorded = f" (it holds {', '.join(store.searches())}: give --storage and the matching folder name)" \
+            if store.searches() else ""
+        raise ConfigError("--resume", f"--resume {a.resume}: no search recorded there{recorded}: start one with "
+                                      "--out")
+    given = {"model": a.model, "device": a.device, "gpus_per_trial": a.gpus_per_trial, "space": a.space,
+             "sets": sets, "seed": a.seed, "steps": a.steps, "warmup": a.warmup, "timeout": a.timeout,
+             "max_failures": a.max_failures, "recipe": recipe, "trials": a.trials, "time_budget_s": a.time_budget,
+             "storage": storage, "address": a.address, "quality": a.quality,
+             "max_concurrent": a.max_concurrent, "one_node": a.one_node}
+    args, notes = resumed(saved, a.resume, given, done=counted(store.trials(name)))
+    if name != folder:
+        args.name = name
+        notes.append(f"the folder was named {name} when the search started: it continues as {name}")
+    for note in notes if not a.quiet else ():
+        print(f"resuming {name}: {note}", file=out)
+    return args
+
+
+def _new_args(a, sets: dict | None, recipe: dict):
+    """A new search's arguments: the flags given, the defaults for the rest; without --model and a GPU, the CPU
+    demo's."""
+    from trainscout.search.service import SearchArgs
+    if a.model is None:
+        import torch
+        if torch.cuda.is_available():
+            raise ConfigError("--model", "give --model (e.g. pythia-160m); without a GPU the default is a CPU demo")
+        # the demo's small settings where the flag was not given (a given --steps, --warmup, --gpus-per-trial or
+        # --trials is kept, as with --model)
+        a.model, a.trials = DEMO["model"], a.trials or DEMO["trials"]
+        for flag, key in (("gpus_per_trial", "workers"), ("steps", "steps"), ("warmup", "warmup")):
+            if getattr(a, flag) is None:
+                setattr(a, flag, DEMO[key])
+        if not a.quiet:
+            print(f"no GPU here: running the CPU demo search (tiny model, {a.gpus_per_trial} workers, {a.trials} "
+                  "trials)", file=sys.stderr)
+        sets = dict(demo_sets(), **(sets or {}))
+    for k, v in SEARCH_DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    input_file("--model", a.model)
+    return SearchArgs(model=a.model, out=a.out, device=a.device, gpus_per_trial=a.gpus_per_trial, trials=a.trials,
+                      time_budget_s=a.time_budget, space=a.space, sets=sets or {}, storage=a.storage,
+                      address=a.address, seed=a.seed, steps=a.steps, warmup=a.warmup, timeout=a.timeout,
+                      max_failures=a.max_failures, recipe=recipe, quality=a.quality or "mark",
+                      max_concurrent=a.max_concurrent, one_node=a.one_node)
+
+
+def _search_status(summary: dict, args) -> int:
+    """The exit status of a search that ran, with its line on stderr where it is not 0."""
     if summary.get("none_why"):  # exit 0 means it did what was asked: a run that ended no trial did not
         print(f"trainscout: error: this run of {summary['search']} ended no trial: {summary['none_why']}",
               file=sys.stderr)
@@ -236,35 +255,55 @@ INTEGER_COLUMNS = ("world_size",)  # read as floats where a row lacks them (a tr
 
 def cmd_results(a) -> int:
     """`trainscout results`: a store's trials as a table, CSV or JSON; or --export/--import of its measurements."""
-    from trainscout.analysis.table import (METRICS, best_choice, dumps, fit_table, load_resolved, store_of,
-                                           terminal_width)
-    from trainscout.store import one_line, storage_url
+    from trainscout.analysis.table import dumps, store_of
     if a.export_file or a.import_file:
-        if a.import_file:
-            input_file("--import", a.import_file)
-            if "://" in a.source:
-                a.source = storage_url(a.source, "DIR")  # an in-memory store would drop what is imported
-            else:
-                out_folder("DIR", a.source)
-            store = store_of(a.source, create=True)
-            added, present, refused = store.import_jsonl(a.import_file)
-            store.checkpoint()
-            for n, key, why in refused:  # each one, with its reason (store/contrib.py: the rules)
-                print(f"trainscout: refused: {a.import_file} line {n} (key {key[:12]}): {why}", file=sys.stderr)
-            print(f"imported {added} measurements, {present} already present"
-                  + (f", {len(refused)} refused" if refused else ""))
-            return 1 if refused else 0
-        if a.share:
-            from trainscout.store.contrib import export_share
-            n, left = export_share(store_of(a.source), a.export_file)
-            print(f"exported {n} measurements to {a.export_file} to share (provenance and a content hash per row; no "
-                  "paths, host names or logs)" + "".join(f"; left out {k}: {v}" for k, v in sorted(left.items())))
-        else:
-            print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
-        return 0
+        return _move_records(a)
     if a.share:
         raise ConfigError("--share", "--share goes with --export FILE: write e.g. --export mine.jsonl --share")
     store = store_of(a.source)
+    df = _trials_frame(a, store)
+    if a.format == "csv":
+        print(df.to_csv(index=False), end="")
+    elif a.format == "json":
+        print(dumps(df))
+    else:
+        _print_table(a, df, store)
+    return 0
+
+
+def _move_records(a) -> int:
+    """results --import FILE (each refused record printed with its reason; exit 1 if any was) or --export FILE
+    (--share: a contribution file)."""
+    from trainscout.analysis.table import store_of
+    from trainscout.store import storage_url
+    if a.import_file:
+        input_file("--import", a.import_file)
+        if "://" in a.source:
+            a.source = storage_url(a.source, "DIR")  # an in-memory store would drop what is imported
+        else:
+            out_folder("DIR", a.source)
+        store = store_of(a.source, create=True)
+        added, present, refused = store.import_jsonl(a.import_file)
+        store.checkpoint()
+        for n, key, why in refused:  # each one, with its reason (store/contrib.py: the rules)
+            print(f"trainscout: refused: {a.import_file} line {n} (key {key[:12]}): {why}", file=sys.stderr)
+        print(f"imported {added} measurements, {present} already present"
+              + (f", {len(refused)} refused" if refused else ""))
+        return 1 if refused else 0
+    if a.share:
+        from trainscout.store.contrib import export_share
+        n, left = export_share(store_of(a.source), a.export_file)
+        print(f"exported {n} measurements to {a.export_file} to share (provenance and a content hash per row; no "
+              "paths, host names or logs)" + "".join(f"; left out {k}: {v}" for k, v in sorted(left.items())))
+    else:
+        print(f"exported {store_of(a.source).export_jsonl(a.export_file)} measurements to {a.export_file}")
+    return 0
+
+
+def _trials_frame(a, store):
+    """The store's trials as results lists them: whole numbers as integers, filtered by --model, --status and --gpu,
+    sorted by --sort."""
+    from trainscout.analysis.table import METRICS, load_resolved
     df = load_resolved(store)  # a store of measurements alone too (a grid, an import)
     for col in df.columns:  # whole numbers print as such (`1`, not `1.0`), also beside rows without a value
         vals = df[col].dropna()
@@ -284,33 +323,35 @@ def cmd_results(a) -> int:
         if a.sort not in df.columns:
             raise ConfigError("--sort", f"--sort {a.sort}: no such column: use one of {', '.join(df.columns)}")
         df = df.sort_values(a.sort, ascending=a.sort not in ("tokens_per_s", "mfu"), na_position="last")
-    if a.format == "csv":
-        print(df.to_csv(index=False), end="")
-    elif a.format == "json":
-        print(dumps(df))
-    else:
-        from trainscout.spaces import all_knobs
-        knobs = [k.name for k in sorted((k for k in all_knobs() if k.search.column), key=lambda k: k.search.column)]
-        shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
-                             *knobs, "key", "error") if c in df.columns]
-        if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
-            shown[3:3] = ["samples", "tokens_per_s_spread"]
-        if df["placement"].fillna("").str.contains("nodes").any():  # a trial split over nodes: say so
-            shown[3:3] = ["placement"]
-        if df["shared"].notna().any():  # measured while other trials shared its CPU/GPU: kept apart, never served
-            shown[3:3] = ["shared"]
-        width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
-        df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
-        # missing: "-"; on a terminal, within its width (a pipe: every column whole)
-        print(fit_table(df[shown], terminal_width()) if len(df) else "no trials")
-        choice = best_choice(store)
-        if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
-            from trainscout.analysis.terminal import fit_text
-            print(fit_text(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
-                  f" (the fastest and the simplest of {len(choice.tied)} within the measured noise "
-                  f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"),
-                  terminal_width()))
-    return 0
+    return df
+
+
+def _print_table(a, df, store) -> None:
+    """results' table for people: the columns a row has, within the terminal's width, then the best where it ties."""
+    from trainscout.analysis.table import best_choice, fit_table
+    from trainscout.analysis.terminal import terminal_width
+    from trainscout.spaces import all_knobs
+    from trainscout.store import one_line
+    knobs = [k.name for k in sorted((k for k in all_knobs() if k.search.column), key=lambda k: k.search.column)]
+    shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
+                         *knobs, "key", "error") if c in df.columns]
+    if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
+        shown[3:3] = ["samples", "tokens_per_s_spread"]
+    if df["placement"].fillna("").str.contains("nodes").any():  # a trial split over nodes: say so
+        shown[3:3] = ["placement"]
+    if df["shared"].notna().any():  # measured while other trials shared its CPU/GPU: kept apart, never served
+        shown[3:3] = ["shared"]
+    width = 4000 if a.verbose else 80  # -v: the whole reason, on one line
+    df = df.assign(error=[one_line(e, width) if isinstance(e, str) else "" for e in df["error"]])
+    # missing: "-"; on a terminal, within its width (a pipe: every column whole)
+    print(fit_table(df[shown], terminal_width()) if len(df) else "no trials")
+    choice = best_choice(store)
+    if choice is not None and len(choice.tied) > 1:  # the best and what it ties with (rule: README, ties)
+        from trainscout.analysis.terminal import fit_text
+        print(fit_text(f"best: {choice.best.key}" + (f"; {choice.line()}" if choice.is_tie else
+              f" (the fastest and the simplest of {len(choice.tied)} within the measured noise "
+              f"({choice.noise:.1%}): {', '.join(r.key[:12] for r in choice.tied if r.key != choice.best.key)})"),
+              terminal_width()))
 
 
 def cmd_export(a) -> int:
