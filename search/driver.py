@@ -254,7 +254,8 @@ def run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, strea
     try:
         summary = _run(args, store, name, space, hw, stream, keeper, deadline, track or [])
     except Exception as e:  # a storage failure ends in one line; anything else is raised as it is
-        why = guard.failure_of(e)
+        # a store that failed first makes what Tune raises after it (its state file written empty) its consequence
+        why = guard.failure_of(e) or store_failure()
         if why is None and keeper.lost() is None:
             # a driver woken after another took its lease over: Optuna refuses its stale write to a trial the
             # successor settled (UpdateFinishedTrialError, from a write the lease's guard does not see): the one line

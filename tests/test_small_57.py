@@ -1,6 +1,7 @@
 """Issue 57's small items: a stale build lock no process holds is removed before DeepSpeed builds (the ZeRO trial
 itself: tests/test_issue50.py), every row of the live table within the terminal's width, prices by exact GPU kind, and
 no prediction for a GPU kind never measured above its peak (MFU > 1)."""
+import contextlib
 import io
 import json
 import os
@@ -117,3 +118,178 @@ def test_a_kind_never_measured_is_predicted_no_nearer_its_peak_than_its_calibrat
         assert r["mfu"] <= ceiling + 1e-9, (r["mfu"], ceiling)
     assert any("[capped at MFU" in r["describe"] for r in rows)
     assert not any("[capped" in r["describe"] for r in predict.predict_model("pythia-1b", "H200", 1, pool)["rows"])
+
+
+# --- (e) the shipped atlas, imported ----------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_shipped_atlas_imports_refusing_only_its_own_conflicting_duplicates(tmp_path, capsys):
+    """42 of the shipped atlas' rows were refused by the import rules (versions a first record does not name, a retired
+    setting): imported into an empty store, the only rows refused are those that conflict with another row of the same
+    file (the same configuration measured apart), each naming that row."""
+    from trainscout.cli.main import main
+    from trainscout.store import Store, default_url
+    atlas = os.path.join(ROOT, "atlas", "records.jsonl.gz")
+    rc = main(["results", str(tmp_path / "s"), "--import", atlas])
+    out, err = capsys.readouterr()
+    refused = [ln for ln in err.splitlines() if ln.startswith("trainscout: refused: ")]
+    assert rc == (1 if refused else 0) and "Traceback" not in err, err[-3000:]
+    bad = [ln for ln in refused if "conflicting duplicate of line " not in ln or " of this file " not in ln]
+    assert not bad, bad
+    imported = len(Store(default_url(str(tmp_path / "s"))).measurements())
+    assert f"imported {imported} measurements" in out and f"{len(refused)} refused" in out, out
+    print(f"the shipped atlas into an empty store: {imported} imported, {len(refused)} refused (conflicting "
+          "duplicates within the file)")
+
+
+# --- (f) a read-only running-trials registry --------------------------------------------------------------------------
+def test_a_read_only_registry_folder_refuses_the_search_naming_it(tmp_path, monkeypatch, capsys):
+    """The running-trials registry a read-only folder (chattr +i: root ignores the mode bits; skipped where that is not
+    permitted): the search stops in one line naming the folder, exit 2, nothing written."""
+    import subprocess
+
+    from trainscout.cli.main import main
+    from trainscout.trial import contention
+    registry = tmp_path / "running"
+    registry.mkdir()
+    if subprocess.run(["chattr", "+i", str(registry)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not permitted here: no read-only folder for root")
+    monkeypatch.setenv(contention.DIR_ENV, str(registry))
+    out = tmp_path / "out"
+    try:
+        rc = main(["search", "--model", "tiny", "--device", "cpu", "--trials", "1", "--out", str(out)])
+    finally:
+        subprocess.run(["chattr", "-i", str(registry)], capture_output=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"the running-trials registry {registry} cannot be used" in err[0], err
+    assert contention.DIR_ENV in err[0] and not out.exists() and os.listdir(registry) == []
+
+
+# --- (g) a renamed folder resumed -------------------------------------------------------------------------------------
+def test_a_renamed_folder_resumes_its_search_and_writes_nothing_where_it_was(tmp_path, capsys):
+    """`--resume` of a folder renamed since its search started said "no search recorded there": the search it holds
+    continues under its own name (here all its trials are done: nothing runs, exit 0), and the old path stays absent."""
+    from dataclasses import asdict
+
+    from trainscout.cli.main import main
+    from trainscout.search.service import SearchArgs, validate
+    from trainscout.store import Store, default_url
+    out = tmp_path / "s"
+    out.mkdir()
+    args = SearchArgs(model="tiny", out=str(out), device="cpu", trials=2, steps=1, warmup=0,
+                      sets={"compile": "false"}, recipe={"global_batch": 4})
+    validate(args)
+    store = Store(default_url(str(out)))
+    store.add_search("s", asdict(args))
+    for i in range(2):
+        store.add_trial("s", f"t{i}", None, "timeout", False, 0.0, {"micro_batch_size": i + 1}, error="too slow")
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    assert main(["search", "--resume", str(moved), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["search"] == "s" and "all 2 trials done" in cap.err, cap.err
+    assert "the folder was named s when the search started: it continues as s" in cap.err
+    assert not out.exists() and "Traceback" not in cap.err
+
+
+# --- (h) an imported measurement: results, the report and export --best agree -----------------------------------------
+def test_an_imported_measurement_is_in_results_and_the_report_and_export_best_agrees(tmp_path, capsys):
+    """An imported measurement was hidden from `results` and the report in a store with a search while `export --best`
+    wrote it: a recorded GPU search's store with another store's measurements imported lists them in both, and the
+    report's best is the one export --best writes."""
+    import shutil
+
+    from trainscout.analysis.report.analysis import analyse
+    from trainscout.cli.main import main
+    from trainscout.store import Store, default_url
+    data = os.path.join(ROOT, "bench", "data", "gpu-2026-11-30-s4")
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    shutil.copy(os.path.join(data, "gpus1", "results.db"), folder / "results.db")
+    Store(f"sqlite:///{os.path.join(data, 'kernels', 'results.db')}").export_jsonl(str(tmp_path / "other.jsonl"))
+    assert main(["results", str(folder), "--import", str(tmp_path / "other.jsonl")]) == 0
+    store = Store(default_url(str(folder)))
+    imported = {m.key for m in store.measurements()} - {t["key"] for n in store.searches() for t in store.trials(n)}
+    assert imported
+    capsys.readouterr()
+    assert main(["results", str(folder), "--format", "json"]) == 0
+    assert imported <= {r["key"] for r in json.loads(capsys.readouterr().out)}
+    report = analyse(str(folder))
+    assert imported <= set(report.df["key"].dropna())
+    assert main(["export", str(folder), "--best", "--out", str(tmp_path / "best")]) == 0
+    written = json.loads((tmp_path / "best" / "trainscout.json").read_text())["key"]
+    assert written == report.tie.best.key == list(report.best["key"])[0], (written, list(report.best["key"]))
+
+
+# --- (i) a full disk mid-search ---------------------------------------------------------------------------------------
+def _fill_when(root, db, table: str, search) -> float | None:
+    """Once the store at db holds a row in table, write zeros into root until its filesystem is full: when it was
+    full, or None where the search ended first."""
+    import sqlite3
+    while search.poll() is None:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as c:
+                if c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]:
+                    break
+        except sqlite3.Error:
+            pass  # not made yet
+        time.sleep(0.1)
+    else:
+        return None
+    with open(root / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * (1 << 16))
+            f.flush()
+    return time.time()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("when", ["trainscout_search_trials", "trials"], ids=["between-trials", "first-draw"])
+def test_a_disk_that_fills_mid_search_ends_it_in_one_line_within_seconds(tmp_path, when):
+    """`trainscout search` with its folder on a real small filesystem (a tmpfs; skipped where mounting is not
+    permitted), filled once its first trial is stored (between two trials), or once the study drew its first
+    (Optuna's trials table: that trial then runs on the full disk): the search ends within seconds, in one line
+    saying the store failed and what it kept, exit 1, never a traceback (Ray Tune's experiment state, written empty
+    on the full disk, was read back after its loop and raised)."""
+    import subprocess
+    import sys
+
+    from trainscout.store import Store, default_url
+    root = tmp_path / "disk"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(root)], capture_output=True).returncode:
+        pytest.skip("no right to mount a tmpfs here: a full disk needs a real small filesystem")
+    out, log = root / "s", tmp_path / "log"
+    fixed = ["optimizer_state=fp32", "activation_offload=off", "optimizer_impl=auto", "compile=false",
+             "loss_kernel=eager", "zero_stage=0", "tf32=true", "attention=sdpa", "sdpa_backend=math", "precision=fp32",
+             "fsdp=off"]
+    try:
+        with open(log, "w") as f:
+            search = subprocess.Popen([sys.executable, "-m", "trainscout.cli", "search", "--model", "tiny", "--device",
+                                       "cpu", "--steps", "1", "--warmup", "0", "--global-batch", "4",
+                                       "--max-concurrent", "1", "--trials", "6", "--out", str(out),
+                                       *[a for s in fixed for a in ("--set", s)]], stdout=f, stderr=f, cwd=ROOT)
+        try:
+            filled = _fill_when(root, out / "results.db", when, search)
+            rc = search.wait(timeout=300)
+        finally:
+            if search.poll() is None:
+                search.kill()
+                search.wait()
+        ended = time.time()
+        printed = log.read_text()
+        assert filled, printed[-3000:]
+        (root / "filler").unlink()  # room to open the store again
+        stored = Store(default_url(str(out))).trials("s")
+    finally:
+        (root / "filler").unlink(missing_ok=True)
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+    print(f"the search ended {ended - filled:.1f} s after its disk filled, {len(stored)} trials kept")
+    assert rc == 1 and ended - filled < 30, (rc, ended - filled, printed[-3000:])
+    assert "Traceback" not in printed, printed[-3000:]
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("trainscout: error: the results store failed (") and "the search stopped; the " in last
+    assert "database or disk is full" in last or "No space left on device" in last, last
+    assert "continue with: trainscout search --resume" in last and len(stored) < 6, (last, len(stored))
+    assert f"the {len(stored)} trial" in last, last
