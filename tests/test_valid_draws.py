@@ -242,6 +242,7 @@ def test_a_dry_run_refuses_bad_input_in_one_line(flags, field, tmp_path, monkeyp
         raise SystemExit(code)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and field in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("trainscout: error: "), err
     assert os.listdir(tmp_path) == []
 
 
@@ -259,6 +260,7 @@ def test_a_training_verdict_refuses_bad_input_in_one_line(flags, field, tmp_path
         raise SystemExit(main(["verify", *(f.format(tmp=tmp_path) for f in flags)]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and field in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("trainscout: error: "), err
     assert os.listdir(tmp_path) == []
 
 
