@@ -27,7 +27,8 @@ MARGIN = 0.05  # a change predicted slower than this is left to the sampler: the
 WIDEN = 5
 
 
-def _key(params: dict) -> str:
+def params_key(params: dict) -> str:
+    """A configuration's parameters as one string: equal parameters, equal keys."""
     return json.dumps(params, sort_keys=True, default=str)
 
 
@@ -57,7 +58,7 @@ class Ranker:
         from trainscout.spaces import ConfigError
 
         from .space import knob_params
-        k = _key(point)
+        k = params_key(point)
         if k not in self._params:
             try:
                 self._params[k] = knob_params(self.space.params_of(point))
@@ -67,7 +68,7 @@ class Ranker:
 
     def step_s(self, params: dict) -> float | None:
         """The predicted step time of params (cached), None where it cannot run here."""
-        k = _key(params)
+        k = params_key(params)
         if k not in self._predicted:
             self._predicted[k] = self.predict_s(params)
         return self._predicted[k]
@@ -100,14 +101,14 @@ class Ranker:
         if not feasible:
             return None
         best = max(feasible, key=lambda t: t.value)
-        taken = {_key(t.params) for t in trials if t.state in (optuna.trial.TrialState.COMPLETE,
-                                                               optuna.trial.TrialState.RUNNING,
-                                                               optuna.trial.TrialState.WAITING)
+        taken = {params_key(t.params) for t in trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                                     optuna.trial.TrialState.RUNNING,
+                                                                     optuna.trial.TrialState.WAITING)
                  or t.user_attrs.get("status") in INFEASIBLE_STATUSES}  # FAIL or PRUNED, measured or refused
         base_s = self.step_s(best.params)
         candidates = []
         for knob, p in self.neighbours(best.params):
-            if _key(p) in taken:
+            if params_key(p) in taken:
                 continue
             effect = self._measured_effect(done, knob, best.params[knob], p[knob])
             if effect is None:
@@ -139,7 +140,7 @@ class Ranker:
         by_rest: dict[str, dict] = {}
         for t in done:
             if t.params.get(knob) in (old, new):
-                rest = _key({k: v for k, v in t.params.items() if k != knob})
+                rest = params_key({k: v for k, v in t.params.items() if k != knob})
                 by_rest.setdefault(rest, {})[t.params[knob] == new] = t.value
         ratios = [pair[True] / pair[False] for pair in by_rest.values() if len(pair) == 2 and pair[False] > 0]
         if not ratios:

@@ -1,33 +1,25 @@
 """The Optuna/Tune wiring of a search: TPE (the sampler), ASHA (the scheduler), the ranker's proposals, the searcher
 that hands Tune only configurations the study has not measured (search/study.py: Tune's Searcher over the Optuna
 study by ask/tell), and how a resume settles the trials a driver left RUNNING. What an Optuna trial carries of its
-outcome: search/outcomes.py (re-exported here)."""
+outcome: search/outcomes.py."""
 from __future__ import annotations
 
 import datetime
-import threading
-import time
 import warnings
 from typing import TYPE_CHECKING
 
 from trainscout.trial.status import NOT_MEASURED, Status
 
-from .outcomes import (FEASIBLE, INFEASIBLE, NUMBERS, TUNE_ID, failed_quality, optuna_state, outcome_attrs,
-                       set_constraint)
+from .outcomes import INFEASIBLE, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
 from .space import knob_params
 from .start import spec_at
-from .trainable import FREE_RUN, METRIC
+from .trainable import METRIC
 
 if TYPE_CHECKING:
     from trainscout.store import Store
 
     from .args import SearchArgs
     from .space import Space
-
-HALT_POLL_S = 0.25  # how often a draw's wait looks whether the search must end (the time budget, Ctrl-C, the store)
-
-__all__ = ["FEASIBLE", "FREE_RUN", "NUMBERS", "TUNE_ID", "make_ranker", "make_sampler", "make_scheduler",
-           "make_searcher", "outcome_attrs", "recover_interrupted", "set_constraint"]
 
 
 def make_sampler(seed: int, trials: int | None):
@@ -106,7 +98,7 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
     hands the trials). None on a CPU: the sampler alone."""
     from trainscout.predictor import memory, steptime
 
-    from .ranked import Ranker, _key
+    from .ranked import Ranker, params_key
     gpu = memory.gpu_capacity(hw)
     if gpu is None:
         return None
@@ -115,7 +107,7 @@ def make_ranker(args: SearchArgs, space: Space, hw: dict, calibration: dict | No
 
     def at(params: dict):
         """spec_at of params, prepared once for predict_s and ceiling alike."""
-        key = _key(params)
+        key = params_key(params)
         if key not in specs:
             specs[key] = spec_at(args, space, hw, params)
         return specs[key]
@@ -153,60 +145,8 @@ def make_searcher(space: Space, name: str, ostorage, sampler, start: list[dict] 
     or pruned before it runs (FREE) costs no device time and is replaced; after FREE_RUN of them in a row a random
     configuration that judge (config -> None where its trial would run, else why not) lets run is drawn next, and
     the drawing ends only where none is found (stopped_why says so)."""
-    from ray.tune.search import Searcher
-
-    from .study import DistinctSearcher  # Ray Tune and Optuna load here, not with this module
-
-    class Halting(DistinctSearcher):
-        """Ends the drawing once the search must end (halt: the driver's stop conditions), whatever the draw does.
-        Tune asks its stopper only between the events of its loop; with no trial running it waits up to 600 s for a
-        next trial in a loop of its own, asking the searcher once a second and nothing else: a draw that failed (a
-        full disk: the searcher then proposes nothing) or that does not return would hold a search there.
-        So each draw runs in a thread of its own while halt is looked at every HALT_POLL_S; once it says why, the
-        searcher answers FINISHED (Tune's loop then ends) and keeps why, and how long Tune had waited (halted)."""
-
-        halt = None  # () -> why the search must end now (the time budget, Ctrl-C, the store failed), else None
-        halted: dict | None = None  # {"why", "waited_s", "draw": whether a draw was left unreturned}
-        _waiting_since: float | None = None  # when the searcher began proposing nothing (Tune asks again and again)
-
-        def suggest(self, trial_id: str):
-            waiting = 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
-            if self.halted is not None or self._halt(waiting, False):
-                return Searcher.FINISHED
-            box: dict = {}
-
-            def draw():
-                try:
-                    box["config"] = DistinctSearcher.suggest(self, trial_id)
-                except BaseException as e:  # noqa: BLE001 - raised again in Tune's thread
-                    box["error"] = e
-            t0 = time.monotonic()
-            worker = threading.Thread(target=draw, name=f"draw {trial_id}", daemon=True)
-            worker.start()
-            while worker.is_alive():
-                worker.join(HALT_POLL_S)
-                if worker.is_alive() and self._halt(time.monotonic() - t0, True):
-                    return Searcher.FINISHED  # the draw is left to end on its own: nothing waits for it
-            if "error" in box:
-                raise box["error"]
-            if box["config"] is None and self.in_flight:  # waiting for the running trials: no stall
-                self._waiting_since = None
-            elif box["config"] is None:  # nothing proposed, nothing running: Tune asks again in a second, and again
-                if self._waiting_since is None:
-                    self._waiting_since = t0
-                if self._halt(time.monotonic() - self._waiting_since, False):
-                    return Searcher.FINISHED
-            else:
-                self._waiting_since = None
-            return box["config"]
-
-        def _halt(self, waited_s: float, in_draw: bool) -> bool:
-            why = self.halt() if self.halt is not None else None
-            if why is not None and self.halted is None:
-                self.halted = {"why": why, "waited_s": waited_s, "draw": in_draw}
-            return why is not None
-
-    return Halting(space, name, ostorage, sampler, start, seed=seed, ranker=ranker, target=target, judge=judge)
+    from .study import HaltingSearcher  # Ray Tune and Optuna load here, not with this module
+    return HaltingSearcher(space, name, ostorage, sampler, start, seed=seed, ranker=ranker, target=target, judge=judge)
 
 
 def recover_interrupted(ostorage, name: str, store: Store, cut: list | None = None) -> int:

@@ -17,17 +17,18 @@ from dataclasses import asdict
 
 from trainscout.search.live import Printer
 from trainscout.store import default_url, guard, open_store
-from trainscout.predictor.memory import MARGIN as MEMORY_MARGIN
+from trainscout.predictor.memory import FIT_SHARE, MARGIN as MEMORY_MARGIN
 
 from . import driver
 from .args import SearchArgs, read_space, validate
 from .driver import _progress_callback
+from .outcomes import TUNE_ID
 from .resume import LOCK_FILE, folder_free, hold_folder, refuse_existing, resumed
-from .searcher import FREE_RUN, TUNE_ID, make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
-from .start import FIT_SHARE, first_points, fits, space_defaults, start_points, store_points
+from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
+from .start import first_points, fits, space_defaults, start_points, store_points
 from .summary import summarize
 from .tracking import check as check_tracking
-from .trainable import METRIC, TRIAL_ACTOR, _stopped_before, _trainable, counted, space_knobs
+from .trainable import FREE_RUN, METRIC, TRIAL_ACTOR, _stopped_before, _trainable, counted, space_knobs
 
 # run_search, and the names cli/main.py, bench/, atlas/ and the tests import from here
 __all__ = ["FIT_SHARE", "FREE_RUN", "LOCK_FILE", "MEMORY_MARGIN", "METRIC", "TRIAL_ACTOR", "TUNE_ID",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
+import time
 import warnings
 from typing import TYPE_CHECKING
 
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 RANDOM_TRIES = 200  # random draws tried for a configuration a search has not measured, in place of a repeat
 MEASURED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
 STEP = "training_iteration"  # Tune's count of a trial's reports: the step of an intermediate value
+HALT_POLL_S = 0.25  # how often a draw's wait looks whether the search must end (the time budget, Ctrl-C, the store)
 
 
 class DistinctSearcher(Searcher):
@@ -244,6 +247,57 @@ class DistinctSearcher(Searcher):
         except Exception as e:  # noqa: BLE001 - e.g. a NaN value: the trial stays as it is, as OptunaSearch had it
             log.warning(e)
         self.completed.add(trial_id)
+
+
+
+class HaltingSearcher(DistinctSearcher):
+    """Ends the drawing once the search must end (halt: the driver's stop conditions), whatever the draw does.
+    Tune asks its stopper only between the events of its loop; with no trial running it waits up to 600 s for a
+    next trial in a loop of its own, asking the searcher once a second and nothing else: a draw that failed (a
+    full disk: the searcher then proposes nothing) or that does not return would hold a search there.
+    So each draw runs in a thread of its own while halt is looked at every HALT_POLL_S; once it says why, the
+    searcher answers FINISHED (Tune's loop then ends) and keeps why, and how long Tune had waited (halted)."""
+
+    halt = None  # () -> why the search must end now (the time budget, Ctrl-C, the store failed), else None
+    halted: dict | None = None  # {"why", "waited_s", "draw": whether a draw was left unreturned}
+    _waiting_since: float | None = None  # when the searcher began proposing nothing (Tune asks again and again)
+
+    def suggest(self, trial_id: str):
+        waiting = 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
+        if self.halted is not None or self._halt(waiting, False):
+            return Searcher.FINISHED
+        box: dict = {}
+
+        def draw():
+            try:
+                box["config"] = DistinctSearcher.suggest(self, trial_id)
+            except BaseException as e:  # noqa: BLE001 - raised again in Tune's thread
+                box["error"] = e
+        t0 = time.monotonic()
+        worker = threading.Thread(target=draw, name=f"draw {trial_id}", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(HALT_POLL_S)
+            if worker.is_alive() and self._halt(time.monotonic() - t0, True):
+                return Searcher.FINISHED  # the draw is left to end on its own: nothing waits for it
+        if "error" in box:
+            raise box["error"]
+        if box["config"] is None and self.in_flight:  # waiting for the running trials: no stall
+            self._waiting_since = None
+        elif box["config"] is None:  # nothing proposed, nothing running: Tune asks again in a second, and again
+            if self._waiting_since is None:
+                self._waiting_since = t0
+            if self._halt(time.monotonic() - self._waiting_since, False):
+                return Searcher.FINISHED
+        else:
+            self._waiting_since = None
+        return box["config"]
+
+    def _halt(self, waited_s: float, in_draw: bool) -> bool:
+        why = self.halt() if self.halt is not None else None
+        if why is not None and self.halted is None:
+            self.halted = {"why": why, "waited_s": waited_s, "draw": in_draw}
+        return why is not None
 
 
 def _key(params: dict) -> str:
