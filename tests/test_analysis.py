@@ -158,6 +158,10 @@ def test_an_export_says_how_to_launch_it_and_its_folder_can_move(store_dir, tmp_
             inline = json.loads((moved / "training_args.json").read_text())["deepspeed"]
             assert inline == json.loads((moved / "deepspeed.json").read_text())
             assert hf.read_arguments(str(moved))["deepspeed"] == inline
+            import contextlib
+            with contextlib.chdir(tmp_path):  # not the export's folder: a relative "deepspeed.json" was refused here
+                stock = transformers.TrainingArguments(**json.loads((moved / "training_args.json").read_text()))
+            assert stock.deepspeed == inline and stock.hf_deepspeed_config.config["zero_optimization"]["stage"] == 2
     folder = tmp_path / "moved" / "k0"
     (folder / "ranks.py").write_text(RANKS)
     import socket
@@ -455,3 +459,20 @@ def test_an_export_of_a_first_record_leaves_out_settings_that_are_no_knob_any_mo
     from trainscout.spaces import get
     kept, notes = current({**exported["config"], "compile_mode": "default"})  # what `trainscout train` runs
     assert [get(k).name for k in kept] == list(kept) and len(notes) == 1  # every one a knob: none unknown
+
+
+def test_train_runs_an_older_export_holding_a_retired_setting_and_says_so(store_dir, tmp_path, capsys):
+    """An export written before compile_mode was retired holds it in its config: `trainscout train` refused it as an
+    unknown knob; it trains, with one note saying the setting was left out and why."""
+    exp = tmp_path / "exp"
+    assert main(["export", store_dir, "--trial", "k0", "--format", "hf", "--out", str(exp)]) == 0
+    exported = json.loads((exp / "trainscout.json").read_text())
+    exported["config"]["compile_mode"] = "default"  # as a first record's export wrote it
+    (exp / "trainscout.json").write_text(json.dumps(exported))
+    capsys.readouterr()
+    assert main(["train", "--config", str(exp), "--steps", "1", "--out", str(tmp_path / "ckpt"), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out.strip().splitlines()[-1])["status"] == "ok"
+    notes = [ln for ln in cap.err.splitlines() if "compile_mode" in ln]
+    assert notes == ["trainscout: note: compile_mode=default left out: torch.compile's mode: every compiled trial ran "
+                     "its default, and `compile` says whether one was compiled"], cap.err[-2000:]
