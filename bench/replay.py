@@ -4,7 +4,7 @@ within --tolerance of the grid's best has run in full, over many sampler seeds, 
 What runs is the search's own machinery, one trial at a time: a Ray Tune Tuner with the search's searcher
 (search.service.make_searcher: a repeated draw replaced by an unmeasured one, the ranked proposals of make_ranker
 first) over search.space.Space.sample (the space recorded in the CSV), make_sampler, make_scheduler (ASHA), the
-start points (where they apply: a GPU grid; start_points as first_points orders them) and search.service._trainable
+start points (where they apply: a GPU grid; start_points as first_points orders them) and search.trainable.tune_trial
 itself - invalid and pruned outcomes reported as 0, a configuration already measured answered from a results store
 (a fresh one per seed), ASHA fed each timed step - with one substitution: trial.execute plays back the recorded
 row (its timed steps' throughputs, then its record) instead of launching workers. Charges: a trial that ran in full
@@ -28,9 +28,10 @@ import tempfile
 import time
 
 from trainscout.cli.flags import EXIT_BAD_INPUT, Parser, parse_sets, positive_int
-from trainscout.search.service import (METRIC, Printer, SearchArgs, _progress_callback, _trainable,
-                                       first_points, make_ranker, make_sampler, make_scheduler, make_searcher,
-                                       space_knobs, start_points)
+from trainscout.search.driver import progress_callback
+from trainscout.search.service import (METRIC, Printer, SearchArgs, first_points, make_ranker, make_sampler,
+                                       make_scheduler, make_searcher, space_knobs, start_points)
+from trainscout.search.trainable import tune_trial
 from trainscout.search.space import Space
 from trainscout.spaces import ConfigError, all_knobs, fmt, get
 from trainscout.store import default_url
@@ -119,7 +120,7 @@ def played(row: dict, spec, on_step) -> Record:
 
 
 def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
-    """search.service._trainable with trial.execute replaced by the recorded row of the configuration."""
+    """search.trainable.tune_trial with trial.execute replaced by the recorded row of the configuration."""
     from trainscout.search import trainable
     as_recorded(meta)
 
@@ -129,7 +130,7 @@ def _replay_trainable(config: dict, base: dict, meta: dict, rows: dict) -> None:
             raise LookupError("not in the grid: " + " ".join(f"{k}={fmt(v)}" for k, v in spec.config.items()))
         return played(row, spec, on_step)
     trainable.execute = execute
-    _trainable(config, base)
+    tune_trial(config, base)
 
 
 def ledger_classes():
@@ -214,7 +215,7 @@ def replay_seed(seed: int, meta: dict, space: Space, rows: dict, a, tmp: str, ta
     searcher = make_searcher(space, f"replay-{seed}", optuna.storages.InMemoryStorage(), make_sampler(seed, a.trials),
                              start, seed=seed, ranker=ranker)
     # the search's own callback: it records the trials ASHA stopped, which a later proposal of theirs is answered from
-    progress = _progress_callback(base["storage"], base["search"], Printer(space, open(os.devnull, "w")))
+    progress = progress_callback(base["storage"], base["search"], Printer(space, open(os.devnull, "w")))
     t0 = time.perf_counter()
     tune.Tuner(
         tune.with_resources(tune.with_parameters(_replay_trainable, base=base, meta=meta, rows=rows), {"CPU": 1}),

@@ -18,14 +18,15 @@ from trainscout.trial.status import Status, classify, host_oom_line, node_lost_l
 from . import cluster, settle
 from .args import SEED_RANGE, SearchArgs
 from .halt import clear_store_failure, lease_failure, lease_lost, store_failed, store_failure
-from .interrupt import _catch_interrupt, _one_line_logs, _quiet_host_oom, interrupted
+from .interrupt import catch_interrupt, interrupted, one_line_logs, quiet_host_oom
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .nearest import nothing_line
 from .space import Space
 from .start import first
 from .summary import clock, source_lines, sources_measured, summarize
 from .tracking import trackers
-from .trainable import METRIC, TRIAL_ACTOR, _trainable, before_run, capacities, counted, fault_schedule, space_knobs
+from .trainable import (METRIC, TRIAL_ACTOR, before_run, capacities, counted, fault_schedule, space_knobs,
+                        tune_trial)
 
 
 def _cancel(tune_trial_id: str, stop: bool = False) -> None:
@@ -38,7 +39,7 @@ def _cancel(tune_trial_id: str, stop: bool = False) -> None:
         pool.pool().cancel.remote(owner=tune_trial_id)
 
 
-def _write(fn, search: str | None = None) -> bool:
+def guarded_write(fn, search: str | None = None) -> bool:
     """Run a store write of the driver inside Tune's loop; a storage failure is recorded, not raised into Tune
     (which would print its traceback). False when it failed, or when another driver took over the lease of
     `search` (checked first: nothing is written then)."""
@@ -57,7 +58,8 @@ def _write(fn, search: str | None = None) -> bool:
         return False
 
 
-def _progress_callback(url: str, search: str, printer):
+def progress_callback(url: str, search: str, printer):
+    """The search's Tune callback (Progress), writing to the store at url and printing rows with printer."""
     from ray.tune import Callback
 
     class Progress(Callback):
@@ -78,8 +80,8 @@ def _progress_callback(url: str, search: str, printer):
                 _not_counted(trial.trial_id)
             if r.get("status") == Status.RUNNING:  # stopped by the scheduler before its last step
                 _cancel(trial.trial_id, stop=True)  # its actor is gone: the ranks still run its steps
-                if not _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED, False,
-                                                                r.get(METRIC), trial.config), search):
+                if not guarded_write(lambda: open_store(url).add_trial(search, trial.trial_id, None, Status.STOPPED,
+                                                                       False, r.get(METRIC), trial.config), search):
                     return
                 r = dict(r, status=str(Status.STOPPED))
             printer(trial, r)
@@ -99,8 +101,8 @@ def _progress_callback(url: str, search: str, printer):
             elif kind == Status.NODE_LOST or (where := _lost_node(text)):  # the trial's actor's node left the cluster
                 status, why = Status.NODE_LOST, node_lost_line(text, None if kind == Status.NODE_LOST else where)
                 _not_counted(trial.trial_id)
-            if _write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
-                                                        trial.config, error=why), search):
+            if guarded_write(lambda: open_store(url).add_trial(search, trial.trial_id, None, status, False, 0.0,
+                                                               trial.config, error=why), search):
                 printer(trial, {"status": str(status), METRIC: 0.0, "error": why})
 
     return Progress()
@@ -178,8 +180,10 @@ def budget_over(deadline: float | None) -> bool:
     return True
 
 
-def _interrupt_stopper(path: str | None = None, ident=None, deadline: float | None = None, search: str | None = None,
-                       url: str | None = None, reserve: float = 0.0):
+def make_stopper(path: str | None = None, ident=None, deadline: float | None = None, search: str | None = None,
+                 url: str | None = None, reserve: float = 0.0):
+    """The search's Tune stopper (StopOnInterrupt); reserve: the seconds of the budget kept to settle a verdict
+    (search/settle.py)."""
     from ray.tune import Stopper
 
     class StopOnInterrupt(Stopper):
@@ -372,11 +376,11 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         _warm_first(start[0], base, args.one_node)
     searcher.judge = lambda config: before_run(config, base)[1]  # asked after its draws keep being refused
     # the stopper's conditions, asked by the searcher too: Tune waits for a next trial without asking its stopper
-    halting = _interrupt_stopper(keeper.path, keeper.ident, deadline, name, url,
-                                 settle.SHARE * (args.time_budget_s or 0))
+    halting = make_stopper(keeper.path, keeper.ident, deadline, name, url,
+                           settle.SHARE * (args.time_budget_s or 0))
     searcher.halt = lambda: _halt_why(args.time_budget_s) if halting.stop_all() else None
-    # the capacities the trials are judged on (trainable._refusal): the host the driver's (on one box, the common
-    # case, the trials' too; on a cluster the nodes' smallest), the GPU's
+    # the capacities the trials are judged on (trainable.launch_refusal): the host the driver's (on one box, the
+    # common case, the trials' too; on a cluster the nodes' smallest), the GPU's
     base.update(capacities(hw, calibration))
     host = base["host"]["capacity"]
     printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
@@ -385,7 +389,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                       unit="GPU" if hw["device"] == "cuda" else "worker")
     printer.to_stderr = stream is sys.stderr
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(_trainable, base=base), TRIAL_ACTOR),
+        tune.with_resources(tune.with_parameters(tune_trial, base=base), TRIAL_ACTOR),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                     num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
                                     max_concurrent_trials=concurrent,  # the budget: the stopper's deadline
@@ -393,8 +397,8 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}",
                                   storage_path=os.path.abspath(os.path.join(args.out, "tune")), verbose=0,
-                                  callbacks=[_progress_callback(url, name, printer),
-                                                        *trackers(track, name, args.out, stream)],
+                                  callbacks=[progress_callback(url, name, printer),
+                                                       *trackers(track, name, args.out, stream)],
                                   stop=halting,
                                   failure_config=tune.FailureConfig(max_failures=0)))
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
@@ -409,7 +413,7 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         for p, why in points:
             print(f"  start point from {where} ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
                   file=stream, flush=True)
-    with _catch_interrupt(), _one_line_logs("ray.tune.execution.experiment_state"), _quiet_host_oom():
+    with catch_interrupt(), one_line_logs("ray.tune.execution.experiment_state"), quiet_host_oom():
         if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
             tuner.fit()
     stalled = _stalled_line(searcher.halted)

@@ -15,7 +15,7 @@ _INTERRUPTED = threading.Event()
 
 
 @contextlib.contextmanager
-def _catch_interrupt():
+def catch_interrupt():
     """Ctrl-C (SIGINT) while Tune runs: no trial is started, the running ones are stopped (a Tune stopper), what the
     store holds is kept, and run_search says so. Tune's own handler stops the same way but tells nobody (the search
     exited 0 with a normal summary), so it is switched off. A second Ctrl-C quits at once."""
@@ -44,7 +44,7 @@ def _catch_interrupt():
 
 
 @contextlib.contextmanager
-def _one_line_logs(*names: str):
+def one_line_logs(*names: str):
     """Records of these loggers as one line each, their traceback's last line kept: Tune's saving of its own
     experiment state (OUT/tune) to a full disk logged a traceback beside the line that says what the store kept."""
     class OneLine(logging.Filter):
@@ -66,7 +66,7 @@ def _one_line_logs(*names: str):
 
 
 @contextlib.contextmanager
-def _quiet_host_oom():
+def quiet_host_oom():
     """Tune's traceback of a trial actor the host's memory monitor killed (Ray's 60-line OutOfMemoryError), or whose
     node left the cluster, left out: the trial's row (and the summary or the search's last line) say it in one line."""
     class Drop(logging.Filter):

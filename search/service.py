@@ -21,21 +21,19 @@ from trainscout.predictor.memory import FIT_SHARE, MARGIN as MEMORY_MARGIN
 
 from . import driver
 from .args import SearchArgs, read_space, validate
-from .driver import _progress_callback
 from .outcomes import TUNE_ID
 from .resume import LOCK_FILE, folder_free, hold_folder, refuse_existing, resumed
 from .searcher import make_ranker, make_sampler, make_scheduler, make_searcher, recover_interrupted
 from .start import first_points, fits, space_defaults, start_points, store_points
 from .summary import summarize
 from .tracking import check as check_tracking
-from .trainable import FREE_RUN, METRIC, TRIAL_ACTOR, _stopped_before, _trainable, counted, space_knobs
+from .trainable import FREE_RUN, METRIC, TRIAL_ACTOR, counted, space_knobs
 
 # run_search, and the names cli/main.py, bench/, atlas/ and the tests import from here
 __all__ = ["FIT_SHARE", "FREE_RUN", "LOCK_FILE", "MEMORY_MARGIN", "METRIC", "TRIAL_ACTOR", "TUNE_ID",
-           "Printer", "SearchArgs", "_progress_callback", "_stopped_before", "_trainable", "counted", "first_points",
-           "fits", "hold_folder", "make_ranker", "make_sampler", "make_scheduler", "make_searcher", "read_space",
-           "recover_interrupted", "resumed", "run_search", "space_defaults", "space_knobs", "start_points",
-           "store_points", "summarize", "validate"]
+           "Printer", "SearchArgs", "counted", "first_points", "fits", "hold_folder", "make_ranker", "make_sampler",
+           "make_scheduler", "make_searcher", "read_space", "recover_interrupted", "resumed", "run_search",
+           "space_defaults", "space_knobs", "start_points", "store_points", "summarize", "validate"]
 
 
 def run_search(args: SearchArgs, stream=None, resume: bool = False, started: float | None = None,

@@ -28,7 +28,7 @@ FREE_RUN = 30
 TRIAL_ACTOR = {"CPU": cluster.TRIAL_CPU}  # what a search's Tune trial actor holds beside its ranks (search/cluster.py)
 
 
-def _trainable(config: dict, base: dict) -> None:
+def tune_trial(config: dict, base: dict) -> None:
     """One Tune trial: measure (or look up) one configuration and report it. A store that failed (deleted, full,
     read-only) is reported as `store_failed`, which stops the search (its driver says what was kept)."""
     from ray import tune
@@ -47,7 +47,7 @@ def trial_spec(settings: dict, base: dict, fault: str | None = None):
                    hw=base["hardware"], seed=base["seed"], fault=fault, **base["recipe"])
 
 
-def _refusal(spec, base: dict) -> tuple[str, dict] | None:
+def launch_refusal(spec, base: dict) -> tuple[str, dict] | None:
     """Why the memory model refuses to launch this trial, with what the record keeps of the prediction; None: launch
     it. The search's one rule (predictor.memory.refusal: its host or GPU need predicted over the capacity and the
     margin; a micro_batch_size=max probe judged at micro-batch 1), on the capacities the driver hands the trials
@@ -58,8 +58,8 @@ def _refusal(spec, base: dict) -> tuple[str, dict] | None:
 
 
 def capacities(hw: dict, calibration: dict | None = None) -> dict:
-    """What a search hands its trials to judge them by (_refusal): the host's memory, and the GPU's with the memory
-    model's calibration where the trials have one."""
+    """What a search hands its trials to judge them by (launch_refusal): the host's memory, and the GPU's with the
+    memory model's calibration where the trials have one."""
     from trainscout.predictor import memory
     out = {"host": {"capacity": memory.host_capacity(hw)}}
     if (gpu := memory.gpu_capacity(hw)) is not None:
@@ -69,12 +69,12 @@ def capacities(hw: dict, calibration: dict | None = None) -> dict:
 
 def before_run(settings: dict, base: dict) -> tuple[str, str | None]:
     """(status, why) a trial of these settings gets before it runs: invalid where the rules refuse them, pruned
-    where the memory model predicts them over the GPU's or the host's memory (_refusal), else ok: it would run."""
+    where the memory model predicts them over the GPU's or the host's memory (launch_refusal), else ok: it would run."""
     try:
         spec = trial_spec(settings, base)
     except ConfigError as e:
         return str(Status.INVALID), str(e)
-    why = _refusal(spec, base)
+    why = launch_refusal(spec, base)
     return (str(Status.PRUNED), why[0]) if why else (str(Status.OK), None)
 
 
@@ -96,7 +96,7 @@ def _measure(config: dict, base: dict) -> None:
         store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
         tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
         return
-    why = _refusal(spec, base)  # predicted over the host's or the GPU's memory: not launched
+    why = launch_refusal(spec, base)  # predicted over the host's or the GPU's memory: not launched
     if why:
         error, extra = why
         store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, dict(spec.config, **extra),
@@ -113,14 +113,14 @@ def _measure(config: dict, base: dict) -> None:
     record = store.get(key)
     # never a host_oom, nor a measurement other trials shared the device of (trial.status)
     cached = record is not None and served(record.status, record.error, record.metrics)
-    if not cached and (value := _stopped_before(store, base["search"], settings)) is not None:
+    if not cached and (value := stopped_before(store, base["search"], settings)) is not None:
         # ASHA ended this configuration earlier in the search: TPE proposed it again; it gets the same answer
         store.add_trial(base["search"], trial_id, None, Status.STOPPED, True, value, settings)
         tune.report({METRIC: value, "status": str(Status.STOPPED), "cached": True})
         return
     # the gate's verdict where this configuration changes the numerics and an earlier trial stepped the same change
-    gate, known = _known_gate(store, spec) if not cached else (None, None)
-    if why := _failed_gate(spec, known):  # trains another model: never the best, so not run
+    gate, known = known_gate(store, spec) if not cached else (None, None)
+    if why := failed_gate(spec, known):  # trains another model: never the best, so not run
         store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
         tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why,
                      "quality": known["gate"]})
@@ -245,7 +245,7 @@ def rank_bar(store, search: str) -> dict | None:
                                       "trial": best[1]}
 
 
-def _known_gate(store, spec) -> tuple[str | None, dict | None]:
+def known_gate(store, spec) -> tuple[str | None, dict | None]:
     """(the gate's key, its stored verdict or None) of a configuration whose knobs change the numerics: the verdict
     is the same for every trial that changes the same on this model, GPU and versions (trial.quality.gate_key);
     (None, None) for one that changes nothing."""
@@ -256,9 +256,9 @@ def _known_gate(store, spec) -> tuple[str | None, dict | None]:
     return gate, store.quality(gate, "gate")
 
 
-def _failed_gate(spec, known: dict | None) -> str | None:
+def failed_gate(spec, known: dict | None) -> str | None:
     """Why a configuration is not measured: the knobs it changes the numerics with failed their quality gate in an
-    earlier trial (known: _known_gate's verdict); a failed configuration is never the best (analysis/ties.choose).
+    earlier trial (known: known_gate's verdict); a failed configuration is never the best (analysis/ties.choose).
     None: run it."""
     from trainscout.trial import quality
     failed = quality.failed_settings(known, spec.config)  # the verdict's changes: the gate key's, so this spec's
@@ -269,7 +269,7 @@ def _failed_gate(spec, known: dict | None) -> str | None:
             f"a configuration that trains another model is never the best")
 
 
-def _stopped_before(store, search: str, settings: dict) -> float | None:
+def stopped_before(store, search: str, settings: dict) -> float | None:
     """The best step of an earlier trial of this search that ASHA stopped with the same settings (None: none)."""
     same = json.loads(json.dumps(settings, sort_keys=True, default=str))
     for t in store.trials(search):

@@ -28,7 +28,7 @@ import pytest
 import sqlalchemy as sa
 
 from trainscout.cli.main import main
-from trainscout.search import service
+from trainscout.search import service, trainable
 from trainscout.search.service import SearchArgs, make_sampler, make_searcher, recover_interrupted, resumed, validate
 from trainscout.search.space import Space
 from trainscout.spaces import ConfigError, all_knobs
@@ -661,7 +661,7 @@ def test_an_invalid_trial_keeps_its_reason_in_the_store_and_in_results(tmp_path,
             "trial_dir": str(tmp_path / "trials"), "knob_names": list(service.space_knobs()), "faults": {}, "offset": 0}
     store = Store(url)
     store.add_search("s", {})
-    service._trainable({"zero_stage": 0, "offload_params": True}, base)  # refused before launch
+    trainable.tune_trial({"zero_stage": 0, "offload_params": True}, base)  # refused before launch
     [row] = store.trials("s")
     assert row["status"] == "invalid" and "offload_params" in row["error"] and reports[-1]["error"] == row["error"]
     rec = Record(model="tiny", config={"micro_batch_size": 2}, status="ok", device="cpu", world_size=1,
@@ -810,7 +810,7 @@ def test_a_search_interrupted_then_resumed_with_more_trials(tmp_path, capsys, ra
             if store is None and (out / "results.db").exists():
                 store = Store(default_url(str(out)))
             handler = getattr(signal.getsignal(signal.SIGINT), "__qualname__", "")
-            if store is not None and store.trials("s") and handler.startswith("_catch_interrupt"):
+            if store is not None and store.trials("s") and handler.startswith("catch_interrupt"):
                 os.kill(os.getpid(), signal.SIGINT)
                 return
     threading.Thread(target=ctrl_c_after_the_first_trial, daemon=True).start()

@@ -202,10 +202,10 @@ def test_a_postgresql_store_of_old_keys_is_served_and_an_old_reader_still_finds_
     base = {"model": "tiny", "workers": 2, "steps": 2, "warmup": 0, "hardware": hw, "seed": 0, "recipe": {},
             "storage": pg_url, "search": "s", "timeout": 5, "address": None, "trial_dir": "/tmp",
             "knob_names": list(trainable.space_knobs()), "max_failures": 0, "faults": {}, "offset": 0}
-    trainable._trainable(settings, base)
+    trainable.tune_trial(settings, base)
     assert not calls and reports[-1]["cached"] and reports[-1]["status"] == "ok" and reports[-1]["key"] == keys["ok"]
     assert reports[-1]["tokens_per_s"] == 123.0
-    trainable._trainable(crashed, base)  # a crash is measured again: into the old row's key, as its sample
+    trainable.tune_trial(crashed, base)  # a crash is measured again: into the old row's key, as its sample
     assert len(calls) == 1 and reports[-1]["key"] == keys["crash"] and not reports[-1]["cached"]
     reader = Store(pg_url)  # an older trainscout: finds each measurement by the key it computes
     assert reader.get(keys["ok"]).m["tokens_per_s"] == 123.0

@@ -69,16 +69,16 @@ def test_the_driver_writes_nothing_once_its_lease_is_lost(tmp_path):
     lease = store.hold_search("d")
     assert claims.driving("d") is lease
     wrote = []
-    assert driver._write(lambda: wrote.append(1), "d") and wrote == [1]
+    assert driver.guarded_write(lambda: wrote.append(1), "d") and wrote == [1]
     with store.engine.begin() as c:  # another driver took it over (as after a pause)
         c.execute(claims.LEASES.update().values(token="x" * 32, holder=json.dumps(
             {"host": "h2", "pid": 7, "after_s": 61.0, "search": "d"})))
-    assert not driver._write(lambda: wrote.append(2), "d") and wrote == [1]
+    assert not driver.guarded_write(lambda: wrote.append(2), "d") and wrote == [1]
     line = halt.lease_failure()
     assert line == ("search d: another driver (host h2, pid 7) took over this search's lease after 61 s without a "
                     "heartbeat: this one stops; its trials are theirs")
     assert halt.store_failure() == line  # the stopper and the searcher stop as for a failed store
-    assert driver._interrupt_stopper(search="d").stop_all()
+    assert driver.make_stopper(search="d").stop_all()
     lease.release()
     assert claims.driving("d") is None
     halt.clear_store_failure()

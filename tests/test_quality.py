@@ -161,22 +161,22 @@ def test_a_failed_gates_settings_are_read_one_way_by_the_search_and_the_atlas(co
     atlas' settings to avoid (atlas/lookup) both come from trial.quality.failed_settings; a passed verdict names
     none."""
     from trainscout.atlas.lookup import _failed_settings
-    from trainscout.search.trainable import _failed_gate, _known_gate
+    from trainscout.search.trainable import failed_gate, known_gate
     from trainscout.store import open_store
     spec = prepare("tiny", {corrupt: True}, device="cpu", steps=1, warmup=0)
     verdict = quality.one_step(spec, torch.device("cpu"))
     assert verdict["gate"] == quality.FAILED
     store = open_store(f"sqlite:///{tmp_path}/r.db")
-    gate, known = _known_gate(store, spec)
-    assert known is None and _failed_gate(spec, known) is None  # no verdict yet: run it
+    gate, known = known_gate(store, spec)
+    assert known is None and failed_gate(spec, known) is None  # no verdict yet: run it
     store.put_quality(gate, "gate", verdict)
-    _, known = _known_gate(store, spec)
+    _, known = known_gate(store, spec)
     settings = quality.failed_settings(known, spec.config)
     assert set(settings) == set(spec.quality["changes"]) and settings[corrupt] is True
-    why = _failed_gate(spec, known)
+    why = failed_gate(spec, known)
     assert why.startswith("not measured: " + " ".join(f"{k}={v}" for k, v in settings.items()) + " failed the quality "
                           "gate in an earlier trial (")
     assert _failed_settings({"quality": verdict}, spec.config) == settings
     passed = dict(verdict, gate=quality.PASSED)
-    assert quality.failed_settings(passed, spec.config) is None and _failed_gate(spec, passed) is None
+    assert quality.failed_settings(passed, spec.config) is None and failed_gate(spec, passed) is None
     assert _failed_settings({"quality": passed}, spec.config) is None and _failed_settings({}, spec.config) is None

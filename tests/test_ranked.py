@@ -143,7 +143,7 @@ def test_ranker_proposes_nothing_the_trial_would_refuse_for_host_memory():
     model, the rules and the memory model are real) it proposed the best's ZeRO-1 neighbour, whose DeepSpeed engine
     builds the fp32 model on the host (1.5 GiB of process + 0.6 GiB > 2 GiB less 10 %), and the trial pruned it
     unmeasured. Now the ranker applies the trial's rule (predictor.memory.refusal): GPU and host."""
-    from trainscout.search.trainable import _refusal, trial_spec
+    from trainscout.search.trainable import launch_refusal, trial_spec
     from trainscout.predictor import memory
     meta, space, rows = _grid()
     hw = dict(meta["hardware"], host_memory_gib=2.0)
@@ -155,10 +155,10 @@ def test_ranker_proposes_nothing_the_trial_would_refuse_for_host_memory():
             "recipe": args.recipe, "host": {"capacity": 2.0 * memory.GiB},
             "memory": {"capacity": hw["gpu_memory_gib"] * memory.GiB, "calibration": None}}
     zero1 = dict(BEST, zero_stage=1)
-    error, extra = _refusal(trial_spec(zero1, base), base)
+    error, extra = launch_refusal(trial_spec(zero1, base), base)
     assert error.startswith("predicted 2.1 GiB of host memory for the trial's 1 rank(s) > 2 GiB less 10%"), error
     assert 0 < extra["predicted_gib"] < 139.8  # the GPU's prediction, kept in the record: it fits the GPU
-    assert _refusal(trial_spec(BEST, base), base) is None
+    assert launch_refusal(trial_spec(BEST, base), base) is None
 
 
 def test_the_best_s_next_neighbour_when_the_sampler_s_draws_keep_being_refused():

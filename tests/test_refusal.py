@@ -1,11 +1,11 @@
-"""What the memory model refuses to launch in a search (search/trainable._refusal and the ranker's rule): a
+"""What the memory model refuses to launch in a search (search/trainable.launch_refusal and the ranker's rule): a
 micro_batch_size=max probe is judged at micro-batch 1, the least it would try. On the GPU (H100, session 23) a 1.6B
 model's bf16-mixed best, a start point for a 7B, probed 8 micro-batches in 90 s and stored `oom`. The hardware here is
 an H100's fingerprint (a mock of the GPU: no GPU on this box); the model, the rules and the memory model are real."""
 import os
 
 from trainscout.search.args import SearchArgs
-from trainscout.search.trainable import _refusal, trial_spec
+from trainscout.search.trainable import launch_refusal, trial_spec
 from trainscout.predictor import memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +26,7 @@ def test_a_probe_that_cannot_fit_even_one_sequence_is_not_launched():
     settings = {"precision": "bf16-mixed", "micro_batch_size": "max", "activation_checkpointing": "none"}
     spec = trial_spec(settings, base)
     assert spec.plan.micro_batch_probe
-    why = _refusal(spec, base)
+    why = launch_refusal(spec, base)
     assert why is not None
     error, extra = why
     assert "at micro-batch 1 (micro_batch_size=max tries nothing smaller)" in error and extra["predicted_gib"] > 100
@@ -35,9 +35,9 @@ def test_a_probe_that_cannot_fit_even_one_sequence_is_not_launched():
 def test_a_probe_that_fits_at_one_sequence_is_launched_and_a_fixed_size_is_judged_as_set():
     base = _base()
     fits = {"precision": "bf16", "micro_batch_size": "max", "activation_checkpointing": "full"}
-    assert _refusal(trial_spec(fits, base), base) is None
+    assert launch_refusal(trial_spec(fits, base), base) is None
     big = dict(fits, micro_batch_size=128)  # as set: far over the GPU
-    error, extra = _refusal(trial_spec(big, base), base)
+    error, extra = launch_refusal(trial_spec(big, base), base)
     assert "micro-batch 1" not in error and extra["predicted_gib"] > 80
 
 

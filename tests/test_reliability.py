@@ -373,10 +373,11 @@ class FakeContext:
 
 @pytest.fixture
 def trainable(tmp_path, monkeypatch):
-    """Run search.service._trainable once with `execute` answering from a script; returns (calls, reports, store)."""
+    """Run search.trainable.tune_trial once with `execute` answering from a script; returns (calls, reports, store)."""
     import ray.tune
 
     from trainscout.search import service
+    from trainscout.search.trainable import tune_trial
     from trainscout.trial import hardware
 
     url = default_url(str(tmp_path))
@@ -394,7 +395,7 @@ def trainable(tmp_path, monkeypatch):
             return Record(trial_id=f"x{len(calls)}", model=spec.model, config=spec.config, status=st,
                           error=None if st == "ok" else f"{st}!", wall_s=1.0,
                           metrics={"tokens_per_s": 100.0} if st == "ok" else None)
-        monkeypatch.setattr("trainscout.search.trainable.execute", fake_execute)  # read where _trainable runs
+        monkeypatch.setattr("trainscout.search.trainable.execute", fake_execute)  # read where tune_trial runs
         base = {"model": "tiny", "workers": 2, "steps": 2, "warmup": 0, "hardware": hw, "seed": 0, "recipe": {},
                 "storage": url, "search": "s", "timeout": 5, "address": None, "trial_dir": str(tmp_path / "trials"),
                 "knob_names": list(service.space_knobs()), "max_failures": max_failures, "faults": {}, "offset": 0}
@@ -406,7 +407,7 @@ def trainable(tmp_path, monkeypatch):
             open_store(url).replace(measurement_key(spec, hw, hardware.versions()),
                                     {"model": "tiny", "config": spec.config, "status": seed_store, "metrics": None})
         reports.clear()
-        service._trainable(cfg, base)
+        tune_trial(cfg, base)
         return calls, reports[-1], open_store(url)
     return run
 

@@ -109,15 +109,15 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray
 
 def test_a_configuration_asha_stopped_is_answered_from_the_search_when_proposed_again(tmp_path):
     """TPE may propose a stopped configuration again; the trial reports the stopped value instead of running again."""
-    from trainscout.search.service import _stopped_before
+    from trainscout.search.trainable import stopped_before
     store = store_of(tmp_path)
     cfg = {"micro_batch_size": 4, "compile": False, "precision": "fp32", "activation_checkpointing": "none"}
     store.add_trial("s", "t1", None, "stopped", False, 1234.5, cfg)
     store.add_trial("s", "t2", "k", "ok", False, 999.0, dict(cfg, micro_batch_size=2))
-    assert _stopped_before(store, "s", dict(cfg)) == 1234.5
-    assert _stopped_before(store, "s", dict(cfg, micro_batch_size=2)) is None  # it ran in full: the store answers
-    assert _stopped_before(store, "s", dict(cfg, compile=True)) is None
-    assert _stopped_before(store, "other", cfg) is None  # another search's ASHA decided among other trials
+    assert stopped_before(store, "s", dict(cfg)) == 1234.5
+    assert stopped_before(store, "s", dict(cfg, micro_batch_size=2)) is None  # it ran in full: the store answers
+    assert stopped_before(store, "s", dict(cfg, compile=True)) is None
+    assert stopped_before(store, "other", cfg) is None  # another search's ASHA decided among other trials
 
 
 def test_infeasible_region_is_sampled_less_after_it_failed():
