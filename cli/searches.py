@@ -145,7 +145,19 @@ def _resumed_args(a, sets: dict | None, recipe: dict, out):
         notes.append(f"the folder was named {name} when the search started: it continues as {name}")
     for note in notes if not a.quiet else ():
         print(f"resuming {name}: {note}", file=out)
+    if gone := _unregistered_knobs(store, name):  # a plugin uninstalled since: its knobs leave the space
+        print(f"trainscout: warning: resuming {name}: its measurements set {', '.join(gone)}, which no installed knob "
+              "registers (a plugin's knob needs its package installed: `trainscout knobs` names the plugins that "
+              "loaded): this run draws without them", file=sys.stderr)
     return args
+
+
+def _unregistered_knobs(store, name: str) -> list[str]:
+    """The settings of a search's measurements that no registered knob (nor a retired setting) names."""
+    from trainscout.spaces import RETIRED, all_knobs
+    known = {k.name for k in all_knobs()} | set(RETIRED)
+    records = (store.get(t["key"]) for t in store.trials(name) if t["key"])
+    return sorted({k for rec in records if rec is not None for k in rec.config} - known)
 
 
 def _new_args(a, sets: dict | None, recipe: dict):

@@ -238,3 +238,30 @@ def test_a_real_search_samples_the_plugin_knob(plugin_search):
                 else {})
         assert rec.plan.env == want
         assert rec.plan.knobs == ({"mlp_checkpointing": True} if rec.config["mlp_checkpointing"] else {})
+
+
+def test_a_store_written_with_a_plugin_knob_is_read_without_the_plugin(plugin_search, tmp_path, capsys):
+    """The real plugin search's store read in this process, where the plugin is not installed: results and export
+    read it; train and verify of its configuration are one line naming the knob and that a plugin's knob
+    needs its package installed (it said only "unknown knob"), exit 2, nothing written; a resume warns in one line
+    that it draws without the plugin's knobs."""
+    from trainscout.cli.main import main
+    p, out, read = plugin_search
+    assert p.wait(timeout=600) == 0, read()[-3000:]
+    assert main(["results", str(out), "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2  # its trials (a column per knob registered here)
+    exp = tmp_path / "exp"
+    assert main(["export", str(out), "--best", "--out", str(exp)]) == 0
+    assert "cuda_alloc_conf" in json.loads((exp / "trainscout.json").read_text())["config"]
+    capsys.readouterr()
+    for argv in (["train", "--config", str(exp), "--steps", "1", "--out", str(tmp_path / "ckpt")],
+                 ["verify", str(out), "--steps", "1"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "unknown knob 'cuda_alloc_conf'" in err and "a plugin's knob needs its package installed" in err, err
+    assert not (tmp_path / "ckpt").exists()
+    assert main(["search", "--resume", str(out), "--json"]) == 0  # its 2 trials done: nothing runs
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("trainscout: warning:")]
+    assert len(warned) == 1 and "its measurements set cuda_alloc_conf, mlp_checkpointing, which no installed knob " \
+                                "registers" in warned[0] and "this run draws without them" in warned[0], warned
