@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 from trainscout.search.live import Printer
 from trainscout.spaces import fmt
@@ -307,12 +308,26 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+@dataclass
+class _Setup:
+    """What a run of the Tune loop is built from before Tune starts: the study's storage, the searcher over it and
+    ASHA, the memory model's calibration on this GPU, and the start points (atlas, known: those from the atlas and
+    the store, with why; notes: why the start point is what it is)."""
+    ostorage: object
+    searcher: object
+    scheduler: object
+    calibration: dict | None
+    start: list[dict]
+    atlas: list[tuple[dict, str]]
+    known: list[tuple[dict, str]]
+    notes: list[str]
+
+
 def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stream, keeper,
          deadline: float | None = None, track: list[str] | tuple = ()) -> dict:
     """deadline: when the command must have ended (time.time(); the time budget counted from the command's start)."""
     _BUDGET_OVER.clear()
     _RUNNING.clear()
-    url = store.url
     rows = store.trials(name)
     done = [t for t in rows if t["status"] != Status.UNSCHEDULED]  # an unscheduled trial ran nothing: run it again
     remaining = None if args.trials is None else args.trials - counted(done)
@@ -320,10 +335,54 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         print(f"search {name}: all {args.trials} trials done; give a larger --trials with --resume to run more",
               file=stream)
         return summarize(store, name, stream, out=args.out)
+    attached, ostorage = _open_study(args, store, name)
+    setup = _set_up(args, store, name, space, hw, ostorage, done, remaining)
+    concurrent, why_concurrent = cluster.concurrency(hw, args.gpus_per_trial, args.max_concurrent, attached)
+    base = _trial_base(args, store, name, hw, len(rows))
+    if setup.start:
+        _warm_first(setup.start[0], base, args.one_node)
+    setup.searcher.judge = lambda config: before_run(config, base)[1]  # asked after its draws keep being refused
+    # the stopper's conditions, asked by the searcher too: Tune waits for a next trial without asking its stopper
+    halting = make_stopper(keeper.path, keeper.ident, deadline, name, store.url,
+                           settle.SHARE * (args.time_budget_s or 0))
+    setup.searcher.halt = lambda: _halt_why(args.time_budget_s) if halting.stop_all() else None
+    # the capacities the trials are judged on (trainable.launch_refusal): the host the driver's (on one box, the
+    # common case, the trials' too; on a cluster the nodes' smallest), the GPU's
+    base.update(capacities(hw, setup.calibration))
+    printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
+                      budget_s=None if deadline is None else max(0.0, deadline - time.time()),
+                      ranks=args.gpus_per_trial,
+                      unit="GPU" if hw["device"] == "cuda" else "worker")
+    printer.to_stderr = stream is sys.stderr
+    tuner = _tuner(args, name, setup, base, halting, concurrent,
+                   [progress_callback(store.url, name, printer), *trackers(track, name, args.out, stream)])
+    _print_start(args, name, hw, store.url, (concurrent, why_concurrent), (counted(done), remaining), setup, stream)
+    with catch_interrupt(), one_line_logs("ray.tune.execution.experiment_state"), quiet_host_oom():
+        if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
+            tuner.fit()
+    stalled = _stalled_line(setup.searcher.halted)
+    if stalled:  # the search ended while Tune waited for a next trial: said first, whatever line ends the run
+        print(f"  {stalled}", file=stream, flush=True)
+    if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
+        return {}
+    cut = _cut_trials(args, store, name, setup.ostorage, stream)
+    if setup.searcher.stopped_why:
+        print(f"  {setup.searcher.stopped_why}", file=stream, flush=True)
+    fit = _nearest(args, space, hw, setup.calibration, base["host"]["capacity"], store, name, stream)
+    settled = _settled(args, store, name, deadline, stream)
+    summary = summarize(store, name, stream, out=args.out, fit=fit)
+    summary["settled"] = settled
+    summary["atlas"] = sources_measured(store.trials(name), setup.atlas)
+    for line in source_lines(summary["atlas"], "the atlas"):
+        print(line, file=stream, flush=True)
+    return _ended(summary, args, setup.searcher, cut, stalled, len(store.trials(name)) - len(done))
 
+
+def _open_study(args: SearchArgs, store: Store, name: str) -> tuple[bool, object]:
+    """Ray reached, the worker groups' pool, and the search's Optuna storage, each of its writes checked against the
+    driver's lease and pinned to the store's file: (attached to a cluster, the storage)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's verbose=0 then prints nothing of its own
     import optuna
-    from ray import tune
 
     from trainscout.trial import pool
     from trainscout.trial.runner import ensure_ray
@@ -333,12 +392,19 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     # worker node's end takes it along); attached to a cluster others use, its idle groups go back while others wait
     pool.pool(shared=attached)
     from trainscout.store import secrets, shared
-    secrets.publish(url)  # the storage's password, for the trials' processes wherever they run (in memory only)
+    secrets.publish(store.url)  # the storage's password, for the trials' processes wherever they run (in memory only)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ostorage = shared.optuna_storage(url, engine_kwargs=Store._engine_kwargs(url))  # its schema made once
+    ostorage = shared.optuna_storage(store.url, engine_kwargs=Store._engine_kwargs(store.url))  # its schema made once
     from trainscout.store import claims  # each write of the study checks the driver's lease first
     ostorage = claims.guarded_storage(ostorage, name, lease_lost)
     guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
+    return attached, ostorage
+
+
+def _set_up(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, ostorage, done: list[dict],
+            remaining: int | None) -> _Setup:
+    """The study's trials left RUNNING settled, the sampler, the calibration, the ranker, a new search's start
+    points, and the searcher and scheduler of this run."""
     drawn = recover_interrupted(ostorage, name, store)
     # a resumed search's sampler would replay its seed's draws from the first: it continues from another seed
     sampler = make_sampler((args.seed + drawn) % SEED_RANGE, args.trials)
@@ -354,12 +420,15 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
                              ranker=ranker, target=remaining)
     _SEARCHER[:] = [searcher]
     _UNCOUNTED.clear()
-    scheduler = make_scheduler(args.steps)
-    concurrent, why_concurrent = cluster.concurrency(hw, args.gpus_per_trial, args.max_concurrent, attached)
+    return _Setup(ostorage, searcher, make_scheduler(args.steps), calibration, start, atlas, known, notes)
+
+
+def _trial_base(args: SearchArgs, store: Store, name: str, hw: dict, offset: int) -> dict:
+    """What every trial of this run is handed (trainable.tune_trial's base; offset: the trials the search had)."""
     base = {"model": args.model, "workers": args.gpus_per_trial, "steps": args.steps, "warmup": args.warmup,
-            "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": url, "search": name,
+            "hardware": hw, "seed": args.seed, "recipe": args.recipe, "storage": store.url, "search": name,
             "timeout": args.timeout, "address": args.address, "max_failures": args.max_failures,
-            "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": len(rows),
+            "faults": fault_schedule(os.environ.get("TRAINSCOUT_FAULT_SCHEDULE")), "offset": offset,
             "trial_dir": os.path.abspath(os.path.join(args.out, "trials")), "knob_names": list(space_knobs()),
             "one_node": args.one_node,
             # the SQLite file's (device, inode) as the driver opened it; a trial on another host (a shared
@@ -372,56 +441,51 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
     from trainscout.trial.models import resolve_model
     flops.count(resolve_model(args.model).config)
     base["facts"] = model_tree.known()
-    if start:
-        _warm_first(start[0], base, args.one_node)
-    searcher.judge = lambda config: before_run(config, base)[1]  # asked after its draws keep being refused
-    # the stopper's conditions, asked by the searcher too: Tune waits for a next trial without asking its stopper
-    halting = make_stopper(keeper.path, keeper.ident, deadline, name, url,
-                           settle.SHARE * (args.time_budget_s or 0))
-    searcher.halt = lambda: _halt_why(args.time_budget_s) if halting.stop_all() else None
-    # the capacities the trials are judged on (trainable.launch_refusal): the host the driver's (on one box, the
-    # common case, the trials' too; on a cluster the nodes' smallest), the GPU's
-    base.update(capacities(hw, calibration))
-    host = base["host"]["capacity"]
-    printer = Printer(space, None if stream in (sys.stdout, sys.stderr) else stream, total=remaining,
-                      budget_s=None if deadline is None else max(0.0, deadline - time.time()),
-                      ranks=args.gpus_per_trial,
-                      unit="GPU" if hw["device"] == "cuda" else "worker")
-    printer.to_stderr = stream is sys.stderr
-    tuner = tune.Tuner(
+    return base
+
+
+def _tuner(args: SearchArgs, name: str, setup: _Setup, base: dict, halting, concurrent: int, callbacks: list):
+    """Ray Tune's Tuner of this run: the trials in actors Tune reuses, drawn by the searcher, stopped by ASHA and the
+    stopper (halting), as many at once as concurrent."""
+    from ray import tune
+    return tune.Tuner(
         tune.with_resources(tune.with_parameters(tune_trial, base=base), TRIAL_ACTOR),
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+        tune_config=tune.TuneConfig(search_alg=setup.searcher, scheduler=setup.scheduler,
                                     num_samples=-1,  # the searcher ends at --trials counted (FREE ones not)
                                     max_concurrent_trials=concurrent,  # the budget: the stopper's deadline
                                     trial_name_creator=_numbered if base["faults"] else None,
                                     reuse_actors=True),  # one trial after another in the same actor process
         run_config=tune.RunConfig(name=f"{name}-{int(time.time())}",
                                   storage_path=os.path.abspath(os.path.join(args.out, "tune")), verbose=0,
-                                  callbacks=[progress_callback(url, name, printer),
-                                                       *trackers(track, name, args.out, stream)],
+                                  callbacks=callbacks,
                                   stop=halting,
                                   failure_config=tune.FailureConfig(max_failures=0)))
+
+
+def _print_start(args: SearchArgs, name: str, hw: dict, url: str, concurrency: tuple[int, str],
+                 trials: tuple[int, int | None], setup: _Setup, stream) -> None:
+    """The search's first lines: what it runs on, how many trials at once (concurrency: and why) and to go (trials:
+    done, remaining), its store; then the start points' notes and those taken from the atlas and the store."""
+    from trainscout.store import secrets
+    (concurrent, why_concurrent), (done, remaining) = concurrency, trials
     nodes = f" on {hw['nodes']} node{'s' if hw['nodes'] != 1 else ''}" if hw.get("nodes") else ""
     print(f"search {name}: model {args.model} on {hw.get('gpu') or hw['cpu']} ({hw['device']}){nodes}, "
           f"{args.gpus_per_trial} {'GPU' if hw['device'] == 'cuda' else 'worker'}(s) per trial"
           f"{'' if args.one_node else ' (may be split over nodes)'}, {concurrent} at once ({why_concurrent}); "
-          f"{counted(done)} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
+          f"{done} trials done, {remaining if remaining is not None else 'until the time budget'} to go; "
           f"store {secrets.masked(url)}", file=stream, flush=True)
-    for note in notes:
+    for note in setup.notes:
         print(f"  {note}", file=stream, flush=True)
-    for where, points in (("the atlas", atlas), ("the store", known)):
+    for where, points in (("the atlas", setup.atlas), ("the store", setup.known)):
         for p, why in points:
             print(f"  start point from {where} ({why}): " + " ".join(f"{k}={fmt(v)}" for k, v in sorted(p.items())),
                   file=stream, flush=True)
-    with catch_interrupt(), one_line_logs("ray.tune.execution.experiment_state"), quiet_host_oom():
-        if not budget_over(deadline):  # what came before (Ray, the start points) may have spent it
-            tuner.fit()
-    stalled = _stalled_line(searcher.halted)
-    if stalled:  # the search ended while Tune waited for a next trial: said first, whatever line ends the run
-        print(f"  {stalled}", file=stream, flush=True)
-    if keeper.lost() or store_failure():  # stopped by its store: no summary (the caller says what was kept)
-        return {}
-    cut: list[dict] = []  # Ctrl-C or the time budget ended a trial Tune did not report: the table never showed it
+
+
+def _cut_trials(args: SearchArgs, store: Store, name: str, ostorage, stream) -> list[dict]:
+    """The study's trials left RUNNING settled; each that Ctrl-C or the time budget ended before Tune reported it
+    (the live table never showed it) printed with its settings, and returned."""
+    cut: list[dict] = []
     recover_interrupted(ostorage, name, store, cut)
     by = "the interrupt" if interrupted() else "the time budget" if args.time_budget_s else "the search's end"
     for c in cut:
@@ -429,33 +493,44 @@ def _run(args: SearchArgs, store: Store, name: str, space: Space, hw: dict, stre
         steps = f"{c['steps']} timed step(s) reported" if c["steps"] else "before its first timed step"
         print(f"  trial {c['number']}: ended by {by}{ran}, {steps}; no record, not counted: "
               + " ".join(f"{k}={fmt(v)}" for k, v in sorted(c["params"].items())), file=stream, flush=True)
-    if searcher.stopped_why:
-        print(f"  {searcher.stopped_why}", file=stream, flush=True)
-    fit = None
-    if not interrupted() and not any(t["status"] == Status.OK for t in store.trials(name)):
-        from .nearest import nearest_fit
-        try:  # where nothing fits: the closest configuration and what would make it fit (the memory model's)
-            fit = nearest_fit(args, space, hw, calibration, host, store.trials(name))
-        except Exception as e:  # noqa: BLE001 - the search's outcome stands without it, and says so
-            print(f"  (which configuration came closest to fitting could not be worked out: {type(e).__name__}: "
-                  f"{e})", file=stream, flush=True)
-    settled = None  # the fastest's one-step verdict settled by training, in what is left of the budget
-    if not interrupted() and not store_failure():
-        settled = settle.settle(args.out, store, name, None if deadline is None else deadline - END_S - time.time(),
-                                args.address)
-        if settled:
-            print(settle.line(settled), file=stream, flush=True)
-    summary = summarize(store, name, stream, out=args.out, fit=fit)
-    summary["settled"] = settled
-    summary["atlas"] = sources_measured(store.trials(name), atlas)
-    for line in source_lines(summary["atlas"], "the atlas"):
-        print(line, file=stream, flush=True)
+    return cut
+
+
+def _nearest(args: SearchArgs, space: Space, hw: dict, calibration: dict | None, host: float, store: Store,
+             name: str, stream) -> dict | None:
+    """Where no trial ended ok (and no Ctrl-C ended the search): the configuration closest to fitting and what would
+    make it fit (nearest.nearest_fit, the memory model's); None otherwise, or where it could not be worked out."""
+    if interrupted() or any(t["status"] == Status.OK for t in store.trials(name)):
+        return None
+    from .nearest import nearest_fit
+    try:
+        return nearest_fit(args, space, hw, calibration, host, store.trials(name))
+    except Exception as e:  # noqa: BLE001 - the search's outcome stands without it, and says so
+        print(f"  (which configuration came closest to fitting could not be worked out: {type(e).__name__}: "
+              f"{e})", file=stream, flush=True)
+        return None
+
+
+def _settled(args: SearchArgs, store: Store, name: str, deadline: float | None, stream) -> dict | None:
+    """The fastest's one-step verdict settled by training, in what is left of the budget (search/settle.py)."""
+    if interrupted() or store_failure():
+        return None
+    settled = settle.settle(args.out, store, name, None if deadline is None else deadline - END_S - time.time(),
+                            args.address)
+    if settled:
+        print(settle.line(settled), file=stream, flush=True)
+    return settled
+
+
+def _ended(summary: dict, args: SearchArgs, searcher, cut: list[dict], stalled: str | None, ran: int) -> dict:
+    """The summary with how this run ended: interrupted, the trials cut short, a stall, the trials it ran (ran: a
+    resume's included) and, where it ran none or measured nothing, why."""
     if interrupted():
         summary["interrupted"] = True
     summary["cut"] = cut
     if stalled:
         summary["stalled"] = stalled
-    summary["ran"] = len(store.trials(name)) - len(done)  # trials this run ended (a resume's included)
+    summary["ran"] = ran  # trials this run ended (a resume's included)
     if summary["ran"] == 0 and not interrupted():
         summary["none_why"] = (f"the time budget ({clock(args.time_budget_s)}, counted from the command's start) ran "
                                "out before a trial ended (the first trial of a run starts its worker processes): "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError
 from trainscout.store import StoreLost, claims, guard, measurement_key, open_store
@@ -18,6 +20,9 @@ from trainscout.trial.runner import Cancelled
 from trainscout.trial.status import NOT_COUNTED, NOT_MEASURED, Status, served
 
 from . import cluster
+
+if TYPE_CHECKING:
+    from trainscout.trial.records import Record, TrialSpec
 
 METRIC = "tokens_per_s"
 # outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
@@ -78,34 +83,27 @@ def before_run(settings: dict, base: dict) -> tuple[str, str | None]:
     return (str(Status.PRUNED), why[0]) if why else (str(Status.OK), None)
 
 
+@dataclass
+class _Answer:
+    """What a trial reports of its configuration: the record, whether it was served (the store's, or another
+    search's while this trial waited: note), under which key, for which spec."""
+    record: Record
+    cached: bool
+    key: str
+    spec: TrialSpec
+    note: str | None = None
+
+
 def _measure(config: dict, base: dict) -> None:
+    """A search's trial of config: refused before it runs, answered from the store or from another search measuring
+    it now, or run in a worker group and stored; reported to Tune in each case."""
     from ray import tune
     ident = base.get("store_identity") if base.get("driver_host") == socket.gethostname() else None
     store = open_store(base["storage"], expect=ident)
     trial_id = tune.get_context().get_trial_id()
     settings = {k: v for k, v in config.items() if k in base["knob_names"]}
-    fault = None
-    if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
-        fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
-    from trainscout.predictor import model_tree
-    # the driver's: neither transformers imported here to read the model's sizes nor a model built to predict
-    model_tree.learn(base.get("facts"))
-    try:
-        spec = trial_spec(settings, base, fault)
-    except ConfigError as e:
-        store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
-        tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
-        return
-    why = launch_refusal(spec, base)  # predicted over the host's or the GPU's memory: not launched
-    if why:
-        error, extra = why
-        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, dict(spec.config, **extra),
-                        error=error)
-        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": error, **extra})
-        return
-    if why := _too_long(spec, base, store.trials(base["search"])):  # measured here to take longer than its limit
-        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
-        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why})
+    spec = _launchable(store, base, trial_id, settings)
+    if spec is None:
         return
     # where a row of an older key scheme holds this configuration, its key (store.Store.stored_key): served from it,
     # and a new measurement of it is that key's sample
@@ -125,45 +123,100 @@ def _measure(config: dict, base: dict) -> None:
         tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why,
                      "quality": known["gate"]})
         return
-    claim, note = None, None
-    if not cached:  # measured by another search right now: wait for it and be served its record (store.claims)
-        claim = store.claim(key, {"search": base["search"], "trial": trial_id})
-        if claim.served is not None:
-            record, cached = claim.served, True
-            note = f"measured by another search ({claims.describe(claim.other or {})}) while this trial waited " \
-                   f"{claim.waited_s:.0f} s"
+    answer = _Answer(record, cached, key, spec)
     if not cached:
-        if why := guard.lost(store.path, ident):  # no device time for a store that is gone
-            raise StoreLost(f"the results store {why} while the search ran")
-        try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
-            if known is not None:  # one gate step per change, per store: its verdict served
-                spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
-            elif spec.quality and (bar := rank_bar(store, base["search"])):  # its gate only where it can rank
-                spec = spec.replace(quality=dict(spec.quality, rank_bar=bar))
-            record = _run_trial(spec, base, trial_id)
-            if record is None:  # ASHA stopped it: the driver recorded it as stopped
-                return
-            if record.status in NOT_MEASURED:  # nothing ran, or the host or the cluster lost it: no measurement
-                # (never served from the store), and the sampler is told nothing
-                store.add_trial(base["search"], trial_id, None, record.status, False, 0.0, spec.config,
-                                error=record.error)
-                tune.report({METRIC: 0.0, "status": str(record.status), "cached": False, "error": record.error})
-                return
-            if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
-                key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions(),
-                                                       placement=record.placement))
-            # written while the claim is held, so that a search waiting on it is served this record (released
-            # first, the waiter found no record and measured the key again: 2026-12-03, test_shared_store)
-            store.add_measurement(key, record)  # a second measurement of a key is kept beside the first
-        finally:
-            claim.release()
-        verdict = record.m.get("quality") or {}
-        if gate and verdict.get("gate") and not verdict.get("cached"):
-            store.put_quality(gate, "gate", verdict)
+        answer = _claimed_or_run(store, base, trial_id, answer, (gate, known), ident)
+        if answer is None:
+            return
+    _report(store, base, trial_id, answer)
+
+
+def _launchable(store, base: dict, trial_id: str, settings: dict):
+    """The trial's spec (trial_spec, with the fault the schedule gives its number), or None where it is refused
+    before it runs (the knobs' rules, the memory model, its time limit): recorded and reported then."""
+    from ray import tune
+    fault = None
+    if base.get("faults"):  # tests: the fault schedule, by the trial's number in the search
+        fault = base["faults"].get(base["offset"] + int(tune.get_context().get_trial_name().split("_")[1]))
+    from trainscout.predictor import model_tree
+    # the driver's: neither transformers imported here to read the model's sizes nor a model built to predict
+    model_tree.learn(base.get("facts"))
+    try:
+        spec = trial_spec(settings, base, fault)
+    except ConfigError as e:
+        store.add_trial(base["search"], trial_id, None, Status.INVALID, False, 0.0, settings, error=str(e))
+        tune.report({METRIC: 0.0, "status": str(Status.INVALID), "error": str(e), "cached": False})
+        return None
+    why = launch_refusal(spec, base)  # predicted over the host's or the GPU's memory: not launched
+    if why:
+        error, extra = why
+        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, dict(spec.config, **extra),
+                        error=error)
+        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": error, **extra})
+        return None
+    if why := _too_long(spec, base, store.trials(base["search"])):  # measured here to take longer than its limit
+        store.add_trial(base["search"], trial_id, None, Status.PRUNED, False, 0.0, spec.config, error=why)
+        tune.report({METRIC: 0.0, "status": str(Status.PRUNED), "cached": False, "error": why})
+        return None
+    return spec
+
+
+def _claimed_or_run(store, base: dict, trial_id: str, answer: _Answer, gate: tuple, ident) -> _Answer | None:
+    """A configuration the store does not answer: served where another search measures it now (store.claims: this
+    trial waits for it), else run under the claim and stored, its gate's verdict kept (gate: known_gate's key and
+    verdict). None where the trial has reported already (ASHA stopped it, or nothing was measured)."""
+    claim = store.claim(answer.key, {"search": base["search"], "trial": trial_id})
+    if claim.served is not None:
+        note = f"measured by another search ({claims.describe(claim.other or {})}) while this trial waited " \
+               f"{claim.waited_s:.0f} s"
+        return _Answer(claim.served, True, answer.key, answer.spec, note)
+    if why := guard.lost(store.path, ident):  # no device time for a store that is gone
+        raise StoreLost(f"the results store {why} while the search ran")
+    try:  # the claim is released whatever happens here (a held one would keep other searches waiting)
+        answer = _run_and_store(store, base, trial_id, answer, gate[1])
+    finally:
+        claim.release()
+    if answer is not None:
+        verdict = answer.record.m.get("quality") or {}
+        if gate[0] and verdict.get("gate") and not verdict.get("cached"):
+            store.put_quality(gate[0], "gate", verdict)
+    return answer
+
+
+def _run_and_store(store, base: dict, trial_id: str, answer: _Answer, known: dict | None) -> _Answer | None:
+    """Run the trial (its quality gate served where known, or held to the search's bar) and store its measurement;
+    None where ASHA stopped it or nothing was measured (recorded and reported then)."""
+    from ray import tune
+    spec, key = answer.spec, answer.key
+    if known is not None:  # one gate step per change, per store: its verdict served
+        spec = spec.replace(quality=dict(spec.quality, known=dict(known, cached=True)))
+    elif spec.quality and (bar := rank_bar(store, base["search"])):  # its gate only where it can rank
+        spec = spec.replace(quality=dict(spec.quality, rank_bar=bar))
+    record = _run_trial(spec, base, trial_id)
+    if record is None:  # ASHA stopped it: the driver recorded it as stopped
+        return None
+    if record.status in NOT_MEASURED:  # nothing ran, or the host or the cluster lost it: no measurement
+        # (never served from the store), and the sampler is told nothing
+        store.add_trial(base["search"], trial_id, None, record.status, False, 0.0, spec.config, error=record.error)
+        tune.report({METRIC: 0.0, "status": str(record.status), "cached": False, "error": record.error})
+        return None
+    if (record.placement or {}).get("split"):  # ranks on several nodes: not the one-node measurement's key
+        key = store.stored_key(measurement_key(spec, base["hardware"], hardware.versions(), placement=record.placement))
+    # written while the claim is held, so that a search waiting on it is served this record (released
+    # first, the waiter found no record and measured the key again: 2026-12-03, test_shared_store)
+    store.add_measurement(key, record)  # a second measurement of a key is kept beside the first
+    return _Answer(record, False, key, spec)
+
+
+def _report(store, base: dict, trial_id: str, answer: _Answer) -> None:
+    """Record the trial's row and report its outcome to Tune (its quality status where a knob changes the numerics:
+    a failed one sets no bar, searcher.Gated)."""
+    from ray import tune
+    record, key, cached = answer.record, answer.key, answer.cached
     m = record.m
     value = m.get(METRIC, 0.0) if record.ok else 0.0
-    store.add_trial(base["search"], trial_id, key, record.status, cached, value, spec.config, error=record.error)
-    graded = None  # the quality status where a knob changes the numerics: a failed one sets no bar (searcher.Gated)
+    store.add_trial(base["search"], trial_id, key, record.status, cached, value, answer.spec.config, error=record.error)
+    graded = None
     if record.ok and m.get("quality"):
         from trainscout.trial import quality
         graded = quality.status(m, store.quality(key, "verify"))[0]
@@ -171,7 +224,7 @@ def _measure(config: dict, base: dict) -> None:
                  "quality": graded,
                  "projected_days": m.get("projected_days"), "mfu": m.get("mfu"), "key": key,
                  "peak_memory_gib": m.get("peak_memory_gib"), "wall_s": 0.0 if cached else (record.wall_s or 0.0),
-                 "note": note, "shared": contended(record)})
+                 "note": answer.note, "shared": contended(record)})
 
 
 def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
