@@ -12,9 +12,6 @@ from trainscout.trial import contention
 from trainscout.trial.records import Record
 from trainscout.trial.status import Status
 
-# re-exported for the commands that print tables; the live table imports .terminal itself (no pandas there)
-from .terminal import fit_fields, terminal_width, wrap_fields  # noqa: F401 - re-exported
-
 METRICS = ("tokens_per_s", "step_s", "mfu", "hfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
            "optimizer_s", "step_spread")
 
@@ -103,7 +100,7 @@ def trial_numbers(store: Store, search: str) -> dict[str, int]:
     from optuna.storages import RDBStorage
     try:
         storage = RDBStorage(store.url, skip_compatibility_check=True, skip_table_creation=True,
-                             engine_kwargs=Store._engine_kwargs(store.url))
+                             engine_kwargs=Store.engine_kwargs(store.url))
         trials = optuna.load_study(study_name=search, storage=storage).get_trials(deepcopy=False)
     except Exception:  # noqa: BLE001 - no study (a benchmark grid, an import), or another schema: no numbers
         return {}

@@ -153,7 +153,7 @@ def space_of(store, search: str) -> dict[str, list[str]] | None:
     try:
         from optuna.storages import RDBStorage
         storage = RDBStorage(store.url, skip_compatibility_check=True, skip_table_creation=True,
-                             engine_kwargs=Store._engine_kwargs(store.url))
+                             engine_kwargs=Store.engine_kwargs(store.url))
         trials = optuna.load_study(study_name=search, storage=storage).get_trials(deepcopy=False)
     except Exception:  # noqa: BLE001 - no study, or another schema: no space known
         return None

@@ -105,7 +105,7 @@ def measure(row: dict, store, a, trials_dir: str) -> str:
     record, how = store.get(row["key"]), "stored"
     if record is None or record.status not in DETERMINISTIC:
         record, how = execute(row["spec"], timeout=a.timeout, storage=trials_dir, address=a.address), "measured"
-        store.replace(row["key"], record)
+        store.add_measurement(row["key"], record)
     fill(row, record, a)
     return how
 

@@ -147,7 +147,7 @@ def run_case(case, steps, store, warmup=2):
     if store is not None and spec is not None:
         from trainscout.store import measurement_key
         key = measurement_key(spec, spec.hardware, hardware.versions())
-        store.replace(key, dict(r, key=key))
+        store.add_measurement(key, dict(r, key=key))
     m = r.get("metrics") or {}
     row = {"case": label, "workers": workers, "status": r["status"], "error": (r.get("error") or "")[:300],
            "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"), "step_s": m.get("step_s"),
@@ -179,7 +179,7 @@ def main():
         from trainscout.store import Store, default_url
         os.makedirs(a.store, exist_ok=True)
         store = Store(default_url(a.store))
-    from trainscout.trial.runner import ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
     ensure_ray()
     multi = [c for c in cases if c[3].get("workers") == "all"]
     single = [c for c in cases if c not in multi]

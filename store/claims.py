@@ -137,14 +137,14 @@ class Lease:
 
     def try_acquire(self) -> None:
         """Take the lease (free, expired, or its holder's process gone from this host), else raise Held."""
-        from .samples import _insert_ignore
+        from .samples import insert_ignore
         from .shared import ensure_table
         ensure_table(self.engine, LEASES)  # made by the first lease (reading a store changes nothing)
         with self.engine.begin() as c:
             now = db_time(c)
             row = {"name": self.name, "token": self.token, "holder": json.dumps(self.holder),
                    "expires_at": now + self.lease_s, "heartbeat_at": now}
-            if _insert_ignore(c, LEASES, row):
+            if insert_ignore(c, LEASES, row):
                 return self._started()
             cur = c.execute(sa.select(LEASES).where(LEASES.c.name == self.name)).mappings().first()
             if cur is None:  # released between the two statements: the next try takes it

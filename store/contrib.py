@@ -12,7 +12,7 @@ The rules of an import (`results DIR --import FILE`):
   missing provenance (date, GPU, torch, transformers, trainscout versions, DeepSpeed's where it ran DeepSpeed), or
   provenance that contradicts the record's own hardware and versions (a CPU record under a GPU's provenance);
   physically impossible numbers (`beyond_peak`: tokens/s x the FLOPs per token predictor/flops.py counts for its model
-  at its sequence length above the peak of its GPUs, trial/metrics.gpu_peak_tflops x the ranks, or above
+  at its sequence length above the peak of its GPUs, trial/gpus.gpu_peak_tflops x the ranks, or above
   HOST_PEAK_FLOPS for a CPU record); implausible ones (tokens/s other than global_batch x seq_len / step_s, MFU
   above 1 under the honest count, peak memory above the GPU's); a version set that cannot run the knobs it claims
   (the knobs' own rules run with the packages its versions name and its GPU's capability; a library older than
@@ -38,7 +38,7 @@ from trainscout.spaces import ConfigError
 from trainscout.trial.status import MEASURED, Status
 
 from . import row_format
-from .record_checks import SHARED, conflict, record_key, refusal  # refusal: importable from here too
+from .record_checks import SHARED, conflict, record_key, refusal
 from .schema import MEASUREMENTS
 
 

@@ -121,7 +121,6 @@ def _readable_rows(con, table: str) -> tuple[list, list, int | None]:
 def _salvage(path: str) -> str:
     """Copy every readable row of `path` into a new file, put it in the damaged file's place (the damaged one, and its
     log, kept as PATH.damaged-TIME); the warning saying what was kept and dropped."""
-    import time
     src = sqlite3.connect(path, timeout=60)
     src.execute("PRAGMA writable_schema=ON")  # read past a header that counts more pages than the file holds
     try:
@@ -136,38 +135,10 @@ def _salvage(path: str) -> str:
     for kind, name, sql in schema:
         if kind != "table" or name.startswith("sqlite_"):
             continue
-        dst.execute(sql)
-        cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
-        rows, skipped, tail = _readable_rows(src, name)
-        json_cols = [cols.index(c) + 1 for c in JSON_COLUMNS.get(name, ()) if c in cols]
-        key_cols = [cols.index(c) + 1 for c in KEY_COLUMNS.get(name, ()) if c in cols]
-        good = []
-        for r in rows:
-            try:
-                for i in json_cols:
-                    json.loads(r[i])
-                if any("\x00" in str(r[i]) for i in key_cols):
-                    raise ValueError(r)
-                good.append(r)
-            except (TypeError, ValueError):
-                pass
-        marks = ", ".join("?" * (len(cols) + 1))
-        names = ", ".join(["rowid"] + [f'"{c}"' for c in cols])
-        dst.executemany(f'INSERT OR IGNORE INTO "{name}" ({names}) VALUES ({marks})', good)
-        kept = dst.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+        kept, note = _copy_table(src, dst, name, sql)
         kept_all += kept
-        try:  # the original count, from the table or any intact index
-            total = src.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
-        except sqlite3.DatabaseError:
-            total = None
-        if total is not None and total != kept:
-            notes.append(f"{name} {total - kept} of {total} rows")
-        elif total is None and (skipped or tail is not None or len(good) < len(rows)):
-            gaps = sum(b - a - 1 for a, b in skipped) + len(rows) - len(good)
-            what = [f"{gaps} rows"] if gaps else []
-            if tail is not None:
-                what.append(f"every row after rowid {tail}")
-            notes.append(f"{name} {' and '.join(what)}")
+        if note:
+            notes.append(note)
     for kind, name, sql in schema:
         if kind in ("index", "trigger", "view"):
             try:
@@ -177,12 +148,56 @@ def _salvage(path: str) -> str:
     dst.commit()
     dst.close()
     src.close()
+    damaged = _swap_in(path, tmp)
+    dropped = "; ".join(notes) if notes else ("everything: its schema was unreadable" if not schema else "no row")
+    return (f"{path} was damaged and has been repaired: kept {kept_all} rows, dropped {dropped}; "
+            f"the damaged file is kept as {damaged}")
+
+
+def _copy_table(src, dst, name: str, sql: str) -> tuple[int, str | None]:
+    """One table's readable rows whose JSON parses and whose keys hold no NUL, copied from src into dst (created by
+    sql there): (the rows kept, what was dropped, where anything was)."""
+    dst.execute(sql)
+    cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+    rows, skipped, tail = _readable_rows(src, name)
+    json_cols = [cols.index(c) + 1 for c in JSON_COLUMNS.get(name, ()) if c in cols]
+    key_cols = [cols.index(c) + 1 for c in KEY_COLUMNS.get(name, ()) if c in cols]
+    good = []
+    for r in rows:
+        try:
+            for i in json_cols:
+                json.loads(r[i])
+            if any("\x00" in str(r[i]) for i in key_cols):
+                raise ValueError(r)
+            good.append(r)
+        except (TypeError, ValueError):
+            pass
+    marks = ", ".join("?" * (len(cols) + 1))
+    names = ", ".join(["rowid"] + [f'"{c}"' for c in cols])
+    dst.executemany(f'INSERT OR IGNORE INTO "{name}" ({names}) VALUES ({marks})', good)
+    kept = dst.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+    try:  # the original count, from the table or any intact index
+        total = src.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+    except sqlite3.DatabaseError:
+        total = None
+    if total is not None and total != kept:
+        return kept, f"{name} {total - kept} of {total} rows"
+    if total is None and (skipped or tail is not None or len(good) < len(rows)):
+        gaps = sum(b - a - 1 for a, b in skipped) + len(rows) - len(good)
+        what = [f"{gaps} rows"] if gaps else []
+        if tail is not None:
+            what.append(f"every row after rowid {tail}")
+        return kept, f"{name} {' and '.join(what)}"
+    return kept, None
+
+
+def _swap_in(path: str, tmp: str) -> str:
+    """The repaired file tmp put in path's place; the damaged file and its log kept aside: their new path."""
+    import time
     damaged = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
     os.replace(path, damaged)
     for suffix in ("-wal", "-shm", "-journal"):  # never pair the new file with the damaged file's log
         if os.path.exists(path + suffix):
             os.replace(path + suffix, damaged + suffix)
     os.replace(tmp, path)
-    dropped = "; ".join(notes) if notes else ("everything: its schema was unreadable" if not schema else "no row")
-    return (f"{path} was damaged and has been repaired: kept {kept_all} rows, dropped {dropped}; "
-            f"the damaged file is kept as {damaged}")
+    return damaged

@@ -32,7 +32,7 @@ SAMPLES = sa.Table(
 REPLACEABLE = ("crash", "timeout")  # a key's measurement with this status gives way to the next one (kept here)
 
 
-def _insert_ignore(c, table: sa.Table, row: dict) -> bool:
+def insert_ignore(c, table: sa.Table, row: dict) -> bool:
     """INSERT that does nothing where the key exists (one statement, no aborted transaction); True if inserted."""
     name = c.dialect.name
     if name in ("sqlite", "postgresql"):  # RETURNING: psycopg reports no rowcount for it (-1)
@@ -50,7 +50,7 @@ def add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
     """Store a measurement row (Store._row) under the contract above, in one transaction. Returns what it became:
     "first" (the key's measurement), "replaced" (it took the place of a crash or timeout, which is kept as a
     sample), "sample" (the key had its measurement), or "duplicate" (this record was stored already)."""
-    # _insert_ignore reads sa.dialects.sqlite and .postgresql: importing them here loads those submodules
+    # insert_ignore reads sa.dialects.sqlite and .postgresql: importing them here loads those submodules
     import sqlalchemy.dialects.postgresql
     import sqlalchemy.dialects.sqlite  # noqa: F401 - loaded for sa.dialects, the name unused
     from .shared import ensure_table, has_table
@@ -70,7 +70,7 @@ def add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
 def _add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
     trial_id = json.loads(row["record"]).get("trial_id")
     with engine.begin() as c:
-        if _insert_ignore(c, measurements, row):  # the write lock of this key (SQLite: of the file) from here
+        if insert_ignore(c, measurements, row):  # the write lock of this key (SQLite: of the file) from here
             return "first"
         query = sa.select(measurements).where(measurements.c.key == row["key"])
         if c.dialect.name == "postgresql":

@@ -49,7 +49,7 @@ class Store:
         except sa.exc.ArgumentError:
             pass  # refused below, naming the flag
         try:
-            self.engine = sa.create_engine(url, future=True, **self._engine_kwargs(url))
+            self.engine = sa.create_engine(url, future=True, **self.engine_kwargs(url))
             if self.engine.dialect.name == "sqlite":
                 self.warning = repair_sqlite(self.engine.url.database)
                 sa.event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -88,7 +88,8 @@ class Store:
             self._error_column = True
 
     @staticmethod
-    def _engine_kwargs(url: str) -> dict:
+    def engine_kwargs(url: str) -> dict:
+        """What an engine of this storage URL is created with: SQLite waits up to a minute for a locked database."""
         return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
 
     def checkpoint(self) -> None:
@@ -188,8 +189,6 @@ class Store:
         beside it), or "duplicate" (this record was stored already). One transaction: a concurrent reader sees the
         old measurement or the new one, never none."""
         return samples.add(self.engine, MEASUREMENTS, self._row(key, record, source))
-
-    replace = add_measurement  # the former name (bench scripts): a crash or timeout measured again gives way
 
     def samples(self, key: str) -> list[Record]:
         """Every record of a key: its measurement first, then its other samples, oldest first."""

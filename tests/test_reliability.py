@@ -404,7 +404,7 @@ def trainable(tmp_path, monkeypatch):
             from trainscout.store import measurement_key
             from trainscout.trial import prepare
             spec = prepare("tiny", cfg, workers=2, steps=2, warmup=0, hw=hw)
-            open_store(url).replace(measurement_key(spec, hw, hardware.versions()),
+            open_store(url).add_measurement(measurement_key(spec, hw, hardware.versions()),
                                     {"model": "tiny", "config": spec.config, "status": seed_store, "metrics": None})
         reports.clear()
         tune_trial(cfg, base)
@@ -528,8 +528,8 @@ WRITER = textwrap.dedent("""
             f.write(key + "\\n")
             f.flush()
             if i < shared:  # both writers measure the shared configurations again (crash/timeout: newer wins)
-                store.replace(f"shared-{i:03d}", {"model": "tiny", "status": "crash", "config": {"i": i, "by": who},
-                                                  "metrics": None})
+                store.add_measurement(f"shared-{i:03d}", {"model": "tiny", "status": "crash",
+                                                          "config": {"i": i, "by": who}, "metrics": None})
 """)
 
 READER = textwrap.dedent("""
@@ -572,7 +572,8 @@ def test_r6_two_processes_write_500_records_each_none_lost_none_duplicated(tmp_p
     go, stop = tmp_path / "go", tmp_path / "stop"
     seed = Store(url)
     for i in range(shared):  # configurations both writers measure again while a reader looks them up
-        seed.replace(f"shared-{i:03d}", {"model": "tiny", "status": "crash", "config": {"i": i}, "metrics": None})
+        seed.add_measurement(f"shared-{i:03d}", {"model": "tiny", "status": "crash", "config": {"i": i},
+                                                 "metrics": None})
     writers = [py(WRITER, url, who, n, shared, tmp_path / f"{who}.log", go) for who in ("a", "b")]
     reader = py(READER, url, go, stop, shared)
     ready(*writers, reader)  # both imported and opened the store
