@@ -100,6 +100,23 @@ def h200_grid(tmp_path):
     return str(d)
 
 
+@pytest.fixture(scope="session")
+def quality_tokens(tmp_path_factory):
+    """verify --quality's corpus as token ids for the tests' tiny model (analysis.quality.corpus_tokens: a tokenizer
+    of its vocabulary trained on the shipped text, then the text encoded), made once for the session: put(folder)
+    copies the file into a folder, where a verify into that folder finds it (it makes it once per folder)."""
+    import shutil
+
+    from trainscout.analysis.quality import corpus_tokens
+    from trainscout.trial.models import resolve_model, sizes
+    path, _ = corpus_tokens(str(tmp_path_factory.mktemp("quality-tokens")), sizes(resolve_model("tiny").config).vocab)
+
+    def put(folder) -> None:
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(path, os.path.join(folder, os.path.basename(path)))
+    return put
+
+
 @pytest.fixture
 def worker_pids():
     return ray_worker_pids

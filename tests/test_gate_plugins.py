@@ -173,7 +173,7 @@ def test_a_knob_that_zeroes_halves_or_freezes_gradients_fails_the_one_step_gate(
     assert abs(fp32["grad_gain"] - 1) < 0.1 and fp32["grad_cosine"] > 0.99, fp32
 
 
-def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search):
+def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search, quality_tokens):
     """A one-trial CPU search of tiny with every gradient zeroed (the gate fails it, the trial is still measured),
     then `verify --quality 60`: the candidate stays at its first loss while the reference learns, the verdict is
     failed and the command exits 1 (it exited 0). The search's second draw (micro-batch 2, the same change) is not
@@ -183,6 +183,7 @@ def test_verify_quality_exits_1_on_a_failed_verdict(gate_plugins, zeroed_search)
     assert search.returncode == 0, stderr[-3000:]
     assert "quality: failed" in stdout and "gradient is 0x the reference's" in stdout, stdout
     assert "not measured: grad_zero=all failed the quality gate in an earlier trial" in stdout, stdout
+    quality_tokens(out)  # the corpus' tokens, made once for the session
     # one verification (two 60-step trainings: 24 leave the interval straddling the tolerance, inconclusive),
     # read twice: its lines and exit code, and the record it wrote to the folder (verify-quality-KEY.json: the
     # dict --json prints; `verify --quality --json` is tests/test_quality.py's). A second run with --json trained

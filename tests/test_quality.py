@@ -87,7 +87,8 @@ def test_statuses():
     assert quality.status({"quality": {"gate": quality.FAILED}}, verified)[0] == quality.VERIFIED
 
 
-def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tmp_path, ray_local, capsys):
+def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tmp_path, ray_local, capsys,
+                                                                            quality_tokens):
     """CLI end to end (in this process, on the session's Ray): a 2-trial CPU search of tiny with precision=fp32 fixed
     (a numerics change: the first trial takes the gate, the second is served the stored verdict), --quality strict;
     then verify --quality 24 trains it and its bf16 reference on the shipped corpus; the summary then says verified."""
@@ -110,6 +111,7 @@ def test_a_search_marks_its_bests_and_verify_quality_trains_both_on_real_text(tm
     gates = [r.m["quality"] for r in store.measurements() if r.ok]
     assert gates and all(q["gate"] == quality.PASSED for q in gates)
     assert len(gates) < 2 or any(q.get("cached") for q in gates)  # one gate step per change in a search
+    quality_tokens(out)  # the corpus' tokens, made once for the session
     assert main(["verify", str(out), "--quality", "24", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["status"] == "ok" and r["verdict"] == quality.VERIFIED, r

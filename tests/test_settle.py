@@ -44,9 +44,9 @@ def _measured(store: Store, search: str, trial: str, settings: dict, gate: str |
     return key
 
 
-def test_the_fastest_with_an_open_verdict_is_settled_by_training(tmp_path, ray_local, monkeypatch):
+def test_the_fastest_with_an_open_verdict_is_settled_by_training(tmp_path, ray_local, monkeypatch, quality_tokens):
     out = tmp_path / "s"
-    out.mkdir()
+    quality_tokens(out)  # the corpus' tokens the training reads, made once for the session
     store = Store(f"sqlite:///{out / 'results.db'}")
     good = _measured(store, "s", "t0", {})  # bf16-mixed: changes nothing, the same model
     fast = _measured(store, "s", "t1", {"precision": "fp32"}, gate=quality.FAILED, speedup=1.5)
