@@ -1,7 +1,7 @@
 """Refactor check on the GPU: each engine after the runtime refactor, with the new knobs where they apply."""
 import json
 from trainscout.trial import execute, prepare
-from trainscout.trial.runner import ensure_ray
+from trainscout.trial.ray_cluster import ensure_ray
 ensure_ray()
 CASES = [("160m zero1 compile(model) mbs16", {"zero_stage": 1, "compile": True, "micro_batch_size": 16}),
          ("160m fsdp shard_grad_op compile layers + fused_linear + fp8", {"fsdp": "shard_grad_op", "compile": True,

@@ -3,7 +3,7 @@ import json
 import sys
 from trainscout.analysis.export import export
 from trainscout.trial import execute, prepare
-from trainscout.trial.runner import ensure_ray
+from trainscout.trial.ray_cluster import ensure_ray
 model, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 kw = json.loads(sys.argv[4] if len(sys.argv) > 4 else "{}")
 ensure_ray()

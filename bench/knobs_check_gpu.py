@@ -15,13 +15,13 @@ import torch
 from trainscout.runtime import prepare_model
 from trainscout.spaces import resolve
 from trainscout.trial import hardware
-from trainscout.trial.models import _gpt_neox, build_model
+from trainscout.trial.models import gpt_neox, build_model
 from trainscout.trial.runner import context
 
 LLAMA_SMALL = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 4,
                "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 128256,
                "tie_word_embeddings": True, "max_position_embeddings": 2048}
-MODELS = {"pythia-70m shape": _gpt_neox(512, 6, 8), "llama 4-layer, 128k tied vocab": LLAMA_SMALL}
+MODELS = {"pythia-70m shape": gpt_neox(512, 6, 8), "llama 4-layer, 128k tied vocab": LLAMA_SMALL}
 SEQ, BATCH = 512, 4
 
 

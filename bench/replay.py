@@ -281,7 +281,7 @@ def run(a) -> int:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import optuna
 
-    from trainscout.trial.runner import ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ensure_ray()
     t0 = time.perf_counter()

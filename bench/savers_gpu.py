@@ -34,7 +34,8 @@ def main() -> int:
 
     from trainscout.predictor import memory
     from trainscout.trial import execute, hardware, prepare
-    from trainscout.trial.runner import detect_device, ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
+    from trainscout.trial.runner import detect_device
     device = detect_device("auto")
     gpu = device == "cuda"
     hw = hardware.fingerprint(device, 1)

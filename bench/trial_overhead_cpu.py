@@ -6,7 +6,7 @@ import statistics
 import time
 
 from trainscout.trial import execute, prepare
-from trainscout.trial.runner import ensure_ray
+from trainscout.trial.ray_cluster import ensure_ray
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--trials", type=int, default=5)

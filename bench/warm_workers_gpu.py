@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainscout.trial import execute, prepare
-from trainscout.trial.runner import ensure_ray
+from trainscout.trial.ray_cluster import ensure_ray
 
 FIXED = {"precision": "bf16-mixed", "tf32": True, "attention": "sdpa", "sdpa_backend": "auto", "zero_stage": 0,
          "fsdp": "off", "pipeline_stages": 1, "activation_checkpointing": "none", "fp8": "off"}

@@ -165,7 +165,7 @@ def _calibration_pairs(memory, records, a, gpu: str | None) -> list:
     """estimate --calibrate's (record, peak) pairs: the store's measured GPU peaks, of the GPU kind asked where given
     (gpu: asked_kind's answer, "H200" is "NVIDIA H200"; a GPU that is no kind by its exact name). ConfigError (exit 2)
     where fewer than the fit's 3 are left, naming the GPUs the store has."""
-    from trainscout.trial.metrics import gpu_kind
+    from trainscout.trial.gpus import gpu_kind
     pairs = memory.calibration_pairs(records, None)
     if gpu:
         pairs = [(r, p) for r, p in pairs if (gpu_kind(r.m.get("gpu")) or str(r.m.get("gpu"))).lower() == gpu.lower()]
@@ -226,7 +226,7 @@ def _estimate_box(a, records: list | None) -> tuple[dict, str | None, tuple | No
     --gpu's compute capability where it is known (fp8 needs sm_89), else a Hopper's, and every package a knob runs
     on (liger-kernel for the fused linear loss, torchao for fp8)."""
     from trainscout.spaces import all_knobs
-    from trainscout.trial.metrics import gpu_facts
+    from trainscout.trial.gpus import gpu_facts
     kind = None
     if a.gpu:  # a kind by exact identity, or with --calibrate a GPU of that store that is no kind, by its name
         from trainscout.trial.gpus import asked_kind

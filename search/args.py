@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError
 from trainscout.store import check_folder, storage_url
 from trainscout.trial import hardware, prepare
-from trainscout.trial.runner import cluster_address, context
+from trainscout.trial.ray_cluster import cluster_address
+from trainscout.trial.runner import context
 
 from .space import Space, load_space_file
 from .trainable import fault_schedule

@@ -22,7 +22,7 @@ import math
 from trainscout.spaces import ConfigError
 
 TRIAL_CPU = 0.25  # a search's Tune trial actor: it prepares the trial and waits for the ranks, which hold the rest
-RANK_CPU = 0.5  # a CPU trial's rank (trial.pool._bundle); a GPU rank holds 1 CPU and 1 GPU
+RANK_CPU = 0.5  # a CPU trial's rank (trial.pool.rank_bundle); a GPU rank holds 1 CPU and 1 GPU
 PROBE_S = 120.0  # a node whose probe has not answered by then (its raylet gone, its workers not starting) is named
 
 
@@ -102,9 +102,9 @@ def hardware_of(facts: list[dict], device: str, ranks: int, one_node: bool, addr
 
 
 def cluster_hardware(address: str, device: str, ranks: int, one_node: bool, flag: str = "--address") -> dict:
-    """Attach to the cluster (trial.runner.ensure_ray) and read the hardware of the nodes that would run a search's
+    """Attach to the cluster (trial.ray_cluster.ensure_ray) and read the hardware of the nodes that would run a search's
     trials: GPU nodes for cuda (auto: cuda where any node has a GPU), nodes with a CPU for a rank for cpu."""
-    from trainscout.trial.runner import ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError("--device", f"--device {device} is not allowed: use auto, cpu or cuda")
     ensure_ray(address if flag == "--address" else None)  # None: it reads RAY_ADDRESS itself, and names it
@@ -138,7 +138,7 @@ def check_cuda(facts: list[dict]) -> None:
 
 
 def per_trial(cuda: bool, ranks: int) -> dict:
-    """What one trial holds while it runs: its Tune actor and its ranks (trial.pool._bundle)."""
+    """What one trial holds while it runs: its Tune actor and its ranks (trial.pool.rank_bundle)."""
     return {"CPU": TRIAL_CPU + ranks * (1 if cuda else RANK_CPU), **({"GPU": float(ranks)} if cuda else {})}
 
 

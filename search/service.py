@@ -66,7 +66,7 @@ def run_search(args: SearchArgs, stream=None, resume: bool = False, started: flo
         check_tracking(track or [], args.out)
         # Ray reached (or started) before anything is written: an address where nothing listens is refused here,
         # not after the store, its log and the folder's lock were made (a rerun in that folder was then refused)
-        from trainscout.trial.runner import check_resources, cluster_address, ensure_ray
+        from trainscout.trial.ray_cluster import check_resources, cluster_address, ensure_ray
         address = cluster_address(args.address)  # what comes before the first row (8-15 s on 2 cores) is said
         print(f"search {name}: {'attaching to ' + address if address else 'starting Ray on 127.0.0.1'}, then the "
               "start points and the first worker group", file=stream, flush=True)

@@ -197,7 +197,7 @@ def atlas_points(args: SearchArgs, space: Space, hw: dict, have: list[dict],
         return []
     from trainscout.atlas import db
     from trainscout.atlas.lookup import lookup
-    from trainscout.trial.metrics import gpu_kind
+    from trainscout.trial.gpus import gpu_kind
     from trainscout.predictor import memory
     kind = gpu_kind(hw.get("gpu"))
     if kind is None:

@@ -54,7 +54,7 @@ def beyond_peak(rec: dict) -> str | None:
     if rec.get("status") != Status.OK or not rec.get("model_config"):
         return None
     from trainscout.predictor import flops
-    from trainscout.trial import gpus, metrics
+    from trainscout.trial import gpus
     m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
     try:
         per_token = flops.count(rec["model_config"]).per_token(recipe["seq_len"])
@@ -63,7 +63,7 @@ def beyond_peak(rec: dict) -> str | None:
     ranks = rec.get("world_size") or 1
     if rec.get("device") == "cuda":
         gpu = (rec.get("hardware") or {}).get("gpu")
-        peak = metrics.gpu_peak_tflops(gpu)
+        peak = gpus.gpu_peak_tflops(gpu)
         what = f"{ranks} x {gpu}" if peak else f"{ranks} x the fastest GPU trainscout knows ({gpu!r} is not listed)"
         limit = (peak or max(k.bf16_tflops for k in gpus.KINDS)) * 1e12 * ranks
     else:
@@ -132,7 +132,7 @@ def implausible(rec: dict) -> str | None:
     hw = rec.get("hardware") or {}
     peak = m.get("peak_memory_gib")
     if rec.get("device") == "cuda" and isinstance(peak, (int, float)):
-        from trainscout.trial.metrics import gpu_facts
+        from trainscout.trial.gpus import gpu_facts
         caps = [c for c in (hw.get("gpu_memory_gib"), (gpu_facts(hw.get("gpu") or "") or (None,))[0])
                 if isinstance(c, (int, float)) and c > 0]
         if caps and peak > min(caps) * MEMORY_TOLERANCE:

@@ -15,10 +15,10 @@ import torch.multiprocessing as mp
 
 from trainscout.spaces import ConfigError, Context, ParallelDims, resolve
 from trainscout.spaces.knobs.context_parallel import CPU_ERROR
-from trainscout.trial.models import TINY_RECIPE, _gpt_neox
+from trainscout.trial.models import TINY_RECIPE, gpt_neox
 
 pytestmark = pytest.mark.timeout(300)
-CONFIG = _gpt_neox(64, 2, 4, vocab=256, max_pos=128)
+CONFIG = gpt_neox(64, 2, 4, vocab=256, max_pos=128)
 GPUS = dict(device="cuda", capability="9.0", num_layers=2, global_batch=8, model_config=CONFIG)
 
 

@@ -20,7 +20,7 @@ import json, sys
 import ray
 from trainscout.spaces import ConfigError
 from trainscout.search.cluster import cluster_hardware
-from trainscout.trial.pool import Rank
+from trainscout.trial.rank import Rank
 out = {}
 try:
     cluster_hardware(sys.argv[1], "cuda", 1, True)

@@ -4,8 +4,9 @@ import pytest
 
 from trainscout.spaces import ConfigError
 from trainscout.predictor import memory
-from trainscout.trial import metrics, prepare
-from trainscout.trial.models import PYTHIA, Sizes, build_model, resolve_model, sizes, with_overrides
+from trainscout.spaces.model_config import Sizes
+from trainscout.trial import gpus, metrics, prepare
+from trainscout.trial.models import PYTHIA, build_model, resolve_model, sizes, with_overrides
 
 
 def test_pythia_sizes_match_their_names():
@@ -83,10 +84,10 @@ def test_flops_and_mfu_formula():
     # pythia-1b on the yardstick: 6N + 12 L d s (the dense count it and the seed paper use)
     fpt = metrics.dense_flops_per_token(1_011_781_632, 16, 2048, 2048)
     assert fpt == 6 * 1_011_781_632 + 12 * 16 * 2048 * 2048
-    assert metrics.gpu_peak_tflops("NVIDIA H200") == 989.0
-    assert metrics.gpu_peak_tflops("NVIDIA H100 PCIe") == 756.0
-    assert metrics.gpu_peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
-    assert metrics.gpu_peak_tflops("Mystery GPU") is None
+    assert gpus.gpu_peak_tflops("NVIDIA H200") == 989.0
+    assert gpus.gpu_peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert gpus.gpu_peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert gpus.gpu_peak_tflops("Mystery GPU") is None
     assert metrics.mfu(69_690, fpt, 989.0, 1) == pytest.approx(0.485, abs=0.002)  # the yardstick's row
     assert metrics.mfu(1000, fpt, None, 1) is None
 

@@ -13,10 +13,10 @@ import torch.multiprocessing as mp
 from trainscout.spaces import ConfigError, Context, resolve
 from trainscout.spaces.knobs.pipeline import CHUNKS
 from trainscout.trial import engines
-from trainscout.trial.models import TINY_RECIPE, _gpt_neox, build_model
+from trainscout.trial.models import TINY_RECIPE, gpt_neox, build_model
 
 pytestmark = pytest.mark.timeout(300)
-CONFIG = _gpt_neox(64, 4, 4, vocab=512, max_pos=256)
+CONFIG = gpt_neox(64, 4, 4, vocab=512, max_pos=256)
 SEQ = 32
 
 

@@ -13,14 +13,14 @@ import torch.multiprocessing as mp
 
 from trainscout.spaces import ConfigError, Context, ParallelDims, resolve
 from trainscout.trial import engines
-from trainscout.trial.models import TINY_RECIPE, _gpt_neox, build_model
+from trainscout.trial.models import TINY_RECIPE, gpt_neox, build_model
 
 pytestmark = pytest.mark.timeout(300)
 SEQ = 32
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
          "max_position_embeddings": 128, "tie_word_embeddings": False}
-MODELS = {"llama": LLAMA, "gpt_neox": _gpt_neox(64, 2, 4, vocab=256, max_pos=128)}
+MODELS = {"llama": LLAMA, "gpt_neox": gpt_neox(64, 2, 4, vocab=256, max_pos=128)}
 LOSS_REL, GRAD_ABS, PARAM_ABS = 1e-5, 1e-5, 1e-6  # fp32; measured 1.7e-7, 3.0e-8, 2.1e-7 (reduction order)
 
 

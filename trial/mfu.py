@@ -2,7 +2,7 @@
 
 Recomputed from the measured tokens/s, the model's own modules (trainscout.predictor.flops, CONVENTION: matrix products
 only, the input embedding not counted, a mixture of experts at its routed share) and the GPU's peak from
-trial/metrics.py's table, never from the record's own figures: a record's MFU, FLOPs per token or peak may be wrong
+trial/gpus.py's table, never from the record's own figures: a record's MFU, FLOPs per token or peak may be wrong
 (DeepSpeed ZeRO-3 partitions its parameters, which a count from the live model misses: docs/trial.md) or forged (a
 contribution that claims the current convention with a figure of its own).
 """
@@ -21,9 +21,9 @@ CLAIMED = ("flops_convention", "flops_per_token", "hardware_flops_per_token", "a
 def mfu(record: Record) -> float | None:
     """MFU of an ok GPU record under CONVENTION, recounted (predictor.flops.recount); None where the GPU's peak or the
     model is unknown."""
-    from . import metrics
+    from . import gpus
     m, hw = record.m, record.hardware or {}
-    peak = metrics.gpu_peak_tflops(hw.get("gpu") or m.get("gpu"))
+    peak = gpus.gpu_peak_tflops(hw.get("gpu") or m.get("gpu"))
     if not record.ok or not m.get("tokens_per_s") or not peak or record.device != "cuda":
         return None
     clean = {k: v for k, v in m.items() if k not in CLAIMED and not k.endswith("_dense_v0")}

@@ -10,9 +10,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 
 from trainscout.spaces import ConfigError
-# a model config's sizes live below trial/ (the knobs read them); Sizes and hf_config re-exported from here
-from trainscout.spaces.model_config import (Sizes, dtype_refusal, hf_config, note_attentions, sizes,  # noqa: F401
-                                            sizes_of)
+# a model config's sizes live below trial/ (the knobs read them)
+from trainscout.spaces.model_config import dtype_refusal, hf_config, note_attentions, sizes, sizes_of
 
 # name: (hidden, layers, heads); intermediate = 4 * hidden, vocab 50304, rotary_pct=0.25, parallel residual, untied
 PYTHIA = {
@@ -65,7 +64,8 @@ class ModelSpec:
         return sizes(self.config).hidden
 
 
-def _gpt_neox(hidden: int, layers: int, heads: int, vocab: int = 50304, max_pos: int = 2048) -> dict:
+def gpt_neox(hidden: int, layers: int, heads: int, vocab: int = 50304, max_pos: int = 2048) -> dict:
+    """A GPT-NeoX config dict of Pythia's shape (intermediate 4 x hidden, rotary on a quarter, parallel residual)."""
     return dict(model_type="gpt_neox", hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                 intermediate_size=4 * hidden, vocab_size=vocab, max_position_embeddings=max_pos,
                 rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False)
@@ -79,9 +79,9 @@ def model_names() -> list[str]:
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A Pythia name, "tiny", or the path of a transformers config.json of a causal LM."""
     if name_or_path == "tiny":
-        return ModelSpec("tiny", _gpt_neox(*TINY, vocab=512, max_pos=256), TINY_RECIPE)
+        return ModelSpec("tiny", gpt_neox(*TINY, vocab=512, max_pos=256), TINY_RECIPE)
     if name_or_path in PYTHIA:
-        return ModelSpec(name_or_path, _gpt_neox(*PYTHIA[name_or_path]), PYTHIA_RECIPE)
+        return ModelSpec(name_or_path, gpt_neox(*PYTHIA[name_or_path]), PYTHIA_RECIPE)
     if not (name_or_path.endswith(".json") or os.sep in name_or_path):
         raise ConfigError("--model", f"unknown model {name_or_path!r}: use one of {', '.join(model_names())} "
                                      "or the path of a config.json")
@@ -120,26 +120,9 @@ def _read_config_json(path: str):
     class reads: n_layer, n_embd, ...) it is refused, as transformers' defaults describe another model (a Llama
     with only "model_type" would become the 7B); vocab_size, intermediate_size and max_position_embeddings are
     filled in from transformers' defaults, which a warning on stderr names with their values (once per file)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError("--model", f"cannot read {path}: {e.__class__.__name__}: "
-                                     f"{str(e).splitlines()[0] if str(e) else ''}; give a readable config.json")
-    except RecursionError:
-        raise ConfigError("--model", f"{path} nests too deeply: give a transformers config.json")
-    if not isinstance(cfg, dict) or "model_type" not in cfg:
-        raise ConfigError("--model", f"{path} has no \"model_type\": give a transformers config.json")
-    import transformers
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    cfg = _config_dict(path)
+    cls = _config_class(path, cfg)
     kind = cfg["model_type"]
-    if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
-        raise ConfigError("--model", f"{path}: model_type {kind!r} is not known to transformers "
-                                     f"{transformers.__version__}: give a model type it has, or upgrade it")
-    cls = CONFIG_MAPPING[kind]
-    refusal = dtype_refusal(cfg)
-    if refusal:
-        raise ConfigError("--model", f"{path}: {refusal}")
     spelled = {name: (name, cls.attribute_map.get(name, name), *_LEGACY.get(name, ()))
                for name in (*ESSENTIAL, *DEFAULTABLE)}
     for name, keys in spelled.items():  # before transformers reads them, so the error names the file's field
@@ -148,29 +131,8 @@ def _read_config_json(path: str):
             if k in cfg and not (v is None and name not in ESSENTIAL) and (
                     not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError("--model", f"{path}: {k}={json.dumps(v)} is not allowed: give a positive integer")
-    try:
-        with _warnings() as said:  # what transformers' config class says is wrong, it says as a warning
-            hf = cls(**cfg)
-        default = cls()
-    except Exception as e:  # noqa: BLE001 - strict dataclass validation, a class's own checks (a ZeroDivisionError included)
-        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-        raise ConfigError("--model", f"{path}: transformers refuses this {kind} config ({why}): fix that field")
-    if type(hf) not in AutoModelForCausalLM._model_mapping:
-        raise ConfigError("--model", f"{path}: {kind} is not a causal language model")
-    refused = [m for who, m in said if who in _VALIDATORS and _REFUSED.search(m)]  # a RoPE factor < 1, ...
-    if refused:
-        raise ConfigError("--model", f"{path}: transformers' {cls.__name__} says: {refused[0].rstrip('. ')}: fix that "
-                                     "field in the config.json")
-    pad, vocab = getattr(hf, "pad_token_id", None), getattr(hf, "vocab_size", None)
-    if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:  # nn.Embedding's padding_idx
-        raise ConfigError("--model", f"{path}: pad_token_id={pad} is outside the vocabulary (vocab_size={vocab}): set "
-                                     f"pad_token_id to null or an id below {vocab}")
-    topk = getattr(hf, "num_experts_per_tok", None)  # a router that picks more experts than there are
-    experts = next(((k, v) for k in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if isinstance(v := getattr(hf, k, None), int) and not isinstance(v, bool)), None)
-    if isinstance(topk, int) and experts and topk > experts[1]:
-        raise ConfigError("--model", f"{path}: num_experts_per_tok={topk} is more than {experts[0]}={experts[1]}: "
-                                     f"give num_experts_per_tok of at most {experts[1]}")
+    hf, default = _built_config(path, cfg, cls)
+    _check_tokens_and_experts(path, hf)
     given = {name: any(k in cfg for k in keys) or getattr(hf, name, None) != getattr(default, name, None)
              for name, keys in spelled.items()}
     missing = [n for n in ESSENTIAL if hasattr(default, n) and not given[n]]
@@ -190,6 +152,72 @@ def _read_config_json(path: str):
                                      "key/value head among the same number of query heads)")
     _check_builds(path, hf)
     return hf
+
+
+def _config_dict(path: str) -> dict:
+    """The config.json as a dict with a "model_type", or a one-line ConfigError on --model."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError("--model", f"cannot read {path}: {e.__class__.__name__}: "
+                                     f"{str(e).splitlines()[0] if str(e) else ''}; give a readable config.json")
+    except RecursionError:
+        raise ConfigError("--model", f"{path} nests too deeply: give a transformers config.json")
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ConfigError("--model", f"{path} has no \"model_type\": give a transformers config.json")
+    return cfg
+
+
+def _config_class(path: str, cfg: dict):
+    """The transformers config class of its model_type; ConfigError for a type transformers does not know or a
+    dtype refused."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+    kind = cfg["model_type"]
+    if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
+        raise ConfigError("--model", f"{path}: model_type {kind!r} is not known to transformers "
+                                     f"{transformers.__version__}: give a model type it has, or upgrade it")
+    cls = CONFIG_MAPPING[kind]
+    refusal = dtype_refusal(cfg)
+    if refusal:
+        raise ConfigError("--model", f"{path}: {refusal}")
+    return cls
+
+
+def _built_config(path: str, cfg: dict, cls):
+    """(the config built from the file, the class's default one); ConfigError where transformers refuses it, says
+    in a warning what it must be, or it is no causal language model."""
+    from transformers import AutoModelForCausalLM
+    kind = cfg["model_type"]
+    try:
+        with _warnings() as said:  # what transformers' config class says is wrong, it says as a warning
+            hf = cls(**cfg)
+        default = cls()
+    except Exception as e:  # noqa: BLE001 - strict dataclass validation, a class's own checks (a ZeroDivisionError included)
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        raise ConfigError("--model", f"{path}: transformers refuses this {kind} config ({why}): fix that field")
+    if type(hf) not in AutoModelForCausalLM._model_mapping:
+        raise ConfigError("--model", f"{path}: {kind} is not a causal language model")
+    refused = [m for who, m in said if who in _VALIDATORS and _REFUSED.search(m)]  # a RoPE factor < 1, ...
+    if refused:
+        raise ConfigError("--model", f"{path}: transformers' {cls.__name__} says: {refused[0].rstrip('. ')}: fix that "
+                                     "field in the config.json")
+    return hf, default
+
+
+def _check_tokens_and_experts(path: str, hf) -> None:
+    """ConfigError for a padding id outside the vocabulary, or a router that picks more experts than there are."""
+    pad, vocab = getattr(hf, "pad_token_id", None), getattr(hf, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:  # nn.Embedding's padding_idx
+        raise ConfigError("--model", f"{path}: pad_token_id={pad} is outside the vocabulary (vocab_size={vocab}): set "
+                                     f"pad_token_id to null or an id below {vocab}")
+    topk = getattr(hf, "num_experts_per_tok", None)
+    experts = next(((k, v) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if isinstance(v := getattr(hf, k, None), int) and not isinstance(v, bool)), None)
+    if isinstance(topk, int) and experts and topk > experts[1]:
+        raise ConfigError("--model", f"{path}: num_experts_per_tok={topk} is more than {experts[0]}={experts[1]}: "
+                                     f"give num_experts_per_tok of at most {experts[1]}")
 
 
 # transformers' config validation that only warns (its RoPE checks: "`rope_parameters`'s factor field must be a float

@@ -32,8 +32,8 @@ import asyncio
 import os
 import time
 
-from .rank import Progress, Rank  # noqa: F401 - the group's processes, importable from here
-from .share import NAME, attached, dead_nodes, others_wait  # noqa: F401 - a cluster others use, importable from here
+from .rank import Rank
+from .share import NAME, dead_nodes, others_wait
 
 STOP_GRACE_S = 60.0  # a trial asked to stop (Pool.stop) and still running this long after has its group killed
 RELEASE_POLL_S = 1.0  # shared: how often an idle group looks whether anything else in the cluster waits
@@ -69,7 +69,7 @@ def pool(shared: bool = False):
     return named_actor(Pool, NAME, shared, num_cpus=0, max_concurrency=1000)
 
 
-def _bundle(cuda: bool) -> dict:
+def rank_bundle(cuda: bool) -> dict:
     """What one rank of a group holds: a GPU and a CPU, or half a CPU on a CPU-only run."""
     return {"CPU": 1, "GPU": 1} if cuda else {"CPU": 0.5}
 
@@ -236,7 +236,7 @@ class Pool:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        bundle = _bundle(cuda)
+        bundle = rank_bundle(cuda)
         pg = placement_group([bundle] * world, strategy="STRICT_PACK" if one_node else "PACK")
         try:
             await asyncio.wait_for(_value(pg.ready()), max(0.1, wait_s))
@@ -304,9 +304,19 @@ class Pool:
         """{"ok": {"n_params", "ranks"}, "reused": n, "placement": {...}} | {"error": str} | {"timeout": True} |
         {"unscheduled": why} | {"node_lost": why}. Two limits of `timeout` s: the placement wait's (unscheduled past
         it) and the trial's, from its ranks' placement (a new group's start-up included; a warm group's: from here)."""
-        from .status import Status, classify, node_lost_line
         key = self._key(spec.world_size, spec.device, env, one_node)
         self._drop_warming(key if reuse else None)  # a group of its own: none being warmed is for it either
+        got = await self._group_for(key, spec, env, timeout, reuse, one_node)
+        if isinstance(got, dict):  # no group to run it in: the trial's outcome
+            return got
+        group, deadline = got
+        self.busy[trial_id], group.owner = group, owner
+        return await self._run_ranks(trial_id, group, spec, deadline, reuse)
+
+    async def _group_for(self, key, spec, env: dict, timeout: float, reuse: bool, one_node: bool):
+        """(the group to run spec's trial in, the trial's deadline on the loop's clock): an idle or warmed group of
+        key, else a new one; or, where none could be had, the trial's outcome (run's dict)."""
+        from .status import Status, classify, node_lost_line
         loop = asyncio.get_running_loop()
         placed_by = loop.time() + timeout  # the placement wait's own limit
         await self._leaving(key, spec.world_size, spec.device == "cuda", min(placed_by, loop.time() + STOP_GRACE_S))
@@ -321,9 +331,8 @@ class Pool:
                 self._make_room(spec.world_size, spec.device == "cuda")
                 group = await self._start(key, spec.world_size, spec.device == "cuda", env, one_node,
                                           placed_by - loop.time() - 0.5, limit=timeout)
-                deadline = group.placed_at + timeout
-            else:
-                deadline = loop.time() + timeout
+                return group, group.placed_at + timeout
+            return group, loop.time() + timeout
         except Unscheduled as e:
             return {"unscheduled": str(e)}
         except asyncio.TimeoutError:
@@ -334,7 +343,12 @@ class Pool:
             if (where := await loop.run_in_executor(None, lost_in, str(e))) is not None:  # before the GCS knows
                 return {"node_lost": node_lost_line(str(e), where)}
             return {"error": f"{type(e).__name__}: {e}"}
-        self.busy[trial_id], group.owner = group, owner
+
+    async def _run_ranks(self, trial_id: str, group: _Group, spec, deadline: float, reuse: bool) -> dict:
+        """The trial run on its group's ranks by the deadline (run's dict); the group kept for the next trial where
+        it ended healthy and may be reused, else killed."""
+        from .status import Status, classify, node_lost_line
+        loop = asyncio.get_running_loop()
         futures = [asyncio.ensure_future(_value(a.run.remote(spec))) for a in group.actors]
         healthy = False
         try:
@@ -422,7 +436,7 @@ class Pool:
     def _room(world: int, cuda: bool) -> bool:
         import ray
         free = ray.available_resources()
-        return all(free.get(k, 0) >= v * world for k, v in _bundle(cuda).items())
+        return all(free.get(k, 0) >= v * world for k, v in rank_bundle(cuda).items())
 
     def _make_room(self, world: int, cuda: bool) -> None:
         """Kill idle groups, oldest first, while the cluster lacks what a new group needs (one GPU box: the idle

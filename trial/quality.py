@@ -159,15 +159,44 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
     recomputed in the backward (the same numbers: torch's non-reentrant checkpoint) and, with host_grads (the
     reference's, compared a tensor at a time on the device: _sums), each gradient moved to the host as it is
     accumulated: a large model's reference step otherwise runs out of a GPU's memory."""
+    from . import engines
+    from .engines.base import autocast_dtype
+    model, layers, dims = _gate_model(spec, plan, device, changed)
+    dtype = autocast_dtype(plan.precision)
+    sixteen = dtype is not None and engines.get(plan.engine).compute == "16-bit"
+    if sixteen:
+        model.to(dtype)
+    if lean is None:
+        lean = _lean(model, device)
+    sink: list[dict] = [{}]  # the gradients a post-accumulate hook moved to the host, this batch's
+    if lean:
+        _recompute_layers(model, sink if host_grads else None)
+    ops = []
+    hooks = _compare_linears(model, device, reference_dtype, ops) if reference_dtype is not False else []
+    step = _gate_step(plan, dims, changed, device, dtype, sixteen, hooks)
+    for i, batch in enumerate(batches):
+        loss = step(model, batch, 1.0)
+        op = (min(ops) if ops else None) if i == 0 else None
+        # kept where they are: copied to the host (and compared there) they cost most of a large model's gate
+        grads = sink[0] or {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+        sink[0] = {}
+        for p in model.parameters():
+            p.grad = None
+        out = float(loss.detach().float().item())
+        del loss
+        yield out, grads, op, layers
+        del grads
+
+
+def _gate_model(spec, plan, device, changed):
+    """(model, {parameter: its decoder layer}, dims): the model built from GATE_SEED on device under a plan, with the
+    transforms of GATE_STAGES and of the changed knobs at any stage applied (on one rank: dims of one)."""
     import torch
 
-    from trainscout.runtime import STAGES, transforms
-    from trainscout.spaces import ParallelDims, get, plugins
+    from trainscout.runtime import transforms
+    from trainscout.spaces import ParallelDims, plugins
     from trainscout.spaces.layers import decoder_layers
-    from trainscout.spaces.roles import Runtime
 
-    from . import engines
-    from .engines.base import autocast_dtype, causal_lm_loss
     from .models import build_model
     torch.manual_seed(GATE_SEED)
     with torch.device(device):
@@ -181,34 +210,50 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
     paths = {id(m): n for n, m in model.named_modules()}
     layer_of = {id(p): paths.get(id(layer), f"layer {i}") for i, layer in enumerate(decoder_layers(model))
                 for p in layer.parameters()}
-    layers = {n: layer_of.get(id(p), n) for n, p in model.named_parameters()}
-    dtype = autocast_dtype(plan.precision)
-    sixteen = dtype is not None and engines.get(plan.engine).compute == "16-bit"
-    if sixteen:
-        model.to(dtype)
-    if lean is None:
-        lean = _lean(model, device)
-    sink: list[dict] = [{}]  # the gradients a post-accumulate hook moved to the host, this batch's
-    if lean:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x; before: gradient_
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        for n, p in model.named_parameters() if host_grads else ():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda p, n=n: _to_host(sink[0], n, p))
-    ops, hooks = [], []
-    if reference_dtype is not False:
-        def compare(module, args, out, name=None):
-            with torch.no_grad(), torch.autocast(device.type, dtype=reference_dtype or torch.float32,
-                                                 enabled=reference_dtype is not None):
-                # from the same input (in fp32: an fp16 candidate's input meets CPU autocast's bf16 as it is)
-                ref = torch.nn.functional.linear(args[0].float(), module.weight, module.bias).float()
-            ops.append((_db(float(ref.pow(2).sum()), float((ref - out.detach().float()).pow(2).sum())), name))
-        for name, m in model.named_modules():  # after the transforms' own hooks: their outputs are compared
-            if isinstance(m, torch.nn.Linear) and isinstance(m.weight, torch.Tensor):
-                hooks.append(m.register_forward_hook(lambda mod, a, o, n=name: compare(mod, a, o, n)))
+    return model, {n: layer_of.get(id(p), n) for n, p in model.named_parameters()}, dims
+
+
+def _recompute_layers(model, sink: list | None) -> None:
+    """Each decoder layer recomputed in the backward (torch's non-reentrant checkpoint: the same numbers); with a
+    sink, each gradient moved into sink[0] on the host as it is accumulated."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x; before: gradient_
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for n, p in model.named_parameters() if sink is not None else ():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda p, n=n: _to_host(sink[0], n, p))
+
+
+def _compare_linears(model, device, reference_dtype, ops: list) -> list:
+    """Forward hooks that append to ops each linear's (SQNR dB, module) against the reference op (autocast to
+    reference_dtype, None: fp32) on the same input; the hooks, for the step to remove after its first forward."""
+    import torch
+
+    def compare(module, args, out, name=None):
+        with torch.no_grad(), torch.autocast(device.type, dtype=reference_dtype or torch.float32,
+                                             enabled=reference_dtype is not None):
+            # from the same input (in fp32: an fp16 candidate's input meets CPU autocast's bf16 as it is)
+            ref = torch.nn.functional.linear(args[0].float(), module.weight, module.bias).float()
+        ops.append((_db(float(ref.pow(2).sum()), float((ref - out.detach().float()).pow(2).sum())), name))
+    hooks = []
+    for name, m in model.named_modules():  # after the transforms' own hooks: their outputs are compared
+        if isinstance(m, torch.nn.Linear) and isinstance(m.weight, torch.Tensor):
+            hooks.append(m.register_forward_hook(lambda mod, a, o, n=name: compare(mod, a, o, n)))
+    return hooks
+
+
+def _gate_step(plan, dims, changed, device, dtype, sixteen: bool, hooks: list):
+    """step(model, batch, scale, **loss_kwargs): a forward (autocast to dtype unless the weights are 16-bit) and
+    backward, the hooks removed after the first forward, wrapped by the changed knobs' wrap_step."""
+    import torch
+
+    from trainscout.runtime import STAGES
+    from trainscout.spaces import get
+    from trainscout.spaces.roles import Runtime
+
+    from .engines.base import causal_lm_loss
 
     def step(model, batch, scale, **loss_kwargs):
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None and not sixteen):
@@ -221,18 +266,7 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
     for knob in sorted(wrappers, key=lambda k: STAGES.index(k.runtime.stage) if k.runtime.stage in STAGES
                        else len(STAGES), reverse=True):  # as runtime.wrap_step orders them: the first stage's outermost
         step = knob.runtime.wrap_step(step, plan, dims)
-    for i, batch in enumerate(batches):
-        loss = step(model, batch, 1.0)
-        op = (min(ops) if ops else None) if i == 0 else None
-        # kept where they are: copied to the host (and compared there) they cost most of a large model's gate
-        grads = sink[0] or {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
-        sink[0] = {}
-        for p in model.parameters():
-            p.grad = None
-        out = float(loss.detach().float().item())
-        del loss
-        yield out, grads, op, layers
-        del grads
+    return step
 
 
 def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=(), lean=None, host_grads=False):

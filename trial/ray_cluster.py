@@ -35,17 +35,17 @@ def ensure_ray(address: str | None = None) -> None:
 
 
 def check_resources(world: int, device: str, flag: str, per_trial: dict | None = None) -> None:
-    """Refuse (ConfigError on flag) ranks the Ray cluster can never place: each rank's bundle (pool._bundle: a GPU
+    """Refuse (ConfigError on flag) ranks the Ray cluster can never place: each rank's bundle (pool.rank_bundle: a GPU
     and a CPU, or half a CPU on a CPU run) times the ranks, plus what else a trial holds (per_trial: a search's Tune
     actor), against the cluster's total. `--gpus-per-trial 8` on a 2-core CPU waited until the trial's timeout."""
     import ray
-    need = {k: v * world for k, v in pool._bundle(device == "cuda").items()}
+    need = {k: v * world for k, v in pool.rank_bundle(device == "cuda").items()}
     for k, v in (per_trial or {}).items():
         need[k] = need.get(k, 0) + v
     have = ray.cluster_resources()
     for res, n in need.items():
         if have.get(res, 0) + 1e-9 < n:
-            each = pool._bundle(device == "cuda")[res]
+            each = pool.rank_bundle(device == "cuda")[res]
             fit = int((have.get(res, 0) - (per_trial or {}).get(res, 0)) // each)
             extra = f" + {per_trial[res]:g} for the trial's Tune actor" if (per_trial or {}).get(res) else ""
             raise ConfigError(flag, f"{flag} {world} needs {n:g} {res} ({each:g} per rank{extra}) but this Ray cluster "

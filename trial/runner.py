@@ -11,12 +11,13 @@ import time
 import uuid
 from datetime import datetime, timezone
 
+from trainscout.predictor import flops
 from trainscout.spaces import ConfigError, Context, resolve
 
-from trainscout.predictor import flops
-from . import contention, faults, hardware, metrics, pool, probe, quality
+from . import contention, faults, gpus, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
-from .ray_cluster import check_resources, cluster_address, ensure_ray  # importable from here too
+from .rank import Progress
+from .ray_cluster import check_resources, cluster_address, ensure_ray
 from .records import RankResult, Record, TrialSpec
 from .status import MEASURED, Status, classify, host_oom_line, node_lost_line
 
@@ -54,18 +55,8 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
     also takes the quality gate's step against its reference (trial/quality.py); verify and train leave it out.
     installed: the optional packages the box has (default: those importable here; a prediction for another box
     names its own)."""
-    for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
-    if measure_accum is not None and (not isinstance(measure_accum, int) or measure_accum < 0):
-        raise ConfigError("--measure-accum", f"--measure-accum {measure_accum} is not allowed: give an integer >= 0 "
-                                             "(0 = full step)")
-    fault = fault or os.environ.get("TRAINSCOUT_FAULT") or None
-    try:
-        faults.parse(fault)
-    except ValueError as e:  # checked here, not in the worker, where it would be a crash
-        raise ConfigError("TRAINSCOUT_FAULT" if fault == os.environ.get("TRAINSCOUT_FAULT") else "--inject-fault",
-                          str(e))
+    _check_counts(workers, steps, warmup, measure_accum)
+    fault = _checked_fault(fault)
     if hw is None:
         device = detect_device(device)
         hw = hardware.fingerprint(device, workers)
@@ -97,13 +88,41 @@ def prepare(model: str | ModelSpec, settings: dict, *, device: str = "auto", wor
         out.probe = probe.candidates(out, plan, measured)
     changed = quality.changes(cfg, ctx)
     if changed and gate:
-        ref = quality.reference(cfg, changed)
-        q = {"changes": changed, "reference": quality.differences(cfg, ref)}
-        try:
-            out.quality = dict(q, reference_plan=resolve(ref, ctx)[1].to_dict())
-        except ConfigError as e:  # measured all the same; its record says why it has no verdict
-            out.quality = dict(q, why=f"its reference does not resolve ({e})")
+        out.quality = _quality_section(cfg, ctx, changed)
     return out
+
+
+def _check_counts(workers, steps, warmup, measure_accum) -> None:
+    """ConfigError for a rank, step or warm-up count, or a measured accumulation, that is not allowed."""
+    for flag, v, lo in (("--workers", workers, 1), ("--steps", steps, 1), ("--warmup", warmup, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ConfigError(flag, f"{flag} {v} is not allowed: give an integer >= {lo}")
+    if measure_accum is not None and (not isinstance(measure_accum, int) or measure_accum < 0):
+        raise ConfigError("--measure-accum", f"--measure-accum {measure_accum} is not allowed: give an integer >= 0 "
+                                             "(0 = full step)")
+
+
+def _checked_fault(fault: str | None) -> str | None:
+    """The fault to inject (--inject-fault, else TRAINSCOUT_FAULT), parsed here: a bad one is a ConfigError, not the
+    worker's crash."""
+    fault = fault or os.environ.get("TRAINSCOUT_FAULT") or None
+    try:
+        faults.parse(fault)
+    except ValueError as e:
+        raise ConfigError("TRAINSCOUT_FAULT" if fault == os.environ.get("TRAINSCOUT_FAULT") else "--inject-fault",
+                          str(e))
+    return fault
+
+
+def _quality_section(cfg: dict, ctx: Context, changed: dict) -> dict:
+    """What the quality gate needs where knobs change the numerics: the changes, the reference's settings and its
+    plan (or why it has none)."""
+    ref = quality.reference(cfg, changed)
+    q = {"changes": changed, "reference": quality.differences(cfg, ref)}
+    try:
+        return dict(q, reference_plan=resolve(ref, ctx)[1].to_dict())
+    except ConfigError as e:  # measured all the same; its record says why it has no verdict
+        return dict(q, why=f"its reference does not resolve ({e})")
 
 
 def context(model_config: dict, global_batch: int, workers: int, hw: dict,
@@ -234,7 +253,6 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     the record's placement says where they ran). A trial the cluster gave no room within the time limit is
     `unscheduled` (nothing ran); one whose node left the cluster while it ran is `node_lost`. The time limit counts
     from the ranks' placement; the wait for it has a limit of its own (the same number of seconds)."""
-    import ray
     ensure_ray(address)
     check_resources(spec.world_size, spec.device, "--workers")  # a group Ray cannot place waited for the timeout
     timeout = timeout or DEFAULT_TIMEOUT[spec.device]
@@ -244,14 +262,34 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
     storage = os.path.abspath(storage or tempfile.mkdtemp(prefix="trainscout-"))
     log_dir = os.path.join(storage, trial_id, "logs")
     workers = pool.pool(shared=cluster_address(address) is not None)  # a cluster others use: idle groups go back
-    spec = spec.replace(log_dir=log_dir, progress=pool.Progress(workers, trial_id) if on_step else None)
+    spec = spec.replace(log_dir=log_dir, progress=Progress(workers, trial_id) if on_step else None)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
+    raw = _run_in_pool(workers, trial_id, spec, timeout, reuse, owner, one_node, address, on_step)
+    if raw.get("cancelled"):  # pool.cancel from elsewhere (a search's driver, for a trial ASHA stopped)
+        raise Cancelled(f"trial {trial_id} was cancelled while it ran")
+    wall = time.perf_counter() - t0
+    record = Record(trial_id=trial_id, model=spec.model, model_config=spec.model_config, device=spec.device,
+                    world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
+                    grad_accum=spec.grad_accum, measured_accum=spec.measured_accum, timed_steps=spec.timed_steps,
+                    started_at=started, wall_s=round(wall, 2), reused=raw.get("reused"), versions=hardware.versions(),
+                    hardware=spec.hardware, status=Status.CRASH, placement=raw.get("placement"))
+    record = _outcome(record, raw, spec, wall, timeout, log_dir)
+    if own_storage:
+        shutil.rmtree(storage, ignore_errors=True)
+    return record
+
+
+def _run_in_pool(workers, trial_id: str, spec: TrialSpec, timeout: float, reuse: bool, owner: str | None,
+                 one_node: bool, address: str | None, on_step) -> dict:
+    """The pool's raw result of the trial (pool.Pool.run; a Ray error as its error). The caller stopped (Tune's early
+    stop, Ctrl-C): its ranks are stopped or cancelled before the stop goes on."""
+    import ray
     ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner, one_node)
     try:
-        raw = _wait(workers, ref, trial_id, spec, on_step)
+        return _wait(workers, ref, trial_id, spec, on_step)
     except ray.exceptions.RayError as e:
-        raw = {"error": f"{type(e).__name__}: {e}"}
+        return {"error": f"{type(e).__name__}: {e}"}
     except SystemExit:  # Tune's early stop (its session exits our thread at a report). On the search's own Ray the
         # ranks leave at their next step boundary and their group serves the next trial (killed, the next trial would
         # pay a fresh group: docs/trial.md); on a cluster others may use (address),
@@ -266,14 +304,10 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         raise
     finally:
         workers.take.remote(trial_id)  # what arrived after the last look
-    if raw.get("cancelled"):  # pool.cancel from elsewhere (a search's driver, for a trial ASHA stopped)
-        raise Cancelled(f"trial {trial_id} was cancelled while it ran")
-    wall = time.perf_counter() - t0
-    record = Record(trial_id=trial_id, model=spec.model, model_config=spec.model_config, device=spec.device,
-                    world_size=spec.world_size, config=spec.config, plan=spec.plan, recipe=spec.recipe,
-                    grad_accum=spec.grad_accum, measured_accum=spec.measured_accum, timed_steps=spec.timed_steps,
-                    started_at=started, wall_s=round(wall, 2), reused=raw.get("reused"), versions=hardware.versions(),
-                    hardware=spec.hardware, status=Status.CRASH, placement=raw.get("placement"))
+
+
+def _outcome(record: Record, raw: dict, spec: TrialSpec, wall: float, timeout: float, log_dir: str) -> Record:
+    """The record with the trial's outcome: its metrics, or the status and error of what ended it."""
     if "ok" in raw:
         ranks = [RankResult.from_dict(r) for r in raw["ok"]["ranks"]]
         spec, m, compared = probe.settle(spec, raw["ok"]["n_params"], ranks, derive)
@@ -283,35 +317,67 @@ def execute(spec: TrialSpec, *, timeout: float | None = None, storage: str | Non
         if ranks[0].span_s is not None:  # the wall less rank 0's own call: hand-off both ways (Ray, the pool, a
             # group's start, a stopped trial's last step before its group serves this one)
             m["handoff_s"] = round(wall - ranks[0].span_s, 3)
-        record = record.replace(status=Status.OK, error=None, metrics=m)
-    elif "unscheduled" in raw:
-        record = record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
-    elif "node_lost" in raw:  # its node left the cluster: the cluster's state, not the configuration's outcome
-        record = record.replace(status=Status.NODE_LOST, metrics=None, error=raw["node_lost"])
-    elif "timeout" in raw:
-        stale = stale_build_locks(_worker_env(spec).get("TORCH_EXTENSIONS_DIR"))
-        why = ("; a rank likely waited on a stale build lock of a compiled extension (a rank killed while building "
-               "it left it): " + ", ".join(f"{p} ({age / 60:.0f} min old, no process holds it)" for p, age in stale)
-               + ": remove it and measure again") if stale else ""
-        record = record.replace(status=Status.TIMEOUT, metrics=None,
-                                error=f"no result within the {timeout:g} s limit (counted from its ranks' placement); "
-                                      f"workers killed{why}")
-    else:
-        tail = _log_tail(log_dir)
-        status = classify(raw["error"] + "\n" + tail)
-        # the host's memory monitor killed a rank: its own one line (Ray's message names the node's memory), never the
-        # configuration's oom (ray.exceptions.OutOfMemoryError read as one, and was served from the store after)
-        error = host_oom_line(raw["error"] + "\n" + tail) if status == Status.HOST_OOM else \
-            node_lost_line(raw["error"]) if status == Status.NODE_LOST else _error_summary(raw["error"])
-        record = record.replace(status=status, error=error, stderr_tail=tail, metrics=None)
-    if own_storage:
-        shutil.rmtree(storage, ignore_errors=True)
-    return record
+        return record.replace(status=Status.OK, error=None, metrics=m)
+    if "unscheduled" in raw:
+        return record.replace(status=Status.UNSCHEDULED, metrics=None, error=raw["unscheduled"])
+    if "node_lost" in raw:  # its node left the cluster: the cluster's state, not the configuration's outcome
+        return record.replace(status=Status.NODE_LOST, metrics=None, error=raw["node_lost"])
+    if "timeout" in raw:
+        return record.replace(status=Status.TIMEOUT, metrics=None, error=_timeout_error(spec, timeout))
+    tail = _log_tail(log_dir)
+    status = classify(raw["error"] + "\n" + tail)
+    # the host's memory monitor killed a rank: its own one line (Ray's message names the node's memory), never the
+    # configuration's oom (ray.exceptions.OutOfMemoryError read as one, and was served from the store after)
+    error = host_oom_line(raw["error"] + "\n" + tail) if status == Status.HOST_OOM else \
+        node_lost_line(raw["error"]) if status == Status.NODE_LOST else _error_summary(raw["error"])
+    return record.replace(status=status, error=error, stderr_tail=tail, metrics=None)
+
+
+def _timeout_error(spec: TrialSpec, timeout: float) -> str:
+    """A timed-out trial's error, naming the stale build locks a rank likely waited on."""
+    stale = stale_build_locks(_worker_env(spec).get("TORCH_EXTENSIONS_DIR"))
+    why = ("; a rank likely waited on a stale build lock of a compiled extension (a rank killed while building "
+           "it left it): " + ", ".join(f"{p} ({age / 60:.0f} min old, no process holds it)" for p, age in stale)
+           + ": remove it and measure again") if stale else ""
+    return f"no result within the {timeout:g} s limit (counted from its ranks' placement); workers killed{why}"
 
 
 def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     """Metrics from the ranks' raw phase times: the slowest rank per step, medians over the timed steps."""
-    A, recipe = spec.grad_accum, spec.recipe
+    out = _step_times(spec, ranks)
+    device_name = ranks[0].device_name
+    peak = gpus.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
+    tok_s, step_s, recipe = out["tokens_per_s"], out["step_s"], spec.recipe
+    out.update({
+        "n_params": n_params,
+        "gpu": device_name,
+        "peak_tflops": peak,
+        # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (predictor/flops.py)
+        **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
+                        spec.plan.checkpoint_every, selective=flops.selective(spec.plan)),
+        "projected_days": recipe["total_steps"] * step_s / 86400,
+        "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
+        **_phase_seconds(spec, ranks),
+    })
+    if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
+        out["quality"] = ranks[0].quality or spec.quality.get("known") or {
+            "changes": spec.quality["changes"], "reference": spec.quality["reference"],
+            "why": spec.quality.get("why") or "the gate's step did not run (the trial ended early)"}
+        if ranks[0].quality and not ranks[0].quality.get("skipped"):  # it ran here, outside the timed steps
+            out["gate_s"] = ranks[0].quality.get("seconds")
+    if spec.device == "cuda":
+        out["peak_allocated_mib"] = [round(r.peak_allocated_mib, 1) for r in ranks]
+        out["peak_reserved_mib"] = [round(r.peak_reserved_mib, 1) for r in ranks]
+        out["peak_memory_gib"] = max(out["peak_allocated_mib"]) / 1024
+    else:
+        out["peak_memory_gib"] = max(out["peak_rss_mib"]) / 1024
+    return out
+
+
+def _step_times(spec: TrialSpec, ranks: list[RankResult]) -> dict:
+    """tokens/s and the step's times: each timed step projected to the recipe's full step on its slowest rank, and
+    the medians of its parts."""
+    A = spec.grad_accum
     per_rank = [[metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], A) for st in r.steps]
                 for r in ranks]  # [rank][step] -> projected full step
     projected = [max(col) for col in zip(*per_rank)]  # the slowest rank of each step
@@ -320,11 +386,8 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     step_s = metrics.median(projected)
     non_last = [m for r in ranks for st in r.steps for m in st["micro"][:-1]]
     last = [st["micro"][-1] for r in ranks for st in r.steps]
-    tok_s = spec.tokens_per_step / step_s
-    device_name = ranks[0].device_name
-    peak = metrics.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
-    out = {
-        "tokens_per_s": tok_s,
+    return {
+        "tokens_per_s": spec.tokens_per_step / step_s,
         "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
         "measured_step_s": metrics.median(measured),  # the timed steps as run (measured_accum micro-batches)
         "micro_batch_s": metrics.median(non_last or last),
@@ -339,14 +402,12 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # from them (metrics.project_at) the way step_s is projected here
         "phases": metrics.phases([r.steps for r in ranks]),
         "slowest_rank": max(range(len(ranks)), key=lambda i: rank_steps[i]),
-        "n_params": n_params,
-        "gpu": device_name,
-        "peak_tflops": peak,
-        # flops_per_token, mfu; hardware_flops_per_token, hfu with checkpointing's recomputation (predictor/flops.py)
-        **flops.metrics(spec.model_config, recipe["seq_len"], tok_s, peak, spec.world_size,
-                        spec.plan.checkpoint_every, selective=flops.selective(spec.plan)),
-        "projected_days": recipe["total_steps"] * step_s / 86400,
-        "gpu_hours": recipe["total_steps"] * step_s / 3600 * (spec.world_size if spec.device == "cuda" else 0),
+    }
+
+
+def _phase_seconds(spec: TrialSpec, ranks: list[RankResult]) -> dict:
+    """Where the trial's time went outside the timed steps, its host memory, losses, dtypes and who shared its node."""
+    return {
         "peak_rss_mib": [round(r.peak_rss_mib, 1) for r in ranks],
         "build_s": max(r.build_s for r in ranks),
         "model_s": max((r.model_s or 0.0) for r in ranks),
@@ -362,7 +423,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # CUDA: the caching allocator's retries in the timed steps (memory pressure); None on the CPU
         "alloc_retries": None if ranks[0].alloc_retries is None else max(r.alloc_retries or 0 for r in ranks),
         # the seed paper's method on the same steps: an unsynchronised host timer around one micro-batch x A
-        "seed_method_step_s": A * metrics.median([st["host_first_micro"] for st in ranks[0].steps]),
+        "seed_method_step_s": spec.grad_accum * metrics.median([st["host_first_micro"] for st in ranks[0].steps]),
         "loss": next((r.loss for r in ranks if r.loss is not None), None),  # a pipeline's last stage
         # each timed step's loss (verify --quality compares them), from the rank that has them
         "losses": next(([st.get("loss") for st in r.steps] for r in ranks if r.loss is not None), None),
@@ -373,19 +434,6 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
         # other trials on its node during the timed steps, and those sharing its CPU or GPU (trial.contention)
         "shared_with": contention.merge([r.shared for r in ranks]),
     }
-    if spec.quality:  # knobs that change the numerics: the gate's verdict (or, already known, the stored one)
-        out["quality"] = ranks[0].quality or spec.quality.get("known") or {
-            "changes": spec.quality["changes"], "reference": spec.quality["reference"],
-            "why": spec.quality.get("why") or "the gate's step did not run (the trial ended early)"}
-        if ranks[0].quality and not ranks[0].quality.get("skipped"):  # it ran here, outside the timed steps
-            out["gate_s"] = ranks[0].quality.get("seconds")
-    if spec.device == "cuda":
-        out["peak_allocated_mib"] = [round(r.peak_allocated_mib, 1) for r in ranks]
-        out["peak_reserved_mib"] = [round(r.peak_reserved_mib, 1) for r in ranks]
-        out["peak_memory_gib"] = max(out["peak_allocated_mib"]) / 1024
-    else:
-        out["peak_memory_gib"] = max(out["peak_rss_mib"]) / 1024
-    return out
 
 
 def run_trial(model: str, settings: dict, *, timeout: float | None = None, storage: str | None = None,

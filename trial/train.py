@@ -87,7 +87,7 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
                    workers=workers, steps=steps, warmup=0, measure_accum=0, **kw)
     from trainscout.trial.models import sizes
     check_data(data, data_dtype, spec.recipe["seq_len"], sizes(spec.model_config).vocab)
-    from trainscout.trial.runner import ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
     ensure_ray(address)  # reached before the checkpoint folder is made: an unreachable address writes nothing
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)

@@ -17,8 +17,12 @@ import sys
 import time
 import traceback
 
-from . import metrics
-from .models import sizes
+from trainscout.predictor import dtypes
+from trainscout.spaces import ParallelDims
+
+from . import contention, engines, faults, metrics
+from . import probe as mbs_probe
+from .models import build_model, sizes
 from .records import RankResult, TrialSpec
 
 
@@ -119,8 +123,6 @@ def reset_process() -> None:
     torch.compile's in-memory caches (the on-disk ones stay), and start the device's peak counters again (the next
     trial resets the peak RSS as it starts)."""
     import torch
-
-    from . import contention
     contention.leave()  # this trial no longer shares the node (trial.contention)
     torch.compiler.reset()
     collect()
@@ -215,20 +217,79 @@ def _stop_requested(progress, rank: int, world: int, device) -> bool:
     return bool(flag.item())
 
 
-def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
+class RankRun:
+    """One rank's trial between its steps: its plan, model and engine, its batches and the counters its result reads."""
+
+    def __init__(self, spec: TrialSpec, world: int, device):
+        self.spec, self.world, self.device = spec, world, device
+        self.plan = copy.deepcopy(spec.plan)  # the probe steps its micro-batch down in place
+        self.clock = Clock(device)
+        self.model = self.names = self.engine = None
+        self.batches, self.batch = None, None  # the synthetic micro-batches, and batch(step, i) -> one of them
+        self.n_params = 0         # the model's parameters, counted before ZeRO-3 partitions them to empty
+        self.model_s = 0.0        # seconds spent building models and their engines
+        self.ran = {}             # what the optimizer really steps (predictor.dtypes.watch: the record's dtypes)
+        self.checked = False      # whether those dtypes were checked, at the first step that stepped
+        self.steps_run = 0        # optimizer steps run: the next step's batches
+        self.host_first_micro = 0.0  # the seed paper's timer of the last step run
+
+    def make(self, accum: int):
+        """(model, parameter names, engine) built for `accum` micro-batches a step; its seconds counted."""
+        t = time.perf_counter()
+        try:
+            return self._build(accum)
+        finally:
+            self.model_s += time.perf_counter() - t
+
+    def _build(self, accum: int):
+        import torch
+        spec, plan, device = self.spec, self.plan, self.device
+        on_device = device.type == "cuda" and engines.get(plan.engine).builds_on_device
+        with torch.device(device) if on_device else contextlib.nullcontext():
+            model = build_model(spec.model_config, plan.attn_implementation, spec.recipe["seq_len"], plan.master_dtype)
+        model.config.use_cache = False
+        model.train()
+        names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
+        self.n_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them to empty
+        engine = engines.build(plan, model, spec.recipe, device, self.world, accum)
+        self.ran = dtypes.watch(engine.optimizers())  # what its optimizer really steps (the record's dtypes)
+        return model, names, engine
+
+    def optimizer_step_marks(self, accum: int):
+        """One optimizer step of `accum` micro-batches, unsynchronised: (its clock marks, its mean loss per token)."""
+        import torch
+        clock, engine = self.clock, self.engine
+        marks, losses = [clock.mark()], []
+        for i in range(accum):
+            t = time.perf_counter()
+            loss = engine.micro_step(self.batch(self.steps_run, i), is_last=(i == accum - 1), scale=1.0 / accum)
+            if i == 0:  # the seed paper's timer: host time around one micro-batch, no device synchronisation
+                self.host_first_micro = time.perf_counter() - t
+            marks.append(clock.mark())
+            if loss is not None:  # a pipeline's ranks without the last stage have none
+                losses.append(loss.detach())
+        self.steps_run += 1
+        engine.optimizer_step()
+        marks.append(clock.mark())
+        if self.ran and not self.checked:  # the first step that stepped: its dtypes are the label's, or no measurement
+            dtypes.check(self.ran, self.plan)
+            self.checked = True
+        # each micro-batch's loss comes scaled by 1/accum: their sum is the step's mean loss per token
+        return marks, (torch.stack(losses).float().sum() if losses else None)
+
+    def timed_step(self, accum: int):
+        """One optimizer step, synchronised: its phase times (and the seed paper's host timer beside them)."""
+        clock = self.clock
+        marks, loss = self.optimizer_step_marks(accum)
+        clock.sync()
+        d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
+        return {"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1]),
+                "host_first_micro": self.host_first_micro}, loss
+
+
+def _device_for(spec: TrialSpec, local: int):
+    """This rank's device, made current (the CPU's threads set), with the trial's seed set."""
     import torch
-    import torch.distributed as dist
-
-    _redirect_stderr(spec.log_dir, rank)
-    _reset_peak_rss()
-    from trainscout.predictor import dtypes
-    from . import contention, engines, faults, probe as mbs_probe
-    from .models import build_model
-    from trainscout.spaces import ParallelDims
-
-    t0, compiled0, gc0 = time.perf_counter(), mbs_probe.compile_seconds(), gc_seconds()
-    tuned0 = mbs_probe.compile_seconds("autotune")
-    plan, recipe = copy.deepcopy(spec.plan), spec.recipe  # the probe steps its micro-batch down in place
     if spec.device == "cuda":
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
@@ -236,116 +297,111 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, spec.threads_per_worker or 1))
     torch.manual_seed(spec.seed or 0)
-    # on the node's registry from now to reset_process: what shares the node during the timed steps (trial.contention)
+    return device
+
+
+def _enter_node(spec: TrialSpec, device, local: int) -> None:
+    """On the node's registry from now to reset_process: what shares the node during the timed steps
+    (trial.contention)."""
     visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
     contention.enter(spec.log_dir or f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
                      ["cpu"] if device.type != "cuda" else [visible[local] if local < len(visible) else str(local)])
 
-    on_device = device.type == "cuda" and engines.get(plan.engine).builds_on_device
 
-    def make(accum):
-        t = time.perf_counter()
-        try:
-            return _make(accum)
-        finally:
-            made[0] += time.perf_counter() - t
-
-    def _make(accum):
-        with torch.device(device) if on_device else contextlib.nullcontext():
-            model = build_model(spec.model_config, plan.attn_implementation, recipe["seq_len"], plan.master_dtype)
-        model.config.use_cache = False
-        model.train()
-        names = {id(p): n for n, p in model.named_parameters()}  # the model's own names, before any wrapping
-        n_params[0] = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them to empty
-        engine = engines.build(plan, model, recipe, device, world, accum)
-        ran[0] = dtypes.watch(engine.optimizers())  # what its optimizer really steps (the record's dtypes)
-        return model, names, engine
-
-    probe, n_params, made, ran = [], [0], [0.0], [{}]
-    if spec.probe:  # micro_batch_size=max: the largest candidate that survives a full step, in this process
-        (model, names, engine), accum, probe = mbs_probe.largest_fit(spec, plan, make, device)
+def _model_and_engine(run: RankRun) -> tuple[int, list]:
+    """The model and its engine into run: (the accumulation measured, the probe's candidates tried)."""
+    probe = []
+    if run.spec.probe:  # micro_batch_size=max: the largest candidate that survives a full step, in this process
+        (run.model, run.names, run.engine), accum, probe = mbs_probe.largest_fit(run.spec, run.plan, run.make,
+                                                                                 run.device)
     else:
-        accum = spec.measured_accum
-        model, names, engine = make(accum)
-    n_params = n_params[0]
-    t_built = time.perf_counter()
+        accum = run.spec.measured_accum
+        run.model, run.names, run.engine = run.make(accum)
+    return accum, probe
 
-    dims = ParallelDims.of(plan, world)
+
+def _feed(run: RankRun, rank: int, accum: int) -> None:
+    """run.batch(step, i): the data rank's tokens, from the trial's token file, else synthetic ones."""
+    import torch
+    spec, plan = run.spec, run.plan
+    dims = ParallelDims.of(plan, run.world)
     data_rank = dims.data_rank(rank)  # the ranks of one data-parallel replica (pipeline, tensor, context) read the same
     if spec.data:  # `trainscout train --data`: a tokenized memmap, each rank its own sequences
-        batch = _memmap_batches(spec, plan, data_rank, dims.dp, device)
-    else:  # synthetic tokens: the throughput of a step does not depend on their values
-        vocab = sizes(spec.model_config).vocab
-        gen = torch.Generator(device="cpu").manual_seed(1000 + data_rank)
-        batches = [torch.randint(0, vocab, (plan.sequences_per_call, recipe["seq_len"]), generator=gen).to(device)
-                   for _ in range(min(accum, 4))]
-        batch = lambda step, i: batches[i % len(batches)]  # noqa: E731
-    clock = Clock(device)
-    n_steps, host, checked = [0], [0.0], []
+        run.batch = _memmap_batches(spec, plan, data_rank, dims.dp, run.device)
+        return
+    # synthetic tokens: the throughput of a step does not depend on their values
+    vocab = sizes(spec.model_config).vocab
+    gen = torch.Generator(device="cpu").manual_seed(1000 + data_rank)
+    batches = [torch.randint(0, vocab, (plan.sequences_per_call, spec.recipe["seq_len"]), generator=gen).to(run.device)
+               for _ in range(min(accum, 4))]
+    run.batches = batches
+    run.batch = lambda step, i: batches[i % len(batches)]  # measure_below trims the list in place
 
-    def optimizer_step_marks(accum):
-        marks, losses = [clock.mark()], []
-        for i in range(accum):
-            t = time.perf_counter()
-            loss = engine.micro_step(batch(n_steps[0], i), is_last=(i == accum - 1), scale=1.0 / accum)
-            if i == 0:  # the seed paper's timer: host time around one micro-batch, no device synchronisation
-                host[0] = time.perf_counter() - t
-            marks.append(clock.mark())
-            if loss is not None:  # a pipeline's ranks without the last stage have none
-                losses.append(loss.detach())
-        n_steps[0] += 1
-        engine.optimizer_step()
-        marks.append(clock.mark())
-        if ran[0] and not checked:  # the first step that stepped: its dtypes are the label's, or no measurement
-            dtypes.check(ran[0], plan)
-            checked.append(True)
-        # each micro-batch's loss comes scaled by 1/accum: their sum is the step's mean loss per token
-        return marks, (torch.stack(losses).float().sum() if losses else None)
 
-    def timed_step(accum):
-        """One optimizer step, synchronised: its phase times (and the seed paper's host timer beside them)."""
-        marks, loss = optimizer_step_marks(accum)
-        clock.sync()
-        d = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
-        return {"micro": d[:-1], "optim": d[-1], "total": clock.seconds(marks[0], marks[-1]),
-                "host_first_micro": host[0]}, loss
-
-    # compile, allocator growth, first-step lazy init: not timed (a probed micro-batch ran its warm-up in the probe);
-    # two micro-batches a step where the engine lets us count them (probe.warmup_accum)
-    for _ in range(max(0, spec.warmup_steps - (mbs_probe.PROBE_STEPS if probe else 0))):
-        optimizer_step_marks(mbs_probe.warmup_accum(engine, accum))
-    clock.sync()
-    dist.barrier()
-    t_warm, compile_s = time.perf_counter(), mbs_probe.compile_seconds() - compiled0
-    autotune_s = mbs_probe.compile_seconds("autotune") - tuned0
-
-    steps = []
-    retries = mbs_probe.alloc_retries(device)
-    progress = spec.progress
-    contention.timed_start()
+def _timed_steps(run: RankRun, rank: int, accum: int) -> tuple[list[dict], object]:
+    """The timed steps (their phase times and losses), rank 0 reporting each to the search, and the last step's
+    loss; early stopping may end them sooner."""
+    spec, progress, steps, loss = run.spec, run.spec.progress, [], None
     for s in range(spec.timed_steps):
         if s == 0:
-            faults.fire(spec.fault, rank, device)
-        step, loss = timed_step(accum)
+            faults.fire(spec.fault, rank, run.device)
+        step, loss = run.timed_step(accum)
         step["loss"] = None if loss is None else float(loss.item())  # after the step's synchronisation: no stall
         steps.append(step)
         if progress is not None and rank == 0:  # per-step throughput for early stopping (rank 0's view)
-            progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"], "grad_accum": plan.grad_accum,
-                          "loss": step["loss"]})
-        if progress is not None and _stop_requested(progress, rank, world, device):
+            progress.put({"step": s + 1, "micro": step["micro"], "optim": step["optim"],
+                          "grad_accum": run.plan.grad_accum, "loss": step["loss"]})
+        if progress is not None and _stop_requested(progress, rank, run.world, run.device):
             break  # early stopping ended the trial: leave as after the last step, so the process can be reused
-    t_timed = time.perf_counter()
-    shared = contention.timed_end()
+    return steps, loss
+
+
+def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
+    import torch.distributed as dist
+
+    _redirect_stderr(spec.log_dir, rank)
+    _reset_peak_rss()
+    t0, compiled0, gc0 = time.perf_counter(), mbs_probe.compile_seconds(), gc_seconds()
+    tuned0 = mbs_probe.compile_seconds("autotune")
+    run = RankRun(spec, world, _device_for(spec, local))
+    _enter_node(spec, run.device, local)
+    accum, probe = _model_and_engine(run)
+    t_built = time.perf_counter()
+    _feed(run, rank, accum)
+    # compile, allocator growth, first-step lazy init: not timed (a probed micro-batch ran its warm-up in the probe);
+    # two micro-batches a step where the engine lets us count them (probe.warmup_accum)
+    for _ in range(max(0, spec.warmup_steps - (mbs_probe.PROBE_STEPS if probe else 0))):
+        run.optimizer_step_marks(mbs_probe.warmup_accum(run.engine, accum))
+    run.clock.sync()
+    dist.barrier()
+    t_warm, compile_s = time.perf_counter(), mbs_probe.compile_seconds() - compiled0
+    times = {"build_s": t_built - t0, "model_s": run.model_s, "compile_s": compile_s,
+             "autotune_s": mbs_probe.compile_seconds("autotune") - tuned0, "warmup_s": t_warm - t_built}
+    retries = mbs_probe.alloc_retries(run.device)
+    contention.timed_start()
+    steps, loss = _timed_steps(run, rank, accum)
+    times["timed_s"] = time.perf_counter() - t_warm
+    mine = _after_timed(run, rank, accum, probe, steps, loss, retries, contention.timed_end(), gc0, times)
+    dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
+    return {"n_params": run.n_params, "rank": mine.to_dict()}
+
+
+def _after_timed(run: RankRun, rank: int, accum: int, probe: list, steps: list[dict], loss, retries, shared,
+                 gc0: float, times: dict) -> RankResult:
+    """What follows the timed steps: the peaks, the micro-batch below the probed one, the saved weights, the quality
+    gate; the rank's result."""
+    import torch
+    spec, plan, device = run.spec, run.plan, run.device
     peaks = _peaks(device)
     if retries is not None:  # the allocator's retries during the timed steps: memory pressure
         retries = mbs_probe.alloc_retries(device) - retries
     below = None
     # micro_batch_size=max: the candidate below too, where memory pressed (not after early stopping ended the trial)
     if probe and not spec.data and len(steps) == spec.timed_steps:
-        below = mbs_probe.measure_below(spec, plan, device, batches, timed_step, _peaks, retries)
+        below = mbs_probe.measure_below(spec, plan, device, run.batches, run.timed_step, _peaks, retries)
     if spec.save_dir:
-        engines.save(engine, model, names, spec.save_dir, rank, spec.save_dtype)
-    engine.close()
+        engines.save(run.engine, run.model, run.names, spec.save_dir, rank, spec.save_dtype)
+    run.engine.close()
     last_loss = None if loss is None else float(loss.item())
     gate = None
     # knobs that change the numerics: the quality gate's step against the reference, with the trial's model freed
@@ -353,16 +409,11 @@ def _train_loop(spec: TrialSpec, rank: int, world: int, local: int) -> dict:
             and len(steps) == spec.timed_steps):
         gate = _below_bar(spec, steps)
         if gate is None:
-            del engine, model
+            run.engine = run.model = None
             gate = _quality_gate(spec, device)
-
-    mine = RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
+    return RankResult(rank=rank, steps=steps, loss=last_loss, quality=gate,
                       micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum, measured_accum=accum,
-                      probe=probe, below=below, build_s=t_built - t0, model_s=made[0], compile_s=compile_s,
-                      autotune_s=autotune_s,
-                      warmup_s=t_warm - t_built,
-                      timed_s=t_timed - t_warm, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
-                      gc_s=gc_seconds() - gc0, dtypes=ran[0] or None, shared=shared,
-                      device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **peaks)
-    dist.barrier()  # every rank ends its trial together: the next trial in these processes starts level
-    return {"n_params": n_params, "rank": mine.to_dict()}
+                      probe=probe, below=below, peak_rss_mib=_peak_rss_mib(), alloc_retries=retries,
+                      gc_s=gc_seconds() - gc0, dtypes=run.ran or None, shared=shared,
+                      device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None, **times,
+                      **peaks)
