@@ -1,6 +1,8 @@
 """Issue 57's small items: a stale build lock no process holds is removed before DeepSpeed builds (the ZeRO trial
 itself: tests/test_issue50.py), every row of the live table within the terminal's width, prices by exact GPU kind, and
-no prediction for a GPU kind never measured above its peak (MFU > 1)."""
+no prediction for a GPU kind never measured above its peak (MFU > 1). Then cases of its other items on the real
+components: the shipped atlas imported, a read-only running-trials registry, a renamed folder resumed, an imported
+measurement in results and the report, and a real full disk mid-search."""
 import contextlib
 import io
 import json
