@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 
-from .families import LEVELS, _memory_level_names, changes, differing
+from .families import LEVELS, changes, differing, memory_level_names
 from .samples import Sample
 
 NEAREST_MODELS = 2  # model shapes whose rows calibrate a prediction
 
 
-def _distance(n: float, arch: str, s: Sample) -> float:
+def distance(n: float, arch: str, s: Sample) -> float:
+    """How far a row's model is from a model of n parameters and this architecture: the log of their size ratio, and
+    one more for another architecture."""
     return abs(math.log(n / s.n_params)) + (0.0 if arch == s.arch else 1.0)
 
 
@@ -78,7 +80,7 @@ def calibrate(fam: tuple, n_params: float, arch: str, pool: list[Sample], knobs:
         same = [s for s in pool if s.fam[level] == fam[level]]
         if not same:
             continue
-        shapes = sorted({s.shape: _distance(n_params, arch, s) for s in same}.items(), key=lambda kv: (kv[1], kv[0]))
+        shapes = sorted({s.shape: distance(n_params, arch, s) for s in same}.items(), key=lambda kv: (kv[1], kv[0]))
         near = {shape for shape, _ in shapes[:NEAREST_MODELS]}
         used = [s for s in same if s.shape in near]
         world = dict(fam[0]).get("gpus", 1)
@@ -98,11 +100,11 @@ def memory_calibration(fam: tuple, n_params: float, arch: str, pool: list[Sample
     one, than one least-squares fit over all of them (fit_terms; docs/atlas.md).
     (calibration, level); None where the pool has no peak."""
     from trainscout.trial.metrics import median
-    for level, names in enumerate(_memory_level_names()):
+    for level, names in enumerate(memory_level_names()):
         same = [s for s in pool if s.peak and _memory_family(s.fam, names) == _memory_family(fam, names)]
         if not same:
             continue
-        shapes = sorted({s.shape: _distance(n_params, arch, s) for s in same}.items(), key=lambda kv: (kv[1], kv[0]))
+        shapes = sorted({s.shape: distance(n_params, arch, s) for s in same}.items(), key=lambda kv: (kv[1], kv[0]))
         near = {shape for shape, _ in shapes[:NEAREST_MODELS]}
         used = [s for s in same if s.shape in near]
         k = median([s.peak / (s.states + s.acts) for s in used])

@@ -60,7 +60,7 @@ def shipped_model() -> dict:
 
 
 def _store_layer(source: str) -> Layer:
-    from trainscout.atlas import schema
+    from trainscout.store import row_format
     from trainscout.spaces import ConfigError
     from trainscout.store import Store, default_url
     if "://" in source:
@@ -78,10 +78,11 @@ def _store_layer(source: str) -> Layer:
             continue
         d = rec.to_dict()
         carried = d.get("provenance") if isinstance(d.get("provenance"), dict) else None
-        prov = dict(carried) if carried else schema.provenance_of(d, origin="local", source=source)
+        prov = dict(carried) if carried else row_format.provenance_of(d, origin="local", source=source)
         if carried:
             prov["origin"] = "contributed" if str(rec.source or "").startswith("contributed:") else prov.get("origin")
-        rows.append(schema.make_row(d, rec.key, prov, d.get("labels") if isinstance(d.get("labels"), list) else None))
+        labels = d.get("labels") if isinstance(d.get("labels"), list) else None
+        rows.append(row_format.make_row(d, rec.key, prov, labels))
         if str(rec.source or "").startswith(("contributed:", "imported:")):
             contributed.add(len(rows) - 1)
     return Layer(source, "store", rows, contributed=contributed)
@@ -110,7 +111,7 @@ def layer_of(source: str, below: dict[str, dict]) -> Layer:
 
 def load(sources: list[str] | None = None, shipped: bool = True) -> Atlas:
     """The atlas: the shipped set (unless shipped=False) with each source layered on top, in order."""
-    from .predict import row_id
+    from .samples import row_id
     layers = [Layer("shipped", "shipped", list(shipped_rows()))] if shipped else []
     merged: dict[str, dict] = {row_id(r): r for r in layers[0].rows} if layers else {}
     from trainscout.store import contrib

@@ -51,7 +51,7 @@ def _level_names() -> tuple[tuple[str, ...], ...]:
     )
 
 
-def _memory_level_names() -> tuple[tuple[str, ...], ...]:
+def memory_level_names() -> tuple[tuple[str, ...], ...]:
     """What a measured peak carries to another model: the engine, its savers and parallel degrees, what is compiled
     (the start-point knobs), then less and less."""
     r = _roles()
@@ -77,7 +77,7 @@ LEVEL_WORDS = ("the same GPU count, engine, architecture family and every knob",
                "the same architecture family and start-point knobs",
                "the same architecture family",
                "any row")
-MEMORY_LEVELS = _memory_level_names()
+MEMORY_LEVELS = memory_level_names()
 
 
 def plan_of(rec: dict) -> Plan:

@@ -16,13 +16,11 @@ import re
 
 from trainscout.spaces import ConfigError
 from trainscout.trial.contention import contended
+from trainscout.trial.gpus import gpu_kind
 from trainscout.trial.quality import status as quality_status
 
-from . import predict
-from .render import render, render_summary  # the answer as text: importable from here too
-
-__all__ = ["ESSENTIAL", "TOP", "lookup", "measured", "parse_budget", "predicted", "render", "render_summary",
-           "same_model", "search_command", "target_of", "verdict"]
+from . import families, predict, samples
+from .loo import loo_summary
 
 TOP = 5  # measured configurations shown per GPU kind and count
 
@@ -55,10 +53,10 @@ def target_of(model: str) -> dict:
     "path"}. A built-in name's config comes from code, a config.json is read as JSON (no transformers needed)."""
     import json
 
-    from trainscout.trial.models import PYTHIA, _gpt_neox, model_names
-    from .schema import model_name
+    from trainscout.store.row_format import model_name
+    from trainscout.trial.models import PYTHIA, gpt_neox, model_names
     if model in PYTHIA:
-        return {"name": model, "config": _gpt_neox(*PYTHIA[model]), "path": None}
+        return {"name": model, "config": gpt_neox(*PYTHIA[model]), "path": None}
     if model in model_names():
         return {"name": model, "config": None, "path": None}
     if not (model.endswith(".json") or os.sep in model):
@@ -84,7 +82,7 @@ def same_model(target: dict, record: dict) -> bool:
     if not mc or any(k not in cfg or cfg[k] != mc.get(k) for k in ESSENTIAL):
         return False
     for k, v in cfg.items():
-        if k in predict.SHAPE_KEYS and k in mc and mc[k] != v:
+        if k in samples.SHAPE_KEYS and k in mc and mc[k] != v:
             return False
     kv = cfg.get("num_key_value_heads", cfg.get("num_attention_heads"))
     return mc.get("num_key_value_heads", mc.get("num_attention_heads")) == kv
@@ -108,11 +106,10 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
              top: int = TOP) -> dict:
     """The measured answer: {"groups": [{"gpu", "gpus", "global_batch", "rows": [...], "oom": [...]}],
     "notes": [...]}."""
-    from trainscout.trial.metrics import median
     from trainscout.trial.models import PYTHIA_RECIPE
     mine = [r for r in atlas.rows if same_model(target, r["record"])]
     if gpu:  # a kind's rows, or a GPU that is no kind by its exact name (asked_gpu): never another GPU's
-        want = (predict.gpu_kind(gpu) or gpu).lower()
+        want = (gpu_kind(gpu) or gpu).lower()
         mine = [r for r in mine if str(_row_kind(r)).lower() == want]
     if gpus:
         mine = [r for r in mine if (r["record"].get("world_size") or 1) == gpus]
@@ -131,53 +128,7 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
         groups.setdefault(g, []).append(r)
     out = []
     for (kind_, n, batch), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
-        by_key: dict[str, list[dict]] = {}  # one configuration, measured on several boxes or leases: its repeats
-        for r in rows:
-            rec = r["record"]
-            same = json.dumps([rec["config"], rec["recipe"].get("seq_len"), rec["recipe"].get("total_steps")],
-                              sort_keys=True)
-            by_key.setdefault(same, []).append(r)
-        ok, oom = [], []
-        for reps in by_key.values():
-            key = reps[0]["key"]
-            oks = [r for r in reps if r["record"]["status"] == "ok"]
-            if not oks:
-                oom.append({"key": key, "describe": predict.describe(reps[0]["record"]["config"],
-                                                                     predict.plan_of(reps[0]["record"])),
-                            "provenance": reps[0]["provenance"]})
-                continue
-            # measurements other trials shared the CPU or GPU of (trial.contention): only where no clean one is
-            clean = [r for r in oks if not contended(r["record"])]
-            shared, oks = not clean, clean or oks
-            tps = median([r["record"]["metrics"]["tokens_per_s"] for r in oks])
-            best = min(oks, key=lambda r: abs(r["record"]["metrics"]["tokens_per_s"] - tps))
-            rec, m = best["record"], best["record"]["metrics"]
-            step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
-            tokens = rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"]
-            describe = predict.describe(rec["config"], predict.plan_of(rec))
-            if batch != want:  # measured at another batch (a bench's): the days of the recipe asked for, said so
-                tokens = PYTHIA_RECIPE.total_steps * want * rec["recipe"]["seq_len"]
-                describe += f" [measured at {batch:,} sequences per step]"
-            days = tokens / tps / 86400
-            mfus = [predict.row_mfu(r) for r in oks]
-            mfus = [x for x in mfus if x is not None]
-            row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
-                   "gpus": n,
-                   "global_batch": batch, "tokens_per_s": tps, "repeats": [r["record"]["metrics"]["tokens_per_s"]
-                                                                          for r in oks],
-                   "mfu": median(mfus) if mfus else None,
-                   "mfu_convention": (best.get("derived") or {}).get("mfu_convention"),
-                   "peak_memory_gib": m.get("peak_memory_gib"), "step_s": step, "projected_days": days,
-                   "train_tokens": tokens, "config": rec["config"], "describe": describe,
-                   "labels": sorted({lb["name"] for r in oks for lb in r.get("labels") or []}),
-                   "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
-                   "verified": best.get("verified"), "provenance": best["provenance"],
-                   "quality": quality_status(m, None, rec["config"], rec.get("device")),
-                   "failed_settings": _failed_settings(m, rec["config"]),
-                   "origins": sorted({r["provenance"].get("origin") for r in oks}), "shared": shared}
-            row.update(_money(days, n, row["gpu"], prices))
-            row["_record"] = dict(rec, key=best["key"], metrics=dict(m, tokens_per_s=tps))
-            ok.append(row)
+        ok, oom = _group_rows(rows, kind_, n, batch, want, prices)
         ok, tie = _ranked(ok)
         if tie:
             notes.append(f"{kind_} x {n}: {tie}")
@@ -188,6 +139,66 @@ def measured(atlas, target: dict, gpu: str | None, gpus: int | None, global_batc
         out.append({"gpu": kind_, "gpus": n, "global_batch": batch, "rows": ok[:top], "more": max(0, len(ok) - top),
                     "oom": oom})
     return {"groups": out, "notes": notes}
+
+
+def _group_rows(rows: list[dict], kind_: str | None, n: int, batch: int, want: int, prices) -> tuple[list, list]:
+    """(ok, oom) of one GPU kind, count and batch: one row per configuration, its repeats (several boxes or leases)
+    as their median; a configuration never ok, out of memory."""
+    by_key: dict[str, list[dict]] = {}  # one configuration, measured on several boxes or leases: its repeats
+    for r in rows:
+        rec = r["record"]
+        same = json.dumps([rec["config"], rec["recipe"].get("seq_len"), rec["recipe"].get("total_steps")],
+                          sort_keys=True)
+        by_key.setdefault(same, []).append(r)
+    ok, oom = [], []
+    for reps in by_key.values():
+        oks = [r for r in reps if r["record"]["status"] == "ok"]
+        if not oks:
+            oom.append({"key": reps[0]["key"], "describe": families.describe(reps[0]["record"]["config"],
+                                                                             families.plan_of(reps[0]["record"])),
+                        "provenance": reps[0]["provenance"]})
+            continue
+        ok.append(_measured_row(oks, kind_, n, batch, want, prices))
+    return ok, oom
+
+
+def _measured_row(oks: list[dict], kind_: str | None, n: int, batch: int, want: int, prices) -> dict:
+    """A configuration's measured row from its ok repeats: the median tokens/s and the repeat nearest it, the days and
+    rent of the recipe asked for (want sequences a step), its labels, quality and provenance."""
+    from trainscout.trial.metrics import median
+    from trainscout.trial.models import PYTHIA_RECIPE
+    # measurements other trials shared the CPU or GPU of (trial.contention): only where no clean one is
+    clean = [r for r in oks if not contended(r["record"])]
+    shared, oks = not clean, clean or oks
+    tps = median([r["record"]["metrics"]["tokens_per_s"] for r in oks])
+    best = min(oks, key=lambda r: abs(r["record"]["metrics"]["tokens_per_s"] - tps))
+    rec, m = best["record"], best["record"]["metrics"]
+    step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
+    tokens = rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"]
+    describe = families.describe(rec["config"], families.plan_of(rec))
+    if batch != want:  # measured at another batch (a bench's): the days of the recipe asked for, said so
+        tokens = PYTHIA_RECIPE.total_steps * want * rec["recipe"]["seq_len"]
+        describe += f" [measured at {batch:,} sequences per step]"
+    days = tokens / tps / 86400
+    mfus = [samples.row_mfu(r) for r in oks]
+    mfus = [x for x in mfus if x is not None]
+    row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
+           "gpus": n,
+           "global_batch": batch, "tokens_per_s": tps, "repeats": [r["record"]["metrics"]["tokens_per_s"]
+                                                                  for r in oks],
+           "mfu": median(mfus) if mfus else None,
+           "mfu_convention": (best.get("derived") or {}).get("mfu_convention"),
+           "peak_memory_gib": m.get("peak_memory_gib"), "step_s": step, "projected_days": days,
+           "train_tokens": tokens, "config": rec["config"], "describe": describe,
+           "labels": sorted({lb["name"] for r in oks for lb in r.get("labels") or []}),
+           "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
+           "verified": best.get("verified"), "provenance": best["provenance"],
+           "quality": quality_status(m, None, rec["config"], rec.get("device")),
+           "failed_settings": _failed_settings(m, rec["config"]),
+           "origins": sorted({r["provenance"].get("origin") for r in oks}), "shared": shared}
+    row.update(_money(days, n, row["gpu"], prices))
+    row["_record"] = dict(rec, key=best["key"], metrics=dict(m, tokens_per_s=tps))
+    return row
 
 
 def _ranked(rows: list[dict]) -> tuple[list[dict], str]:
@@ -245,33 +256,33 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
     `trainscout search` would run on that box: it fits the GPU by the memory model and the host (host_memory_gib,
     default predict.HOST_GIB_PER_GPU per GPU) by the rule the search prunes its trials by. avoid: settings whose
     quality gate failed on this model (measured), which no row holds all of (said in its notes)."""
-    kind = predict.gpu_kind(gpu) or gpu
+    kind = gpu_kind(gpu) or gpu
     model = atlas.model
     cached = model.get("predictions", {}).get(f"{target['name']}|{kind}|{gpus}")
     if cached and not atlas.extra and target["path"] is None and not global_batch and gpu_memory_gib is None \
             and host_memory_gib is None and not avoid:
         got = dict(cached, source="precomputed from the shipped rows by bench/build_atlas.py (atlas/model.json)")
     else:
-        pool = predict.samples(atlas.rows, _features(atlas))
+        pool = samples.samples(atlas.rows, _features(atlas))
         got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
                                          gpu_memory_gib, host_memory_gib, avoid),
                    source="computed now from the atlas's rows")
     loo = model["loo"]["model"]
-    fam = predict.arch_family(target["config"]) if target["config"] else None
+    fam = families.arch_family(target["config"]) if target["config"] else None
     rows = []
     for r in got["rows"]:
         # the error quoted is the calibrating rows' own: each of them predicted with its model held out
-        err = predict.loo_summary(loo, ids=r.get("calibrated_ids") or ())
+        err = loo_summary(loo, ids=r.get("calibrated_ids") or ())
         gpu_of = (r.get("calibrated_gpus") or [kind])[0]
         fams = r.get("calibrated_families") or [fam]
-        over = predict.loo_summary(loo, gpu=gpu_of, family=fams[0] if len(fams) == 1 else None)
+        over = loo_summary(loo, gpu=gpu_of, family=fams[0] if len(fams) == 1 else None)
         if not err["tokens_per_s"]["n"]:
             err = over
         row = dict(r, status="predicted", error=err, error_all=over, error_scope=f"{gpu_of} "
                    f"{' and '.join(fams)}", gpu=f"{kind}", train_tokens=r["total_steps"] * r["tokens_per_step"])
         row.update(_money(r["projected_days"], r["gpus"], kind, prices))
         rows.append(row)
-    measured_kinds = {s_kind for s_kind in (predict.gpu_kind(x["provenance"].get("gpu")) for x in atlas.rows)}
+    measured_kinds = {s_kind for s_kind in (gpu_kind(x["provenance"].get("gpu")) for x in atlas.rows)}
     notes = list(got["notes"])
     if avoid:
         what = "; ".join(sorted({" ".join(f"{k}={v}" for k, v in sorted(f.items())) for f in avoid}))
@@ -289,10 +300,10 @@ def _features(atlas) -> dict:
     from trainscout.trial.records import Record
     feats = dict(atlas.model.get("features", {}))
     for r in atlas.rows:
-        rid = predict.row_id(r)
+        rid = samples.row_id(r)
         if rid not in feats and r["record"].get("status") == "ok" and r["record"].get("device") == "cuda":
             try:
-                feats[rid] = predict.features(Record.from_dict(r["record"]))
+                feats[rid] = samples.features(Record.from_dict(r["record"]))
             except (ConfigError, ValueError, KeyError, TypeError):
                 continue  # a model this trainscout cannot build: its row stays measured-only
     return feats
@@ -300,14 +311,14 @@ def _features(atlas) -> dict:
 
 def _row_kind(row: dict) -> str | None:
     """The GPU kind a row was measured on (trial.gpus: exact identity), or its GPU's own name where that is no kind."""
-    return predict.gpu_kind(row["provenance"].get("gpu")) or row["provenance"].get("gpu")
+    return gpu_kind(row["provenance"].get("gpu")) or row["provenance"].get("gpu")
 
 
 def asked_gpu(atlas, gpu: str) -> str:
     """--gpu as the kind it names (trial.gpus.asked_kind), or the exact name of a GPU measured in the atlas that is
     no kind; ConfigError naming --gpu and the known kinds for anything else."""
     from trainscout.trial import gpus
-    others = tuple(sorted({str(_row_kind(r)) for r in atlas.rows if not predict.gpu_kind(r["provenance"].get("gpu"))
+    others = tuple(sorted({str(_row_kind(r)) for r in atlas.rows if not gpu_kind(r["provenance"].get("gpu"))
                            and r["provenance"].get("gpu")}))
     return gpus.asked_kind(gpu, "--gpu", others)
 
@@ -366,12 +377,12 @@ def _failed_settings(m: dict, config: dict) -> dict | None:
 def _default_kind(atlas, notes: list) -> str:
     """The GPU kind a prediction is for without --gpu: this machine's GPU where it has one (a user on an H100 asked
     about it: the answer was an H200's), else the kind the atlas measured most; notes says which and why."""
-    kinds = [predict.gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
+    kinds = [gpu_kind(r["provenance"].get("gpu")) for r in atlas.rows]
     most = max(set(kinds) - {None}, key=kinds.count) if set(kinds) - {None} else "H200"
     local = _local_gpu()
-    if local and predict.gpu_kind(local):
+    if local and gpu_kind(local):
         notes.append(f"predicted for this machine's GPU ({local}): --gpu KIND for another")
-        return predict.gpu_kind(local)
+        return gpu_kind(local)
     notes.append(f"predicted for the {most}, the GPU kind the atlas measured most"
                  + (f" (this machine's {local} is not a kind it knows)" if local else "") + ": --gpu KIND for another")
     return most

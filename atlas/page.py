@@ -12,8 +12,11 @@ import html
 import json
 import os
 
-from . import predict
-from .mfu import CONVENTION
+from trainscout.trial.gpus import gpu_kind
+from trainscout.trial.mfu import CONVENTION
+
+from .families import describe, plan_of
+from .samples import row_id, row_mfu
 
 COLUMNS = ("model", "params_m", "arch", "gpu", "gpus", "status", "tokens_per_s", "mfu", "peak_gib", "run_tokens_b",
            "days", "rent_usd", "global_batch", "describe", "tags", "labels", "origin", "date", "command", "source",
@@ -48,13 +51,13 @@ def page_rows(atlas) -> list[dict]:
     feats = atlas.model.get("features", {})
     params = {}  # a model's parameter count, from the features of any of its rows
     for r in atlas.rows:
-        f = feats.get(predict.row_id(r))
+        f = feats.get(row_id(r))
         if f:
             params[r["record"]["model"]] = f["n_params"]
     out = []
     for r in atlas.rows:
         rec, prov = r["record"], r["provenance"]
-        m, recipe, plan = rec.get("metrics") or {}, rec.get("recipe") or {}, predict.plan_of(rec)
+        m, recipe, plan = rec.get("metrics") or {}, rec.get("recipe") or {}, plan_of(rec)
         ok = rec.get("status") == "ok"
         n = rec.get("world_size") or 1
         days = recipe["total_steps"] * m["step_s"] / 86400 if ok and m.get("step_s") else None
@@ -63,15 +66,15 @@ def page_rows(atlas) -> list[dict]:
         out.append({
             "model": rec["model"], "params_m": round(n_params / 1e6, 1) if n_params else None,
             "arch": (rec.get("model_config") or {}).get("model_type") or "unknown",
-            "gpu": predict.gpu_kind(prov.get("gpu")) or prov.get("gpu"), "gpus": n,
+            "gpu": gpu_kind(prov.get("gpu")) or prov.get("gpu"), "gpus": n,
             "status": "measured" if ok else "out of memory",
             "tokens_per_s": round(m["tokens_per_s"]) if ok else None,
-            "mfu": round(predict.row_mfu(r) or 0, 4) or None if ok else None,
+            "mfu": round(row_mfu(r) or 0, 4) or None if ok else None,
             "peak_gib": round(m["peak_memory_gib"], 1) if ok and m.get("peak_memory_gib") else None,
             "days": round(days, 2) if days else None,
             "run_tokens_b": round(recipe["total_steps"] * recipe["global_batch"] * recipe["seq_len"] / 1e9, 1),
             "rent_usd": round(p.rent_usd(days, n)) if p and days else None,
-            "global_batch": recipe.get("global_batch"), "describe": predict.describe(rec["config"], plan),
+            "global_batch": recipe.get("global_batch"), "describe": describe(rec["config"], plan),
             "tags": _tags(rec["config"], defaults), "labels": [lb["name"] for lb in r.get("labels") or []],
             "origin": ORIGINS.get(prov.get("origin"), prov.get("origin")), "date": str(prov.get("date"))[:10],
             "command": prov.get("command"), "source": prov.get("source"), "key": r["key"],

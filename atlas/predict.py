@@ -11,7 +11,7 @@ architecture counts as farther), each row's ratio carried to the configuration b
 knob it differs in (calibrate.knob_effects: pairs of rows, on any GPU kind, that differ in that knob alone, on the
 same GPU count, from the model shape nearest). Leave-one-out over the shipped rows shows what that is worth: each row
 predicted from the rows of the other models only (its own model held out, as for a model never measured), and from the
-other rows (its repeats held out too); `loo_table` prints both.
+other rows (its repeats held out too); `loo.loo_table` prints both.
 
 Everything a row needs is computed once by bench/build_atlas.py (the roofline and the memory terms build the model
 on the meta device) and shipped in atlas/model.json, so lookup answers from it without torch; a model
@@ -20,20 +20,12 @@ or GPU kind not there builds its own candidates here (seconds).
 from __future__ import annotations
 
 from trainscout.spaces.plan import Plan
-from trainscout.trial.metrics import gpu_facts, gpu_kind  # a GPU kind's memory and capability
+from trainscout.trial.gpus import gpu_facts, gpu_kind  # a GPU kind's memory and capability
 
-# the pieces a prediction is made of, in modules of their own; their names stay importable from here
-from .calibrate import NEAREST_MODELS, _distance, calibrate, knob_effects, memory_calibration, memory_fit
-from .families import (DENSE, LEVEL_WORDS, LEVELS, MEMORY_LEVELS, MOE, arch_family, describe, families, family,
-                       plan_of, settings)
-from .loo import leave_one_out, loo_summary, loo_table, loo_table_by, summary
-from .samples import SHAPE_KEYS, Sample, features, row_id, row_mfu, samples, shape_of
-
-__all__ = ["CANDIDATES", "DENSE", "GiB", "HOST_GIB_PER_GPU", "LEVELS", "LEVEL_WORDS", "MEMORY_LEVELS", "MOE",
-           "NEAREST_MODELS", "REACH", "SHAPE_KEYS", "Sample", "arch_family", "build_model", "calibrate", "describe",
-           "families", "family", "features", "gpu_kind", "leave_one_out", "loo_summary", "loo_table", "loo_table_by",
-           "memory_calibration", "memory_fit", "plan_of", "predict_model", "row_id", "row_mfu", "samples", "shape_of",
-           "summary"]
+from .calibrate import NEAREST_MODELS, calibrate, distance, knob_effects, memory_calibration
+from .families import DENSE, LEVELS, MOE, arch_family, describe, families, settings
+from .loo import leave_one_out, loo_summary
+from .samples import Sample, features, row_id, samples
 
 GiB = 2**30
 # the farthest a leave-one-model-out prediction reaches over the shipped shapes (the next shape's log distance, and
@@ -64,9 +56,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     "capacity_gib", "host_memory_gib"}; ConfigError for a GPU kind whose memory is not known without
     capacity_gib. avoid: settings ({knob: value} each) a candidate may not hold all of (those whose quality gate
     failed on this model): the next saver, or the next candidate, instead."""
-    from trainscout.spaces import ConfigError, all_knobs
     from trainscout.predictor import memory
-    from trainscout.predictor.memory import FIT_SHARE
     from trainscout.trial.models import resolve_model
     spec_model = resolve_model(model)
     notes: list[str] = []
@@ -76,14 +66,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         notes.append(f"{kind} was never measured: calibrated on the {', '.join(sorted({str(s.gpu) for s in pool}))} "
                      "rows, with the roofline at its datasheet peak and bandwidth; its error is not known")
         on_kind = list(pool)
-    facts = gpu_facts(gpu)
-    if capacity_gib is None:
-        if facts is None:
-            raise ConfigError("--gpu", f"--gpu {gpu}: its memory is not known here: give --gpu-memory (e.g. 80GiB)")
-        capacity_gib = facts[0]
-    hw_name = gpu if gpu_kind(gpu) and gpu_kind(gpu) != gpu else f"NVIDIA {kind}"
-    capability = facts[1] if facts else "9.0"
-    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)  # the GPU box is assumed to have them
+    capacity_gib, hw_name, capability = _gpu_facts(gpu, kind, capacity_gib)
     n = memory.counts(spec_model.config)["N"]
     arch = spec_model.config.get("model_type")
     kind_of_arch = arch_family(spec_model.config)
@@ -91,6 +74,49 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         notes.append(f"a mixture of experts ({arch}), calibrated on dense models only: the roofline counts its active "
                      "parameters but not its routing nor its grouped expert GEMMs (a 2.6B qwen3_moe measured 0.47x "
                      "its prediction on the H200, docs/BENCHMARKS.md): measure it")
+    shape = (spec_model, n, arch, kind_of_arch)
+    rows, host_gib = _fitting(shape, gpus, kind, hw_name, capability, capacity_gib, host_memory_gib, on_kind,
+                              global_batch, notes, avoid or [])
+    if host_memory_gib is None:
+        notes.append(f"host memory assumed {HOST_GIB_PER_GPU} GiB per GPU ({host_gib:.0f} GiB): --host-memory "
+                     "gives the box's")
+    _calibrate_rows(rows, shape, kind, hw_name, pool, on_kind)
+    # a configuration one GPU cannot profit from (a sharding engine over one data rank: memory.shards_nothing) is
+    # never ranked first on a prediction: only a measurement that it is faster could put it there
+    rows.sort(key=lambda r: (r["shards_nothing"], -r["tokens_per_s"]))
+    near = min((distance(n, arch, s) for s in on_kind), default=None)
+    if near is not None and near > REACH:
+        nearest = min(on_kind, key=lambda s: distance(n, arch, s))
+        notes.append(f"extrapolated: the nearest measured model ({nearest.model}, {nearest.n_params / 1e6:,.0f} M "
+                     f"parameters, against {n / 1e6:,.0f} M) is farther than any the leave-one-out held out: its "
+                     "error may be larger than the error shown")
+    return {"model": spec_model.name, "gpu": kind, "gpus": rows[0]["gpus"] if rows else gpus, "rows": rows,
+            "notes": notes, "n_params": n, "capacity_gib": capacity_gib, "host_memory_gib": host_gib}
+
+
+def _gpu_facts(gpu: str, kind: str, capacity_gib: float | None) -> tuple[float, str, str]:
+    """(its memory in GiB: capacity_gib where given, the name its hardware fingerprint would give, its compute
+    capability); ConfigError for a GPU whose memory is not known without capacity_gib."""
+    from trainscout.spaces import ConfigError
+    facts = gpu_facts(gpu)
+    if capacity_gib is None:
+        if facts is None:
+            raise ConfigError("--gpu", f"--gpu {gpu}: its memory is not known here: give --gpu-memory (e.g. 80GiB)")
+        capacity_gib = facts[0]
+    hw_name = gpu if gpu_kind(gpu) and gpu_kind(gpu) != gpu else f"NVIDIA {kind}"
+    return capacity_gib, hw_name, facts[1] if facts else "9.0"
+
+
+def _fitting(shape: tuple, gpus: int, kind: str, hw_name: str, capability: str, capacity_gib: float,
+             host_memory_gib: float | None, on_kind: list[Sample], global_batch: int | None, notes: list[str],
+             avoid: list[dict]) -> tuple[list[dict], float | None]:
+    """(the candidates predicted to fit `gpus` GPUs, else 2, 4, 8: the first count where any does, the host memory
+    assumed there); each count where none fits noted."""
+    from trainscout.spaces import all_knobs
+    from trainscout.predictor import memory
+    from trainscout.predictor.memory import FIT_SHARE
+    spec_model, n, arch, kind_of_arch = shape
+    installed = frozenset(p for k in all_knobs() for p in k.runtime.packages)  # the GPU box is assumed to have them
     cap = FIT_SHARE * capacity_gib * GiB
     rows: list[dict] = []
     host_gib = host_memory_gib
@@ -98,20 +124,25 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
         host_gib = host_memory_gib or HOST_GIB_PER_GPU * want
         hw = {"device": "cuda", "gpu": hw_name, "gpu_memory_gib": capacity_gib, "gpu_count": want,
               "capability": capability, "host_memory_gib": host_gib}
-        rows = _candidates(spec_model, want, n, arch, kind_of_arch, on_kind, global_batch, hw, installed, cap,
-                           notes, avoid or [])
+        rows = _candidates(spec_model, want, n, arch, kind_of_arch, on_kind, global_batch, hw, installed, cap, notes,
+                           avoid)
         if rows:
             break
         notes.append(f"nothing is predicted to fit {want} x {kind} ({FIT_SHARE:.0%} of {capacity_gib:.1f} GiB, the "
                      f"share a search's start point uses; {host_gib:.0f} GiB of host memory less "
                      f"{memory.MARGIN:.0%})")
-    if host_memory_gib is None:
-        notes.append(f"host memory assumed {HOST_GIB_PER_GPU} GiB per GPU ({host_gib:.0f} GiB): --host-memory "
-                     "gives the box's")
+    return rows, host_gib
+
+
+def _calibrate_rows(rows: list[dict], shape: tuple, kind: str, hw_name: str, pool: list[Sample],
+                    on_kind: list[Sample]) -> None:
+    """Each candidate's roofline step calibrated on the measured rows nearest to it (calibrate), never under the
+    host's floor, capped at the MFU of those rows on a GPU kind never measured; its speed, days and MFU set."""
     from trainscout.predictor import flops
-    from trainscout.trial import metrics
+    from trainscout.trial import gpus, metrics
+    spec_model, n, arch, _ = shape
     count = flops.count(spec_model.config)
-    peak_tflops = metrics.gpu_peak_tflops(hw_name)
+    peak_tflops = gpus.gpu_peak_tflops(hw_name)
     effects = knob_effects(pool)  # what each knob alone did, on any GPU kind
     measured_kind = any(s.gpu == kind for s in pool)
     for r in rows:
@@ -138,17 +169,6 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
                  calibrated_families=sorted({s.family for s in used}),
                  projected_days=r["total_steps"] * step / 86400, mfu=metrics.mfu(tps, fpt, peak_tflops, r["gpus"]),
                  mfu_convention=f"{flops.CONVENTION} (predicted)")
-    # a configuration one GPU cannot profit from (a sharding engine over one data rank: memory.shards_nothing) is
-    # never ranked first on a prediction: only a measurement that it is faster could put it there
-    rows.sort(key=lambda r: (r["shards_nothing"], -r["tokens_per_s"]))
-    near = min((_distance(n, arch, s) for s in on_kind), default=None)
-    if near is not None and near > REACH:
-        nearest = min(on_kind, key=lambda s: _distance(n, arch, s))
-        notes.append(f"extrapolated: the nearest measured model ({nearest.model}, {nearest.n_params / 1e6:,.0f} M "
-                     f"parameters, against {n / 1e6:,.0f} M) is farther than any the leave-one-out held out: its "
-                     "error may be larger than the error shown")
-    return {"model": spec_model.name, "gpu": kind, "gpus": rows[0]["gpus"] if rows else gpus, "rows": rows,
-            "notes": notes, "n_params": n, "capacity_gib": capacity_gib, "host_memory_gib": host_gib}
 
 
 def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: list[Sample], global_batch: int | None,
@@ -157,17 +177,28 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
     the configurations with the highest MFU (which carries across sizes, as search.service.store_points says) of
     the nearest models' rows; one that does not fit as it is gets the memory saver predicted fastest of those that
     fit (search.start.fits' rule)."""
-    from trainscout.spaces import fmt, memory_savers
-    from trainscout.predictor import dtypes, memory, steptime
-    from trainscout.trial import engines
     from trainscout.spaces import all_knobs
     micro = {k.name for k in all_knobs() if k.search.micro_batch}
     at = [s for s in pool if s.world == gpus] or pool
-    by_shape = sorted({s.shape: _distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
+    out = []
+    for s in _picked(at, n, arch):
+        base = {k: v for k, v in s.config.items() if k not in micro}
+        fitting, why = _fits(model, base, gpus, n, arch, kind_of_arch, pool, global_batch, hw, installed, cap, avoid)
+        if not fitting:
+            if why:
+                notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
+            continue
+        out.append(_candidate_row(s, gpus, kind_of_arch, fitting))
+    return out
+
+
+def _picked(at: list[Sample], n: float, arch: str) -> list[Sample]:
+    """The rows whose configurations are tried: the configurations measured on the nearest shapes, then the GPU
+    kind's best by MFU on any model (a neighbour measured only in a bench's plain configurations must not hide what
+    runs fastest here), CANDIDATES of each (a row whose quality gate failed calibrates speeds, but its configuration
+    trains another model: not offered)."""
+    by_shape = sorted({s.shape: distance(n, arch, s) for s in at}.items(), key=lambda kv: (kv[1], kv[0]))
     near = {shape for shape, _ in by_shape[:NEAREST_MODELS]}
-    # the configurations measured on the nearest shapes, then the GPU kind's best by MFU on any model (a neighbour
-    # measured only in a bench's plain configurations must not hide what runs fastest here), CANDIDATES of each
-    # (a row whose quality gate failed calibrates speeds, but its configuration trains another model: not offered)
     picked, seen = [], set()
     ok = [s for s in at if not s.gate_failed]
     for group in ([s for s in ok if s.shape in near], [s for s in ok if s.shape not in near]):
@@ -179,51 +210,59 @@ def _candidates(model, gpus: int, n: float, arch: str, kind_of_arch: str, pool: 
                 seen.add(s.fam[0])
                 picked.append(s)
                 took += 1
+    return picked
+
+
+def _fits(model, base: dict, gpus: int, n: float, arch: str, kind_of_arch: str, pool: list[Sample],
+          global_batch: int | None, hw: dict, installed: frozenset, cap: float, avoid: list[dict]) -> tuple[list, str]:
+    """(the ways base fits, each (lowers the kept state, predicted step, saver's rank, saver's settings, spec, peak
+    bytes, GPU step, host step); why it does not, where no way does): as measured, else with each memory saver."""
+    from trainscout.spaces import memory_savers
+    from trainscout.predictor import dtypes, memory, steptime
     host = hw["host_memory_gib"] * GiB
-    out = []
-    for s in picked:
-        base = {k: v for k, v in s.config.items() if k not in micro}
-        fitting, why = [], None
-        for rank, extra in enumerate(({}, *memory_savers())):
-            settings = _clear(avoid, {**base, **extra}, extra)
-            spec, mem, why_not, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
-                                                       lambda fam: memory_calibration(fam, n, arch, pool), cap, host,
-                                                       kind_of_arch, keep=set(extra))
-            if spec is None:
-                if refused and not extra:
-                    why = why_not
-                    break  # the model or the GPU refuses the configuration itself: no saver changes that
-                why = why or why_not
-                continue
-            if extra and memory.shards_nothing(spec):
-                continue  # sharding over one rank: offload is one GPU's saver
-            if any(all(spec.config.get(k) == v for k, v in f.items()) for f in avoid):
-                continue  # its numerics change failed the quality gate on this model (_clear could not undo it)
-            gpu_s, host_s = steptime.step_s(spec), steptime.host_s(spec)
-            fitting.append((dtypes.lowers_state(spec.plan), max(gpu_s, host_s), rank, extra, spec, mem, gpu_s, host_s))
-            if not extra:
-                break  # the configuration as measured fits: no saver
-        if not fitting:
-            if why:
-                notes.append(f"not predicted on {gpus} GPU(s): {s.model}'s {describe(s.config, s.plan)} ({why})")
+    fitting, why = [], None
+    for rank, extra in enumerate(({}, *memory_savers())):
+        settings = _clear(avoid, {**base, **extra}, extra)
+        spec, mem, why_not, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
+                                                   lambda fam: memory_calibration(fam, n, arch, pool), cap, host,
+                                                   kind_of_arch, keep=set(extra))
+        if spec is None:
+            if refused and not extra:
+                why = why_not
+                break  # the model or the GPU refuses the configuration itself: no saver changes that
+            why = why or why_not
             continue
-        # fp32 states kept (a saver that lowers them only where none else fits within dtypes.KEEP_STATE_COST),
-        # fastest predicted, the savers' order
-        _, _, _, extra, spec, mem, gpu_s, host_s = dtypes.prefer(fitting)
-        fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
-        host_need = memory.host_need(memory.host_peak(spec))
-        offload = f" [needs {host_need / GiB:.0f} GiB of host memory]" if any(
-            engines.get(spec.plan.engine).offloaded(spec.plan)) else ""
-        out.append({"config": spec.config, "plan": spec.plan.to_dict(), "gpus": gpus,
-                    "describe": describe(spec.config, spec.plan) + fitted + offload, "peak_memory_gib": mem / GiB,
-                    "estimate_gib": memory.predict(spec) / GiB, "host_memory_gib": host_need / GiB,
-                    "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
-                    "total_steps": spec.recipe["total_steps"], "from": s.model,
-                    "savers_fitting": len(fitting) - (0 if extra else 1),
-                    "shards_nothing": bool(memory.shards_nothing(spec)),
-                    "_fam": families(spec.config, spec.plan, gpus, kind_of_arch),
-                    "_roofline_s": gpu_s, "_host_s": host_s})
-    return out
+        if extra and memory.shards_nothing(spec):
+            continue  # sharding over one rank: offload is one GPU's saver
+        if any(all(spec.config.get(k) == v for k, v in f.items()) for f in avoid):
+            continue  # its numerics change failed the quality gate on this model (_clear could not undo it)
+        gpu_s, host_s = steptime.step_s(spec), steptime.host_s(spec)
+        fitting.append((dtypes.lowers_state(spec.plan), max(gpu_s, host_s), rank, extra, spec, mem, gpu_s, host_s))
+        if not extra:
+            break  # the configuration as measured fits: no saver
+    return fitting, why
+
+
+def _candidate_row(s: Sample, gpus: int, kind_of_arch: str, fitting: list) -> dict:
+    """The candidate the ways it fits offer (dtypes.prefer: fp32 states kept, fastest predicted, the savers' order),
+    uncalibrated."""
+    from trainscout.spaces import fmt
+    from trainscout.predictor import dtypes, memory
+    from trainscout.trial import engines
+    _, _, _, extra, spec, mem, gpu_s, host_s = dtypes.prefer(fitting)
+    fitted = " [to fit: " + " ".join(f"{k}={fmt(v)}" for k, v in extra.items()) + "]" if extra else ""
+    host_need = memory.host_need(memory.host_peak(spec))
+    offload = f" [needs {host_need / GiB:.0f} GiB of host memory]" if any(
+        engines.get(spec.plan.engine).offloaded(spec.plan)) else ""
+    return {"config": spec.config, "plan": spec.plan.to_dict(), "gpus": gpus,
+            "describe": describe(spec.config, spec.plan) + fitted + offload, "peak_memory_gib": mem / GiB,
+            "estimate_gib": memory.predict(spec) / GiB, "host_memory_gib": host_need / GiB,
+            "tokens_per_step": spec.tokens_per_step, "global_batch": spec.recipe["global_batch"],
+            "total_steps": spec.recipe["total_steps"], "from": s.model,
+            "savers_fitting": len(fitting) - (0 if extra else 1),
+            "shards_nothing": bool(memory.shards_nothing(spec)),
+            "_fam": families(spec.config, spec.plan, gpus, kind_of_arch),
+            "_roofline_s": gpu_s, "_host_s": host_s}
 
 
 def _clear(avoid, settings: dict, extra: dict) -> dict:

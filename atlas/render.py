@@ -25,8 +25,28 @@ def _pct(v):
 
 def render(answer: dict, provenance: bool = True) -> str:
     """The answer as text for people."""
-    lines = []
     name = answer["model"]
+    lines = _measured_lines(answer, name, provenance)
+    labels = {w for g in answer["measured"] for r in g["rows"] for w in r["label_why"]}
+    for why in sorted(labels):
+        lines.append(f"   label: {why}")
+    conv = next((r["mfu_convention"] for g in answer["measured"] for r in g["rows"] if r.get("mfu_convention")), None)
+    if conv:
+        lines.append(f"   MFU: {conv}; rent: analysis/prices.json list-price estimates")
+    p = answer.get("predicted")
+    if p:
+        lines.extend(_predicted_lines(p, name))
+    for note in answer["notes"]:
+        lines.append(f"   note: {note}")
+    if answer.get("budget"):
+        lines.append(f"   budget: {answer['budget']['text']}")
+    return "\n".join(lines)
+
+
+def _measured_lines(answer: dict, name: str, provenance: bool) -> list[str]:
+    """Each measured group: its rows with their repeats, labels, quality, verification and provenance; its
+    configurations out of memory."""
+    lines = []
     for g in answer["measured"]:
         if not g["rows"] and not g["oom"]:
             continue
@@ -55,46 +75,41 @@ def render(answer: dict, provenance: bool = True) -> str:
             lines.append(f"   ({g['more']} more measured configurations: --top N shows more)")
         for o in g["oom"]:
             lines.append(f"   out of memory: {o['describe']}")
-    labels = {w for g in answer["measured"] for r in g["rows"] for w in r["label_why"]}
-    for why in sorted(labels):
-        lines.append(f"   label: {why}")
-    conv = next((r["mfu_convention"] for g in answer["measured"] for r in g["rows"] if r.get("mfu_convention")), None)
-    if conv:
-        lines.append(f"   MFU: {conv}; rent: analysis/prices.json list-price estimates")
-    p = answer.get("predicted")
-    if p:
-        if not p["rows"]:
-            lines.append(f"{name}: not measured, and nothing is PREDICTED to fit (up to 8 GPUs)")
-        for i, r in enumerate(p["rows"], 1):
-            if i == 1:
-                lines.append(f"{name} on {r['gpus']} x {r['gpu']}: NOT MEASURED - PREDICTED (global batch "
-                             f"{r['global_batch']:,}, {r['train_tokens'] / 1e9:,.1f} B tokens)")
-                lines.append(f"   {'tokens/s':>9}  {'MFU':>5}  {'peak GiB':>8}  {'host GiB':>8}  {'days':>6}  "
-                             f"{'rent':>9}  configuration (predicted)")
-            lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r.get('mfu'), '{:.3f}'):>5}  "
-                         f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r.get('host_memory_gib'), '{:.1f}'):>8}  "
-                         f"{_num(r['projected_days'], '{:.1f}'):>6}  {_num(r['rent_usd'], '${:,.0f}'):>9}  "
-                         f"{r['describe']}")
-            e, ea = r["error"], r["error_all"]
-            lines.append(f"     calibrated on {', '.join(r['calibrated_on'])} (level {r['level']}: "
-                         f"{families.LEVEL_WORDS[r['level']]}); leave-one-model-out error of those rows: "
-                         f"tokens/s median {_pct(e['tokens_per_s']['median_abs'])}, worst "
-                         f"{_pct(e['tokens_per_s']['worst'])} ({e['tokens_per_s']['n']} rows); peak memory median "
-                         f"{_pct(e['peak_memory']['median_abs'])}, worst {_pct(e['peak_memory']['worst'])}")
-            if i == 1:
-                lines.append(f"     over all {ea['tokens_per_s']['n']} {r.get('error_scope', '')} rows: tokens/s "
-                             f"median {_pct(ea['tokens_per_s']['median_abs'])}, worst "
-                             f"{_pct(ea['tokens_per_s']['worst'])}; peak memory median "
-                             f"{_pct(ea['peak_memory']['median_abs'])}, worst {_pct(ea['peak_memory']['worst'])}")
-        for note in p["notes"]:
-            lines.append(f"   note: {note}")
-        lines.append(f"   prediction {p['source']}")
-        lines.append(f"   measure it: {p['search_command']}")
-    for note in answer["notes"]:
+    return lines
+
+
+def _predicted_lines(p: dict, name: str) -> list[str]:
+    """The prediction: its rows with the leave-one-out error of the rows they are calibrated on, its notes, where it
+    comes from and the search that would measure it."""
+    lines = []
+    if not p["rows"]:
+        lines.append(f"{name}: not measured, and nothing is PREDICTED to fit (up to 8 GPUs)")
+    for i, r in enumerate(p["rows"], 1):
+        if i == 1:
+            lines.append(f"{name} on {r['gpus']} x {r['gpu']}: NOT MEASURED - PREDICTED (global batch "
+                         f"{r['global_batch']:,}, {r['train_tokens'] / 1e9:,.1f} B tokens)")
+            lines.append(f"   {'tokens/s':>9}  {'MFU':>5}  {'peak GiB':>8}  {'host GiB':>8}  {'days':>6}  "
+                         f"{'rent':>9}  configuration (predicted)")
+        lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r.get('mfu'), '{:.3f}'):>5}  "
+                     f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r.get('host_memory_gib'), '{:.1f}'):>8}  "
+                     f"{_num(r['projected_days'], '{:.1f}'):>6}  {_num(r['rent_usd'], '${:,.0f}'):>9}  "
+                     f"{r['describe']}")
+        e, ea = r["error"], r["error_all"]
+        lines.append(f"     calibrated on {', '.join(r['calibrated_on'])} (level {r['level']}: "
+                     f"{families.LEVEL_WORDS[r['level']]}); leave-one-model-out error of those rows: "
+                     f"tokens/s median {_pct(e['tokens_per_s']['median_abs'])}, worst "
+                     f"{_pct(e['tokens_per_s']['worst'])} ({e['tokens_per_s']['n']} rows); peak memory median "
+                     f"{_pct(e['peak_memory']['median_abs'])}, worst {_pct(e['peak_memory']['worst'])}")
+        if i == 1:
+            lines.append(f"     over all {ea['tokens_per_s']['n']} {r.get('error_scope', '')} rows: tokens/s "
+                         f"median {_pct(ea['tokens_per_s']['median_abs'])}, worst "
+                         f"{_pct(ea['tokens_per_s']['worst'])}; peak memory median "
+                         f"{_pct(ea['peak_memory']['median_abs'])}, worst {_pct(ea['peak_memory']['worst'])}")
+    for note in p["notes"]:
         lines.append(f"   note: {note}")
-    if answer.get("budget"):
-        lines.append(f"   budget: {answer['budget']['text']}")
-    return "\n".join(lines)
+    lines.append(f"   prediction {p['source']}")
+    lines.append(f"   measure it: {p['search_command']}")
+    return lines
 
 
 def render_summary(answers: list[dict]) -> str:

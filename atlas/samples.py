@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 
 from trainscout.spaces.plan import Plan
-from trainscout.trial.metrics import gpu_kind  # a GPU kind from a GPU's name
+from trainscout.trial.gpus import gpu_kind  # a GPU kind from a GPU's name
 from trainscout.trial.quality import FAILED
 
 from .families import arch_family, families, plan_of, settings

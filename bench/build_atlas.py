@@ -107,7 +107,7 @@ def _models_dir(args: dict) -> str:
 def read_store(path: str) -> tuple[list[tuple[dict, str]], dict[str, str]]:
     """[(record dict with key, its search's command or None)] of a results store, opened read-only and immutable
     (the tracked file is never touched)."""
-    from trainscout.atlas.schema import search_command
+    from trainscout.store.row_format import search_command
     con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     try:
         rows = con.execute("SELECT key, record FROM trainscout_measurements ORDER BY key").fetchall()
@@ -204,22 +204,22 @@ def collect(log) -> list[tuple[dict, dict]]:
 
 def build_rows(log) -> list[dict]:
     """The shipped rows, sorted (model, GPU, GPU count, date, key, trial)."""
-    from trainscout.atlas import schema
-    from trainscout.atlas.mfu import CONVENTION, mfu
+    from trainscout.store import row_format
+    from trainscout.trial.mfu import CONVENTION, mfu
     from trainscout.trial.records import Record
     checked = verifies()
     rows = []
     for d, parts in collect(log):
         rec = Record.from_dict(d)
         notes = list(parts["notes"])
-        prov = schema.provenance_of(d, command=parts["command"], origin="trainscout",
-                                    source=f"bench/data/{parts['source']}", notes=notes, known=parts["known"])
+        prov = row_format.provenance_of(d, command=parts["command"], origin="trainscout",
+                                        source=f"bench/data/{parts['source']}", notes=notes, known=parts["known"])
         derived = None
         if rec.ok:
             value = mfu(rec)
             derived = {"mfu": value, "mfu_convention": CONVENTION, "mfu_recorded": rec.m.get("mfu")}
-        rows.append(schema.make_row(d, d["key"], prov, labels_of(rec), verified=checked.get(d["key"]) or None,
-                                    derived=derived))
+        rows.append(row_format.make_row(d, d["key"], prov, labels_of(rec), verified=checked.get(d["key"]) or None,
+                                        derived=derived))
     rows.sort(key=lambda r: (r["record"]["model"], r["provenance"]["gpu"], r["record"].get("world_size") or 0,
                              r["provenance"]["date"], r["key"], r["record"]["trial_id"]))
     return rows
@@ -301,6 +301,7 @@ def check_fast(rows: list[dict], records: bytes, out: str, log) -> int:
     and the leave-one-out (results, summaries, per GPU kind and family) recomputed from the shipped features equal
     to the shipped ones. Not checked here: the other rows' features and the predictions (the full --check does)."""
     from trainscout.atlas import predict
+    from trainscout.atlas.samples import features, row_id
     from trainscout.trial.records import Record
     problems = []
     path = os.path.join(out, "records.jsonl.gz")
@@ -310,13 +311,13 @@ def check_fast(rows: list[dict], records: bytes, out: str, log) -> int:
         shipped = json.load(f)
     feats = shipped.get("features", {})
     ok = [r for r in rows if r["record"].get("status") == "ok"]
-    if set(feats) != {predict.row_id(r) for r in ok}:
+    if set(feats) != {row_id(r) for r in ok}:
         problems.append("model.json's features are not those of the shipped ok rows")
     for row in ok[::SAMPLE_EVERY]:
-        fresh = json.loads(json.dumps(predict.features(Record.from_dict(row["record"]))))
-        if not _same(fresh, feats.get(predict.row_id(row))):
-            problems.append(f"model.json's features of {predict.row_id(row)} ({row['record']['model']}) differ from "
-                            f"a recount: {fresh} against {feats.get(predict.row_id(row))}")
+        fresh = json.loads(json.dumps(features(Record.from_dict(row["record"]))))
+        if not _same(fresh, feats.get(row_id(row))):
+            problems.append(f"model.json's features of {row_id(row)} ({row['record']['model']}) differ from "
+                            f"a recount: {fresh} against {feats.get(row_id(row))}")
             break
     model = json.loads(json.dumps(predict.build_model(rows, log=log, feats=feats, predict=False)))
     for part in ("loo", "loo_summary", "loo_by"):
@@ -337,12 +338,14 @@ def main(argv=None) -> int:
                    help="with --check: the records exactly; model.json by a fast path (check_fast)")
     a = p.parse_args(argv)
     if a.table:
-        from trainscout.atlas import db, predict
-        print(predict.loo_table(db.shipped_model()))
+        from trainscout.atlas import db
+        from trainscout.atlas.loo import loo_table, loo_table_by
+        print(loo_table(db.shipped_model()))
         print()
-        print(predict.loo_table_by(db.shipped_model()))
+        print(loo_table_by(db.shipped_model()))
         return 0
     from trainscout.atlas import predict
+    from trainscout.atlas.loo import loo_table, loo_table_by
     t0 = time.time()
 
     def log(s):
@@ -367,9 +370,9 @@ def main(argv=None) -> int:
     print(f"atlas: {len(rows)} rows ({n_ok} ok, {len(rows) - n_ok} oom) from bench/data, "
           f"{sum(1 for r in rows if r['labels'])} labelled; {len(records):,} bytes; model.json {len(model_text):,} "
           f"bytes; {time.time() - t0:.0f} s")
-    print(predict.loo_table(model))
+    print(loo_table(model))
     print()
-    print(predict.loo_table_by(model))
+    print(loo_table_by(model))
     return 0
 
 

@@ -44,7 +44,8 @@ def cmd_lookup(a) -> int:
     """`trainscout lookup`: measured best configurations from the atlas, else a labelled prediction; exit 1 when a
     --db file had refused rows (each printed with its reason)."""
     from trainscout.atlas import db
-    from trainscout.atlas.lookup import lookup, render, render_summary
+    from trainscout.atlas.lookup import lookup
+    from trainscout.atlas.render import render, render_summary
     for path in a.db or []:
         input_file("--db", path)
     models = lookup_models(a.model)

@@ -1,6 +1,5 @@
 """One row of the atlas and of a share file: a measurement record, where it came from, and what is known to be wrong
-with it. Here, below the atlas, because the store reads and writes share files (store/contrib.py); the atlas
-re-exports it as trainscout.atlas.schema.
+with it. Here, below the atlas, because the store reads and writes share files (store/contrib.py).
 
 Schema version 1 (`SCHEMA`), one JSON object per line (the shipped `records.jsonl.gz`, a `--share` contribution
 file, `trainscout lookup --db FILE`):

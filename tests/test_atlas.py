@@ -12,9 +12,12 @@ import time
 
 import pytest
 
-from trainscout.atlas import db, lookup, page, predict, schema
+from trainscout.atlas import db, lookup, page, predict
+from trainscout.atlas.families import DENSE
+from trainscout.atlas.loo import leave_one_out, loo_summary, loo_table
+from trainscout.atlas.samples import samples
 from trainscout.cli.main import main
-from trainscout.store import Store, contrib, default_url
+from trainscout.store import Store, default_url, record_checks, row_format
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_STORE = os.path.join(ROOT, "bench", "data", "gpu-2026-12-01-s9", "seed", "results.db")
@@ -44,12 +47,12 @@ def test_every_shipped_row_has_its_schema_provenance_and_hash():
     rows = list(db.shipped_rows())
     assert len(rows) > 100
     for r in rows:
-        assert r["schema"] == schema.SCHEMA and r["content_hash"] == schema.content_hash(r)
+        assert r["schema"] == row_format.SCHEMA and r["content_hash"] == row_format.content_hash(r)
         assert r["record"]["status"] in ("ok", "oom") and r["record"]["device"] == "cuda"
         prov = r["provenance"]
-        for f in (*schema.VERSION_FIELDS, *schema.HARDWARE_FIELDS, "date", "command", "source", "origin"):
+        for f in (*row_format.VERSION_FIELDS, *row_format.HARDWARE_FIELDS, "date", "command", "source", "origin"):
             assert f in prov, f
-        assert prov["driver"] == schema.UNKNOWN  # no record carries it: marked, not invented
+        assert prov["driver"] == row_format.UNKNOWN  # no record carries it: marked, not invented
         assert prov["origin"] == "trainscout" and prov["source"].startswith("bench/data/")
         assert os.path.exists(os.path.join(ROOT, prov["source"]))
         assert "stderr_tail" not in r["record"] and "/tmp/" not in json.dumps(r["record"])
@@ -71,13 +74,14 @@ def test_a_bare_record_migrates_to_the_current_schema_and_a_newer_one_is_refused
     bare = dict(rows_of(os.path.join(ROOT, "atlas", "records.jsonl.gz"))[0]["record"], key="k" * 32)
     del bare["versions"]["deepspeed"]
     bare.pop("started_at")
-    row = schema.migrate(bare)
-    assert row["schema"] == schema.SCHEMA and row["key"] == "k" * 32
-    assert row["provenance"]["deepspeed"] == schema.UNKNOWN and row["provenance"]["date"] == schema.UNKNOWN
-    assert row["provenance"]["torch"] == bare["versions"]["torch"] and row["content_hash"] == schema.content_hash(row)
-    assert schema.migrate(row) is row  # already current
-    with pytest.raises(schema.SchemaError, match="newer"):
-        schema.migrate(dict(row, schema=schema.SCHEMA + 1))
+    row = row_format.migrate(bare)
+    assert row["schema"] == row_format.SCHEMA and row["key"] == "k" * 32
+    assert row["provenance"]["deepspeed"] == row_format.UNKNOWN and row["provenance"]["date"] == row_format.UNKNOWN
+    assert row["provenance"]["torch"] == bare["versions"]["torch"]
+    assert row["content_hash"] == row_format.content_hash(row)
+    assert row_format.migrate(row) is row  # already current
+    with pytest.raises(row_format.SchemaError, match="newer"):
+        row_format.migrate(dict(row, schema=row_format.SCHEMA + 1))
 
 
 # --- lookup ---------------------------------------------------------------------------------------------------
@@ -143,7 +147,7 @@ def test_lookup_of_a_config_never_measured_prints_a_labelled_prediction(tmp_path
     for r in p["rows"]:
         assert r["status"] == "predicted" and 0 < r["peak_memory_gib"] <= 0.85 * 139.8 and r["tokens_per_s"] > 0
         # the error bar is the leave-one-out's of the rows that calibrated it
-        assert r["error"] == predict.loo_summary(loo, ids=r["calibrated_ids"])
+        assert r["error"] == loo_summary(loo, ids=r["calibrated_ids"])
 
 
 def test_lookup_of_a_mixture_of_experts_says_it_was_calibrated_on_dense_models(tmp_path, capsys):
@@ -158,25 +162,25 @@ def test_lookup_of_a_mixture_of_experts_says_it_was_calibrated_on_dense_models(t
     out = capsys.readouterr().out
     assert "NOT MEASURED - PREDICTED" in out and "H200 MoE rows" in out and "calibrated on dense models only" not in out
     model = db.shipped_model()
-    dense = [s for s in predict.samples(list(db.shipped_rows()), model["features"]) if s.family == predict.DENSE]
+    dense = [s for s in samples(list(db.shipped_rows()), model["features"]) if s.family == DENSE]
     got = predict.predict_model(str(path), "NVIDIA H200", 1, dense)
     assert any(n.startswith("a mixture of experts (qwen3_moe), calibrated on dense models only") for n in got["notes"])
 
 
 def test_leave_one_out_holds_out_the_model_and_is_what_the_docs_print():
     model = db.shipped_model()
-    pool = predict.samples(list(db.shipped_rows()), model["features"])
-    again = predict.leave_one_out(pool, "model")
+    pool = samples(list(db.shipped_rows()), model["features"])
+    again = leave_one_out(pool, "model")
     # model.json is what the code computes from the shipped rows; the memory fit's least squares (LAPACK) rounds
     # differently on another CPU (AMD EPYC here: -0.04754774816187657 against the stored ...679), so its floats are
     # compared to 12 digits, far below the 3 the docs print
     assert again == [{k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in row.items()}
                      for row in model["loo"]["model"]]
-    s = predict.loo_summary(again)
+    s = loo_summary(again)
     assert s["tokens_per_s"]["n"] == len(pool)
     with open(os.path.join(ROOT, "docs", "BENCHMARKS.md"), encoding="utf-8") as f:
         docs = f.read()
-    table = predict.loo_table(model)
+    table = loo_table(model)
     assert table.splitlines()[2] in docs  # the table's first row, as the build printed it
 
 
@@ -187,12 +191,12 @@ def test_a_knobs_effect_measured_on_other_models_carries_to_a_model_never_measur
     kind, the same GPU count), no longer +22..+80 % off. The effects are fit without the held-out model: none of its
     pairs is among them."""
     from trainscout.atlas.calibrate import knob_effects
-    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    pool = samples(list(db.shipped_rows()), db.shipped_model()["features"])
     held = next(s for s in pool if s.model == "pythia-1b" and s.gpu == "H100")
     others = [s for s in pool if s.shape != held.shape]
     effects = knob_effects(others)
     assert effects and all(n != held.n_params for measured in effects.values() for _, n, _, _ in measured)
-    got = {r["id"]: r for r in predict.leave_one_out(pool, "model")}
+    got = {r["id"]: r for r in leave_one_out(pool, "model")}
     eager = [got[s.id] for s in pool if s.model == "pythia-1b" and s.gpu == "H100" and s.micro == 4]
     assert len(eager) == 8
     assert all(abs(r["tps_err"]) <= 0.30 for r in eager), [round(r["tps_err"], 3) for r in eager]
@@ -215,7 +219,7 @@ def test_a_contribution_round_trips_into_a_fresh_store(tmp_path, capsys):
     assert main(["results", lab, "--export", str(share), "--share"]) == 0
     rows = rows_of(share)
     text = share.read_text()
-    assert rows and all(r["content_hash"] == schema.content_hash(r) for r in rows)
+    assert rows and all(r["content_hash"] == row_format.content_hash(r) for r in rows)
     assert "/tmp" not in text and "/work" not in text
     assert not any("stderr_tail" in r["record"] or "source" in r["record"] for r in rows)
     assert all(r["provenance"]["command"].startswith("trainscout search --model") for r in rows)
@@ -246,7 +250,7 @@ def test_a_shared_record_names_no_path_and_no_host(monkeypatch):
     rec = dict(db.shipped_rows()[0]["record"], model="/home/me/models/my-llama.json", stderr_tail="labhost42: boom",
                error="CUDA out of memory on labhost42.example.org, see /home/me/run/trial-7/rank0.log",
                model_config=dict(db.shipped_rows()[0]["record"]["model_config"], _name_or_path="/data/ckpt/llama"))
-    out = schema.shareable_record(rec)
+    out = row_format.shareable_record(rec)
     text = json.dumps(out)
     assert "labhost42" not in text and "/home" not in text and "/data" not in text and "stderr_tail" not in out
     assert out["model"] == "my-llama" and out["error"] == "CUDA out of memory on <host>.example.org, see <path>"
@@ -257,7 +261,7 @@ def _planted(rows: list[dict]) -> tuple[list[dict], dict[int, str]]:
     def edit(row, change):
         row = json.loads(json.dumps(row))
         change(row)
-        row["content_hash"] = schema.content_hash(row)
+        row["content_hash"] = row_format.content_hash(row)
         return row
     ok = [r for r in rows if r["record"]["status"] == "ok"]
     good, other, third = ok[0], ok[1], ok[2]
@@ -272,7 +276,7 @@ def _planted(rows: list[dict]) -> tuple[list[dict], dict[int, str]]:
         edit(other, lambda r: r.update(key="b" * 32) or r["record"]["metrics"].update(
             tokens_per_s=r["record"]["metrics"]["tokens_per_s"] * 2)),
         edit(other, lambda r: r.update(key="c" * 32) or r["record"]["metrics"].update(peak_memory_gib=400.0)),
-        edit(other, lambda r: r.update(key="d" * 32) or r["provenance"].update(torch=schema.UNKNOWN)),
+        edit(other, lambda r: r.update(key="d" * 32) or r["provenance"].update(torch=row_format.UNKNOWN)),
         edit(other, lambda r: r.update(key="e" * 32) or r["record"]["config"].update(fp8="tensorwise")
              or r["record"]["versions"].update(torchao=None)),  # recorded absent (not named: an older record)
         edit(good, lambda r: r["record"]["metrics"].update(tokens_per_s=r["record"]["metrics"]["tokens_per_s"] * 1.5,
@@ -319,12 +323,12 @@ def test_a_record_measured_with_fp8_shares_unless_its_versions_say_torchao_was_a
     assert main(["results", lab, "--export", str(share), "--share"]) == 0
     rows = [r for r in rows_of(share) if r["record"]["config"].get("fp8") != "off"]
     assert rows and "torchao" not in rows[0]["record"]["versions"]
-    assert contrib.refusal(rows[0]) is None
+    assert record_checks.refusal(rows[0]) is None
     for torchao, refused in ((None, True), ("0.18.0", False)):
         fixed = json.loads(json.dumps(rows[0]))
         fixed["record"]["versions"]["torchao"] = torchao
-        fixed["content_hash"] = schema.content_hash(fixed)
-        why = contrib.refusal(fixed)
+        fixed["content_hash"] = row_format.content_hash(fixed)
+        why = record_checks.refusal(fixed)
         assert (why or "").startswith("its versions and GPU cannot run the knobs it claims") == refused, why
 
 

@@ -8,9 +8,13 @@ import subprocess
 import sys
 import time
 
-from trainscout.atlas import db, lookup, predict, schema
+from trainscout.atlas import db, lookup, predict, render
+from trainscout.atlas.families import MOE, arch_family
+from trainscout.atlas.loo import loo_table_by
+from trainscout.atlas.samples import samples
 from trainscout.cli.main import main
-from trainscout.store import Store, contrib, default_url, measurement_key
+from trainscout.store import Store, default_url, measurement_key, record_checks, row_format
+from trainscout.trial.gpus import gpu_kind
 from trainscout.trial.records import Record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +30,7 @@ def cpu_row() -> dict:
     """The genuine CPU measurement as a share row (its key recomputed, its provenance its own)."""
     with open(CPU_RECORD, encoding="utf-8") as f:
         rec = json.load(f)
-    return schema.make_row(rec, _key(rec), schema.provenance_of(rec, command="trainscout trial --model tiny",
+    return row_format.make_row(rec, _key(rec), row_format.provenance_of(rec, command="trainscout trial --model tiny",
                                                                 origin="contributed", source="store lab"))
 
 
@@ -35,7 +39,7 @@ def forged(row: dict, change) -> dict:
     row = json.loads(json.dumps(row))
     change(row)
     row["key"] = _key(row["record"])
-    row["content_hash"] = schema.content_hash(row)
+    row["content_hash"] = row_format.content_hash(row)
     return row
 
 
@@ -53,9 +57,9 @@ def write(path, rows) -> str:
 
 def test_the_genuine_cpu_row_imports_and_a_forged_one_at_1e12_tokens_per_s_is_refused(tmp_path, capsys):
     good = cpu_row()
-    assert contrib.refusal(good) is None
+    assert record_checks.refusal(good) is None
     fast = forged(good, lambda r: at_rate(r, 1e12))
-    why = contrib.refusal(fast)
+    why = record_checks.refusal(fast)
     assert why.startswith("physically impossible") and "CPU host" in why and "FLOP/s" in why
     f = write(tmp_path / "share.jsonl", [good, fast])
     assert main(["results", str(tmp_path / "pool"), "--import", f]) == 1
@@ -88,7 +92,7 @@ def test_a_plain_export_edited_to_1e12_tokens_per_s_is_refused(tmp_path, capsys)
 def test_a_cpu_row_under_an_h200s_copied_provenance_is_refused():
     h200 = next(r for r in db.shipped_rows() if "H200" in r["provenance"]["gpu"])
     relabelled = forged(cpu_row(), lambda r: r.update(provenance=dict(h200["provenance"])))
-    assert contrib.refusal(relabelled).startswith("provenance contradicts the record")
+    assert record_checks.refusal(relabelled).startswith("provenance contradicts the record")
 
 
 def test_an_h200_row_inflated_1_4x_is_a_conflict_never_averaged_in(tmp_path, capsys):
@@ -98,8 +102,8 @@ def test_an_h200_row_inflated_1_4x_is_a_conflict_never_averaged_in(tmp_path, cap
     # 1.4x, the step made to match, a fresh trial and a fresh key the line claims: the duplicate rule still finds it
     fake = forged(real, lambda r: at_rate(r, tps * 1.4) or r["record"].update(trial_id="f" * 12))
     fake["key"] = "0" * 32
-    fake["content_hash"] = schema.content_hash(fake)
-    assert contrib.refusal(fake) is None  # possible on its own: only the stored sample contradicts it
+    fake["content_hash"] = row_format.content_hash(fake)
+    assert record_checks.refusal(fake) is None  # possible on its own: only the stored sample contradicts it
     f = write(tmp_path / "inflated.jsonl", [fake])
     atlas = db.load([f])
     assert not [r for r in atlas.rows if r["record"]["trial_id"] == "f" * 12]
@@ -150,9 +154,9 @@ def test_the_shipped_atlas_is_a_rebuild_of_bench_data():
     assert "the shipped atlas is up to date" in run.stdout
     assert time.time() - t0 < 90
     rows = db.shipped_rows()
-    kinds = {predict.gpu_kind(r["provenance"]["gpu"]) for r in rows}
+    kinds = {gpu_kind(r["provenance"]["gpu"]) for r in rows}
     assert {"H100", "H200"} <= kinds
-    assert any(predict.arch_family(r["record"].get("model_config")) == predict.MOE for r in rows)
+    assert any(arch_family(r["record"].get("model_config")) == MOE for r in rows)
 
 
 def _build_atlas():
@@ -231,7 +235,7 @@ def test_errors_are_reported_per_gpu_kind_and_family_and_the_docs_print_them():
     model = db.shipped_model()
     by = model["loo_by"]["model"]
     assert {"H200|dense", "H200|MoE", "H100|dense"} <= set(by)
-    table = predict.loo_table_by(model)
+    table = loo_table_by(model)
     with open(os.path.join(ROOT, "docs", "BENCHMARKS.md"), encoding="utf-8") as f:
         assert table in f.read()
 
@@ -244,9 +248,9 @@ def test_a_mixture_of_experts_prediction_quotes_moe_error(tmp_path):
     path.write_text(json.dumps(cfg))
     got = lookup.lookup(db.load(), str(path), gpu="H200", gpus=1)
     rows = got["predicted"]["rows"]
-    assert rows and all(r["calibrated_families"] == [predict.MOE] for r in rows)
+    assert rows and all(r["calibrated_families"] == [MOE] for r in rows)
     loo = db.shipped_model()["loo"]["model"]
-    moe_ids = {r["id"] for r in loo if r["family"] == predict.MOE}
+    moe_ids = {r["id"] for r in loo if r["family"] == MOE}
     assert set(rows[0]["calibrated_ids"]) <= moe_ids | {None} and rows[0]["error"]["tokens_per_s"]["n"] >= 1
     assert "MoE" in rows[0]["error_scope"]
     assert "calibrated on dense models only" not in " ".join(got["predicted"]["notes"])
@@ -295,10 +299,10 @@ def test_a_model_measured_only_at_another_global_batch_is_predicted_for_the_one_
     atlas = db.load()
     got = lookup.lookup(atlas, "pythia-160m", gpu="H100", gpus=1)
     assert {g["global_batch"] for g in got["measured"]} == {16} and got["predicted"]["rows"]
-    line = lookup.render_summary([got])
+    line = render.render_summary([got])
     assert "PREDICTED" in line and "measured 235,186 tokens/s at 16 sequences per step" in line
     at16 = lookup.lookup(atlas, "pythia-160m", gpu="H100", gpus=1, global_batch=16)
-    assert at16["predicted"] is None and "measured" in lookup.render_summary([at16]).split("\n")[1]
+    assert at16["predicted"] is None and "measured" in render.render_summary([at16]).split("\n")[1]
 
 
 def test_a_configuration_whose_gate_failed_is_never_offered():
@@ -306,7 +310,7 @@ def test_a_configuration_whose_gate_failed_is_never_offered():
     H100 rows (precision=bf16 with FP8, MFU 0.748, every one failed) had become every H100 answer's configuration.
     Here every H100 row but Pythia-1B's is marked failed: each predicted configuration comes from Pythia-1B's."""
     import dataclasses
-    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    pool = samples(list(db.shipped_rows()), db.shipped_model()["features"])
     assert any(s.gate_failed for s in pool if s.model == "llama-3.2-3b")
     marked = [dataclasses.replace(s, gate_failed=s.gpu == "H100" and s.model != "pythia-1b") for s in pool]
     rows = predict.predict_model("pythia-1.4b", "NVIDIA H100 80GB HBM3", 1, marked)["rows"]

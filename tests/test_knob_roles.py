@@ -200,14 +200,14 @@ def test_a_plugin_knobs_column_and_export_role_are_honoured(widget, h200_grid, t
 def test_a_plugin_knob_is_a_dimension_of_the_atlas_families(widget):
     """atlas/ groups by the knobs' declarations: the widget (a saver) is a dimension of a family at the levels that
     keep memory savers, without atlas/ edited; rows that differ only in it are different families."""
-    from trainscout.atlas import predict
+    from trainscout.atlas.families import DENSE, MOE, families
     from trainscout.spaces.plan import Plan
     plan = Plan.from_dict({})
-    on = predict.families({WIDGET: "on"}, plan, 1, predict.DENSE)
-    off = predict.families({}, plan, 1, predict.DENSE)
+    on = families({WIDGET: "on"}, plan, 1, DENSE)
+    off = families({}, plan, 1, DENSE)
     assert (WIDGET, "on") in on[0] and (WIDGET, "on") in on[1] and (WIDGET, "off") in off[0]
     assert on[0] != off[0] and on[-1] == off[-1] == ()
-    assert predict.families({}, plan, 1, predict.MOE)[0] != off[0]  # a mixture of experts is its own family
+    assert families({}, plan, 1, MOE)[0] != off[0]  # a mixture of experts is its own family
 
 
 def test_the_widget_is_gone_after_its_test():

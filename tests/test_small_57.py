@@ -108,8 +108,9 @@ def test_a_kind_never_measured_is_predicted_no_nearer_its_peak_than_its_calibrat
     put its FP8 rows above its bf16 peak. Every H20 row is at most the highest MFU of the rows it is calibrated on,
     and a capped row says so; the H200 (measured) is not capped."""
     from trainscout.atlas import db, lookup, predict
+    from trainscout.atlas.samples import samples
     atlas = db.load(None)
-    pool = predict.samples(atlas.rows, lookup._features(atlas))
+    pool = samples(atlas.rows, lookup._features(atlas))
     rows = predict.predict_model("pythia-2.8b", "H20", 1, pool)["rows"]
     mfus = [round(r["mfu"], 3) for r in rows]
     print(f"pythia-2.8b on 1 x H20, predicted MFU: {mfus}")

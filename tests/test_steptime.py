@@ -4,6 +4,8 @@ shipped atlas's rows (bench/data)."""
 import pytest
 
 from trainscout.atlas import db, predict
+from trainscout.atlas.loo import leave_one_out
+from trainscout.atlas.samples import samples
 from trainscout.predictor import steptime
 from trainscout.trial import prepare
 
@@ -36,7 +38,7 @@ def test_pipeline_rows_measured_against_the_model_as_the_same_model_without_a_pi
     """On the H200 (bench/data, Pythia-1B on 2 GPUs, global batch 1024): the measured/roofline ratio of every
     pipeline schedule is within 10 % of plain DDP's on the same GPUs (the roofline had no bubble and counted one
     micro-batch per schedule step: ratios 5.1-9.2 against DDP's 1.8)."""
-    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    pool = samples(list(db.shipped_rows()), db.shipped_model()["features"])
     rows = [s for s in pool if s.model == "pythia-1b" and s.gpu == "H200" and s.world == 2]
     ddp = [s.ratio for s in rows if s.plan.engine == "ddp"]
     pipes = [s for s in rows if s.plan.engine == "pipeline"]
@@ -121,11 +123,11 @@ def test_zero3_hooks_are_a_host_floor_under_the_step_not_a_term_added_to_it():
     assert steptime.host_s(small) == pytest.approx(2 * (0.164 + 75 * 4.3e-4))
     assert steptime.host_s(big) == pytest.approx(2 * (0.164 + 99 * 4.3e-4))
     assert steptime.step_s(small) == pytest.approx(steptime.step_s(spec("pythia-160m", 0)), rel=0.02)  # GPU alone
-    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    pool = samples(list(db.shipped_rows()), db.shipped_model()["features"])
     bound = [s for s in pool if s.host_bound]
     assert bound and all(s.config.get("zero_stage") == 3 for s in bound)
     assert any(s.model == "pythia-160m" and s.gpu == "H100" for s in bound)
-    got = {r["id"]: r for r in predict.leave_one_out(pool, "model")}
+    got = {r["id"]: r for r in leave_one_out(pool, "model")}
     z3 = next(s for s in pool if s.model == "pythia-410m" and s.config.get("zero_stage") == 3 and s.gpu == "H200")
     assert abs(got[z3.id]["tps_err"]) < 0.10
     assert got[z3.id]["tps_err"] == pytest.approx(z3.step_s / z3.host_s - 1, rel=1e-6)  # predicted at its floor
@@ -157,7 +159,7 @@ def test_a_prediction_at_the_host_floor_says_so(monkeypatch):
     50 ms a module, so that Pythia-70M's ZeRO-3 row sits on its floor). Mock: the H100 is its name."""
     import trainscout.trial.engines.deepspeed as ds
     monkeypatch.setattr(ds, "ZERO3_HOOK_S", 0.05)
-    pool = predict.samples(list(db.shipped_rows()), db.shipped_model()["features"])
+    pool = samples(list(db.shipped_rows()), db.shipped_model()["features"])
     rows = predict.predict_model("pythia-70m", "NVIDIA H100 80GB HBM3", 1, pool)["rows"]
     z3 = [r for r in rows if r["plan"]["engine"] == "deepspeed" and r["plan"]["engine_config"].get("stage") == 3]
     assert z3 and all("[host-bound: the engine's hooks take" in r["describe"] for r in z3)
