@@ -73,7 +73,7 @@ def test_a_draw_that_never_returns_ends_at_the_time_budget_saying_why(tmp_path, 
         raise RuntimeError("released at the test's end")
     faulted = second_draw(monkeypatch, stuck)
     out = tmp_path / "stuck"
-    budget = 40
+    budget = 30  # the first trial, a cold worker group included, ends within it less driver.END_S
     t0 = time.time()
     try:
         rc = main(search(out, "--time-budget", budget))
@@ -85,7 +85,7 @@ def test_a_draw_that_never_returns_ends_at_the_time_budget_saying_why(tmp_path, 
     assert faulted and rc == 0, (rc, cap.out[-3000:], cap.err[-2000:])
     assert took < budget + 3, took
     stalled = [ln for ln in cap.out.splitlines() if "ended while Ray Tune waited" in ln]
-    assert len(stalled) == 1 and "(its draw had not returned): its time budget (40s) ran out" in stalled[0], \
+    assert len(stalled) == 1 and "(its draw had not returned): its time budget (30s) ran out" in stalled[0], \
         cap.out[-3000:]
     assert [t["status"] for t in Store(default_url(str(out))).trials("stuck")] == ["ok"]
     assert "best, rank 1" in cap.out
