@@ -218,32 +218,62 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
     reason in trainscout.json ("not_exported"). With the store's measurements, trainscout.json's "hook_cost" says
     what each hook-only setting was measured to be worth (hook_costs); "quality" whether it trains the same model as
     its reference (trial/quality.py; verified: the store's `verify --quality` result of this measurement)."""
+    from trainscout.spaces import current
     from trainscout.trial.quality import status as quality_status
     plan = rec.plan
-    engine = engines.get(plan.engine)
-    notes: list[str] = []
-    ok, why = carried(rec)  # the engine's formats, less those a set knob (tensor_parallel, ...) cannot go in
-    refused = [f for f in formats if f not in ok]
-    if refused and tuple(formats) != FORMATS:
-        what = plan.engine if refused[0] not in engine.formats else \
-            ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec)
-                      if k.export.not_carried == why[refused[0]])
-        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {what} measurement: {why[refused[0]]}")
-    formats = [f for f in formats if f in ok]
+    formats, refused, why = _carried_formats(rec, formats)
     if os.path.exists(os.path.join(out_dir, "trainscout.json")):  # another export's files would be overwritten
         raise ConfigError("--out", f"--out {out_dir} holds an export already (trainscout.json): give a new folder, or "
                                    "remove that one first")
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    files = engine.files(rec)  # the engine's own config files (DeepSpeed's JSON)
-    paths = {name: name for name in files}  # relative to the folder: an export folder can move (it held absolute ones)
 
-    def write(name, text):
+    def write(name, text) -> str:
         path = os.path.join(out_dir, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         written.append(path)
+        return path
 
+    notes, written_for = _write_configs(rec, formats, out_dir, write)
+    how = launch(rec)
+    if "command" in formats:
+        os.chmod(write("launch.sh", launch_script(rec, how)), 0o755)
+    hook = hook_only(rec)
+    config, retired = current(rec.config)  # a first record's settings that are no knob any more: left out, said
+    provenance = {"model": rec.model, "model_config": rec.model_config, "config": config, "plan": plan.to_dict(),
+                  "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
+                  "started_at": rec.started_at, "hook": hook, "launch": how,
+                  "hook_cost": hook_costs(rec, hook, measurements or []),
+                  "not_exported": {f: why[f] for f in refused},
+                  "notes": [*plan.notes, *notes, *shared_note(rec), *retired],
+                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device))),
+                  **written_for}  # transformers_version: the one training_args.json was written for
+    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
+        "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))
+    return written
+
+
+def _carried_formats(rec: Record, formats) -> tuple[list[str], list[str], dict]:
+    """(the formats asked for that can carry the measurement, those that cannot, why not per format): ConfigError
+    where one that cannot was asked for by name (not FORMATS, all)."""
+    engine = engines.get(rec.plan.engine)
+    ok, why = carried(rec)  # the engine's formats, less those a set knob (tensor_parallel, ...) cannot go in
+    refused = [f for f in formats if f not in ok]
+    if refused and tuple(formats) != FORMATS:
+        what = rec.plan.engine if refused[0] not in engine.formats else \
+            ", ".join(f"{k.name}={fmt(rec.config[k.name])}" for k in set_knobs(rec)
+                      if k.export.not_carried == why[refused[0]])
+        raise ConfigError("--format", f"--format {refused[0]} cannot carry a {what} measurement: {why[refused[0]]}")
+    return [f for f in formats if f in ok], refused, why
+
+
+def _write_configs(rec: Record, formats: list[str], out_dir: str, write) -> tuple[list[str], dict]:
+    """The engine's config files, training_args.json and accelerate.yaml, as the formats ask, by write(name, text):
+    (the notes of the HF arguments, {transformers' version key: the version they were written for} or {})."""
+    files = engines.get(rec.plan.engine).files(rec)  # the engine's own config files (DeepSpeed's JSON)
+    paths = {name: name for name in files}  # relative to the folder: an export folder can move (it held absolute ones)
+    notes: list[str] = []
     if "deepspeed" in formats or "hf" in formats or "accelerate" in formats:
         for name, obj in files.items():
             write(name, json.dumps(obj, indent=2))
@@ -260,23 +290,5 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
         write("training_args.json", json.dumps(hf_json, indent=2))
         written_for = {VERSION_KEY: transformers.__version__}
     if "accelerate" in formats:
-        write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False))
-        check_accelerate(written[-1])
-    how = launch(rec)
-    if "command" in formats:
-        write("launch.sh", launch_script(rec, how))
-        os.chmod(written[-1], 0o755)
-    hook = hook_only(rec)
-    from trainscout.spaces import current
-    config, retired = current(rec.config)  # a first record's settings that are no knob any more: left out, said
-    provenance = {"model": rec.model, "model_config": rec.model_config, "config": config, "plan": plan.to_dict(),
-                  "recipe": rec.recipe, "hardware": rec.hardware, "versions": rec.versions, "key": rec.key,
-                  "started_at": rec.started_at, "hook": hook, "launch": how,
-                  "hook_cost": hook_costs(rec, hook, measurements or []),
-                  "not_exported": {f: why[f] for f in refused},
-                  "notes": [*plan.notes, *notes, *shared_note(rec), *retired],
-                  "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device))),
-                  **written_for}  # transformers_version: the one training_args.json was written for
-    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
-        "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))
-    return written
+        check_accelerate(write("accelerate.yaml", yaml.safe_dump(accelerate_config(rec, paths), sort_keys=False)))
+    return notes, written_for

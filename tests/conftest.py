@@ -83,7 +83,7 @@ def ray_local():
     """One local Ray for the whole session (as the CLI starts it: 127.0.0.1, no dashboard)."""
     import ray
 
-    from trainscout.trial.runner import ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
     ensure_ray()
     yield ray
     ray.shutdown()
