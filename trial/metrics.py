@@ -7,8 +7,8 @@ with them and to label the figures stored under it.
 """
 from __future__ import annotations
 
-# a GPU kind by exact identity and its datasheet figures (trial/gpus.py), importable from here
-from .gpus import gpu_facts, gpu_kind, gpu_peak_tflops  # noqa: F401
+# the GPU peak, for predictor/steptime.py, which reads it through this module (the rest import trial/gpus.py)
+from .gpus import gpu_peak_tflops  # noqa: F401
 
 
 def dense_flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
