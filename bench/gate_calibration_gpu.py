@@ -72,15 +72,15 @@ def reference_steps(spec, batches, device) -> dict:
     """The reference's steps on the gate's batches, as one_step takes them: gradients, losses, the spread."""
     refs, losses = [], []
     plan = Plan.from_dict(spec.quality["reference_plan"])
-    for loss, grads, _, layers in quality._gate_steps(spec, plan, batches, device, reference_dtype=False,
+    for loss, grads, _, layers in quality.gate_steps(spec, plan, batches, device, reference_dtype=False,
                                                       changed=tuple(spec.quality["changes"]), host_grads=True):
         losses.append(loss)
         refs.append(grads)
-        quality._park(refs, device, room=1.5)
-    spread = quality._spread(refs, device)
+        quality.park_gradients(refs, device, room=1.5)
+    spread = quality.reference_spread(refs, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    quality._park(refs, device, room=2.5)
+    quality.park_gradients(refs, device, room=2.5)
     return {"refs": refs, "losses": losses, "layers": layers, "spread": spread}
 
 
@@ -88,15 +88,15 @@ def candidate(spec, batches, device, ref: dict) -> dict:
     """A candidate's steps against the reference's, judged as one_step judges them."""
     per_batch, losses, op = [], [], None
     ref_dtype = autocast_dtype(spec.quality["reference_plan"]["precision"])
-    for b, (loss, grads, got, _) in enumerate(quality._gate_steps(spec, spec.plan, batches, device,
+    for b, (loss, grads, got, _) in enumerate(quality.gate_steps(spec, spec.plan, batches, device,
                                                                   reference_dtype=ref_dtype,
                                                                   changed=tuple(spec.quality["changes"]))):
         losses.append(loss)
         op = got if b == 0 else op
-        per_batch.append(quality._sums(ref["refs"][b], grads))
+        per_batch.append(quality.gradient_sums(ref["refs"][b], grads))
         del grads
     stats = quality.statistics(per_batch, ref["spread"], ref["layers"], losses, ref["losses"], op)
-    return {"stats": stats, "first": quality._first_batch(per_batch[0], ref["layers"])}
+    return {"stats": stats, "first": quality.first_batch_statistics(per_batch[0], ref["layers"])}
 
 
 def row(label: str, got: dict, lines: dict | None) -> dict:

@@ -221,8 +221,8 @@ class Lease:
 
     def release(self) -> None:
         """End the heartbeat and free the lease (only this holding's: a successor's stays)."""
-        if _DRIVING.get(self.name) is self:
-            _DRIVING.pop(self.name, None)
+        if DRIVING.get(self.name) is self:
+            DRIVING.pop(self.name, None)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -240,12 +240,12 @@ class Lease:
         self.release()
 
 
-_DRIVING: dict[str, Lease] = {}  # lease name -> the driver's lease of that search held in this process
+DRIVING: dict[str, Lease] = {}  # lease name -> the driver's lease of that search held in this process
 
 
 def driving(search: str) -> Lease | None:
     """The lease of search `search` this process holds as its driver (hold_search), None if none."""
-    return _DRIVING.get(f"search:{search}"[:120])
+    return DRIVING.get(f"search:{search}"[:120])
 
 
 _WRITES = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "create_new_trial",
@@ -309,7 +309,7 @@ def hold_search(engine: sa.engine.Engine, name: str, flag: str = "--out") -> Lea
         raise ConfigError(flag, f"the search {name} is being run by {describe(e.holder)} (last heartbeat "
                                 f"{e.age_s:.0f} s ago; taken for dead after {LEASE_S:.0f} s without one): wait for "
                                 f"it to end, or give another --out") from None
-    _DRIVING[lease.name] = lease
+    DRIVING[lease.name] = lease
     return lease
 
 

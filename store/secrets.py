@@ -85,7 +85,7 @@ def password(ident: tuple) -> str | None:
     return got
 
 
-def _from_libpq_sources(u) -> str | None:
+def password_from_libpq(u) -> str | None:
     """The password libpq would use in this process for the database of URL u: PGPASSWORD, else the first matching
     line of PGPASSFILE or ~/.pgpass (host:port:database:user:password, * for any, \\ escapes)."""
     if os.environ.get("PGPASSWORD"):
@@ -127,7 +127,7 @@ def publish(url: str | None = None) -> None:
             u = None
         if u is not None and u.get_backend_name() == "postgresql":
             ident = _ident(u.username, u.host, u.port, u.database)
-            if ident not in PASSWORDS and (pw := _from_libpq_sources(u)) is not None:
+            if ident not in PASSWORDS and (pw := password_from_libpq(u)) is not None:
                 PASSWORDS[ident] = pw
     if not PASSWORDS:
         return

@@ -34,7 +34,7 @@ def test_a_paused_holder_finds_its_lease_taken_and_writes_nothing(url):
     study = optuna.create_study(study_name="s", storage=ostorage)
     t = study.ask()
     lost: list[str] = []
-    claims._DRIVING[first.name] = first  # as hold_search registers it
+    claims.DRIVING[first.name] = first  # as hold_search registers it
     guarded = claims.guarded_storage(optuna.storages.RDBStorage(url), "s", lost.append)
     import pickle
     assert type(pickle.loads(pickle.dumps(guarded))).__name__ == "GuardedRDBStorage"  # Tune pickles its searcher

@@ -147,8 +147,8 @@ def test_a_lean_gate_step_gives_the_same_loss_and_gradients():
     batch = torch.randint(0, 128, (quality.GATE_BATCH, spec.recipe["seq_len"]),
                           generator=torch.Generator().manual_seed(0))
     cpu = torch.device("cpu")
-    loss, grads, _, layers = quality._loss_and_grads(spec, spec.plan, batch, cpu, lean=False)
-    lean_loss, lean_grads, _, _ = quality._loss_and_grads(spec, spec.plan, batch, cpu, lean=True, host_grads=True)
+    loss, grads, _, layers = quality.loss_and_grads(spec, spec.plan, batch, cpu, lean=False)
+    lean_loss, lean_grads, _, _ = quality.loss_and_grads(spec, spec.plan, batch, cpu, lean=True, host_grads=True)
     assert lean_loss == loss and lean_grads.keys() == grads.keys() and len(grads) > 10
     for n, g in grads.items():
         assert torch.allclose(lean_grads[n], g, rtol=1e-5, atol=1e-7), n

@@ -74,7 +74,7 @@ def noise():
         plan = Plan.from_dict(spec.quality["reference_plan"])
         batches = quality.gate_batches(spec, CPU)
         assert len(batches) == 2 == quality.GATE_BATCHES
-        a, b = [grads for _, grads, _, _ in quality._gate_steps(spec, plan, batches, CPU, reference_dtype=False)]
+        a, b = [grads for _, grads, _, _ in quality.gate_steps(spec, plan, batches, CPU, reference_dtype=False)]
         GradNoise.spreads = {n: float((a[n] - b[n]).norm()) / math.sqrt(2) for n in a}
         yield GradNoise.name
     finally:
@@ -136,15 +136,15 @@ def test_judge_reads_its_lines_as_data(noise):
     spec = prepare("tiny", {noise: "small"}, device="cpu", steps=1, warmup=0)
     batches = quality.gate_batches(spec, CPU)
     ref, layers = [], {}
-    for loss, grads, _, layers in quality._gate_steps(spec, Plan.from_dict(spec.quality["reference_plan"]), batches,
+    for loss, grads, _, layers in quality.gate_steps(spec, Plan.from_dict(spec.quality["reference_plan"]), batches,
                                                       CPU, reference_dtype=False):
         ref.append((loss, grads))
     per_batch, losses = [], []
-    for b, (loss, grads, _, _) in enumerate(quality._gate_steps(spec, spec.plan, batches, CPU, reference_dtype=False,
+    for b, (loss, grads, _, _) in enumerate(quality.gate_steps(spec, spec.plan, batches, CPU, reference_dtype=False,
                                                                 changed=tuple(spec.quality["changes"]))):
-        per_batch.append(quality._sums(ref[b][1], grads))
+        per_batch.append(quality.gradient_sums(ref[b][1], grads))
         losses.append(loss)
-    stats = quality.statistics(per_batch, quality._spread([g for _, g in ref], CPU), layers, losses,
+    stats = quality.statistics(per_batch, quality.reference_spread([g for _, g in ref], CPU), layers, losses,
                                [loss for loss, _ in ref], None)
     ratio = max(s["ratio"] for s in stats["layers"].values())
     assert ratio == pytest.approx(GradNoise.scales()["small"], rel=1e-3)

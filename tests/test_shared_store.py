@@ -337,9 +337,9 @@ def test_the_password_for_a_trial_on_another_host_comes_from_where_libpq_reads_i
     passfile = tmp_path / "pgpass"
     passfile.write_text("# comment\nother:5433:runs:scout:no\ndb.example:*:runs:scout:s3cr\\:et\n")
     monkeypatch.setenv("PGPASSFILE", str(passfile))
-    assert secrets._from_libpq_sources(u) == "s3cr:et"
+    assert secrets.password_from_libpq(u) == "s3cr:et"
     monkeypatch.setenv("PGPASSWORD", "from-env")
-    assert secrets._from_libpq_sources(u) == "from-env"
+    assert secrets.password_from_libpq(u) == "from-env"
     bare = secrets.strip("postgresql+psycopg://scout:hunter2@db.example:5433/runs")
     assert bare == "postgresql+psycopg://scout@db.example:5433/runs" and "hunter2" not in secrets.masked(bare)
     assert secrets.masked("postgresql://scout:hunter2@h/db") == "postgresql://scout:***@h/db"

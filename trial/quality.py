@@ -147,7 +147,7 @@ def gate_batches(spec, device) -> list:
     return [torch.randint(0, vocab, shape, generator=gen).to(device) for _ in range(GATE_BATCHES)]
 
 
-def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), lean=None, host_grads=False):
+def gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), lean=None, host_grads=False):
     """One model built from GATE_SEED under a plan, a forward and backward on each batch in turn: yields per batch
     (loss, grads, op, layers): its gradients (fp32 where the weights are; on the device, or the host, see lean), the
     worst SQNR of its linears' outputs on the first batch against the reference op (autocast to reference_dtype,
@@ -157,7 +157,7 @@ def _gate_steps(spec, plan, batches, device, reference_dtype=None, changed=(), l
     its transform at any other stage and its wrap_step around the step (on one rank: dims of one).
     lean (None: on a GPU whose free memory the weights and gradients would crowd, see _lean): each decoder layer
     recomputed in the backward (the same numbers: torch's non-reentrant checkpoint) and, with host_grads (the
-    reference's, compared a tensor at a time on the device: _sums), each gradient moved to the host as it is
+    reference's, compared a tensor at a time on the device: gradient_sums), each gradient moved to the host as it is
     accumulated: a large model's reference step otherwise runs out of a GPU's memory."""
     from . import engines
     from .engines.base import autocast_dtype
@@ -269,9 +269,9 @@ def _gate_step(plan, dims, changed, device, dtype, sixteen: bool, hooks: list):
     return step
 
 
-def _loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=(), lean=None, host_grads=False):
-    """(loss, grads, op, layers) of one step on one batch (_gate_steps' first)."""
-    steps = _gate_steps(spec, plan, [batch], device, reference_dtype, changed, lean, host_grads)
+def loss_and_grads(spec, plan, batch, device, reference_dtype=None, changed=(), lean=None, host_grads=False):
+    """(loss, grads, op, layers) of one step on one batch (gate_steps' first)."""
+    steps = gate_steps(spec, plan, [batch], device, reference_dtype, changed, lean, host_grads)
     try:
         return next(steps)
     finally:
@@ -298,7 +298,7 @@ def _bytes(grads: dict) -> int:
     return sum(g.numel() * g.element_size() for g in grads.values() if g is not None and g.device.type == "cuda")
 
 
-def _park(sets: list, device, room: float) -> None:
+def park_gradients(sets: list, device, room: float) -> None:
     """Moves the gradient sets held on the GPU to the host where its free memory is under room times one set's
     size (what the steps still to run need beside them)."""
     if device.type != "cuda":
@@ -330,30 +330,31 @@ def one_step(spec, device) -> dict:
     refs: list[dict | None] = []
     ref_losses, losses, per_batch, op = [], [], [], None
     with torch.compiler.set_stance("force_eager"):  # compile left out (see above): no graph for the gate's shape
-        for loss, grads, _, layers in _gate_steps(spec, Plan.from_dict(q["reference_plan"]), batches, device,
+        for loss, grads, _, layers in gate_steps(spec, Plan.from_dict(q["reference_plan"]), batches, device,
                                                   reference_dtype=False, changed=changed, host_grads=True):
             ref_losses.append(loss)
             refs.append(grads)
             if len(refs) < len(batches):
-                _park(refs, device, room=1.5)  # the next batch's gradients and activations beside them
+                park_gradients(refs, device, room=1.5)  # the next batch's gradients and activations beside them
         del grads
-        spread = _spread(refs, device)
+        spread = reference_spread(refs, device)
         if cuda:
             torch.cuda.empty_cache()
-        _park(refs, device, room=2.5)  # the candidate's weights and gradients need ~2x one set
+        park_gradients(refs, device, room=2.5)  # the candidate's weights and gradients need ~2x one set
         t_ref = time.perf_counter()
         ref_dtype = autocast_dtype(q["reference_plan"]["precision"])
-        for b, (loss, grads, got, _) in enumerate(_gate_steps(spec, spec.plan, batches, device,
+        for b, (loss, grads, got, _) in enumerate(gate_steps(spec, spec.plan, batches, device,
                                                                reference_dtype=ref_dtype, changed=changed)):
             losses.append(loss)
             op = got if b == 0 else op
-            per_batch.append(_sums(refs[b], grads))
+            per_batch.append(gradient_sums(refs[b], grads))
             refs[b] = None  # compared: freed before the next batch's step
             del grads
     t_cand = time.perf_counter()
     stats = statistics(per_batch, spread, layers, losses, ref_losses, op)
     word, why, worst = judge(stats)
-    first = _first_batch(per_batch[0], layers)  # the one-batch statistics a gate of one batch judged by (compared)
+    # the one-batch statistics a gate of one batch judged by (compared)
+    first = first_batch_statistics(per_batch[0], layers)
     return {"gate": word, "why": why, "op_sqnr_db": stats["op_sqnr_db"], "worst_op": stats["worst_op"],
             **worst, "groups": {n: {"ratio": _r(s["ratio"]), "gains": [_r(g) for g in s["gains"]],
                                     "reference_cosine": _r(s["reference_cosine"])}
@@ -372,7 +373,7 @@ def one_step(spec, device) -> dict:
                                                                          / 2 ** 30, 2)}} if cuda else {})}
 
 
-def _sums(ref: dict, grads: dict) -> dict:
+def gradient_sums(ref: dict, grads: dict) -> dict:
     """Per parameter the reference moved on a batch, the candidate's gradient on the same batch against it:
     {name: [|g_ref|², |g|², <g, g_ref>, |g_ref - g|², has a gradient (1.0) or none (0.0)]}, each sum in fp32 on the
     candidate's device, one parameter at a time (a reference kept on the host comes to the device a tensor at a
@@ -390,7 +391,7 @@ def _sums(ref: dict, grads: dict) -> dict:
     return {n: [*row, float(n in grads)] for n, row in zip(names, sums)}
 
 
-def _spread(refs: list, device) -> dict:
+def reference_spread(refs: list, device) -> dict:
     """The reference's batch-to-batch spread per parameter: {name: [sum over pairs of batches of |g_a - g_b|², of
     <g_a, g_b>]} (a parameter without a gradient on a batch: zeros there), summed on device a tensor at a time."""
     import torch
@@ -407,8 +408,9 @@ def _spread(refs: list, device) -> dict:
 
 
 def statistics(per_batch: list[dict], spread: dict, layers: dict, losses: list, ref_losses: list, op) -> dict:
-    """What judge() reads, from the candidate's sums on each batch (_sums), the reference's spread (_spread), the
-    decoder layer of each parameter, the losses and the worst linear op ((dB, module) or None: every output exact).
+    """What judge() reads, from the candidate's sums on each batch (gradient_sums), the reference's spread
+    (reference_spread), the decoder layer of each parameter, the losses and the worst linear op ((dB, module) or
+    None: every output exact).
     Per group (`layers`: a decoder layer's parameters together, any other parameter on its own; `params`: each
     parameter) the reference moved: ratio (the candidate's RMS deviation over the reference's per-batch spread,
     sqrt(sum over pairs |g_a - g_b|² / (K (K - 1))): one batch's gradient's distance from their mean), its gain,
@@ -539,7 +541,7 @@ def _noise_why(name: str, s: dict, scope: str, line: Line, k: int, near: bool) -
     return f"near its line: {said}; per {scope} at most {line.limit:g}, marginal above {line.band * line.limit:.3g})"
 
 
-def _first_batch(rows: dict, layers: dict) -> dict:
+def first_batch_statistics(rows: dict, layers: dict) -> dict:
     """The first batch's statistics alone, as a gate of one batch recorded them: the gradients' SQNR (all, and the
     worst tensor's), and the gain off 1 the farthest, norm ratio and cosine, per layer group and per parameter."""
     stats = statistics([rows], {}, layers, [], [], None)
@@ -562,13 +564,14 @@ def _first_batch(rows: dict, layers: dict) -> dict:
 
 
 def step_changes(ref: dict, grads: dict, layers: dict) -> dict:
-    """One batch's candidate gradients against the reference's (a gate of one batch's statistics, _first_batch),
-    with why: a parameter that is frozen or a sum that is not finite (None: neither); no noise to judge the rest by."""
-    rows = _sums(ref, grads)
+    """One batch's candidate gradients against the reference's (a gate of one batch's statistics,
+    first_batch_statistics), with why: a parameter that is frozen or a sum that is not finite (None: neither); no
+    noise to judge the rest by."""
+    rows = gradient_sums(ref, grads)
     stats = statistics([rows], {}, layers, [], [], None)
     why = (f"not finite: {stats['nonfinite']}" if stats["nonfinite"] else
            f"{stats['frozen']} gets no gradient (frozen), the reference's does" if stats["frozen"] else None)
-    return {"why": why, **_first_batch(rows, layers)}
+    return {"why": why, **first_batch_statistics(rows, layers)}
 
 
 def _r(x: float) -> float | None:
