@@ -1,6 +1,6 @@
-"""The optimizer hook (Knob.optimizer) and its knobs on the real parts: optimizer_impl (torch's foreach and fused AdamW,
-both on the CPU), optimizer_state (torchao.optim's AdamW8bit, AdamW4bit, AdamWFp8 and bf16 states, compiled on the
-CPU), precision=bf16 (bf16 weights, torchao's _AdamW with stochastic rounding). Each engine is built in-process as a
+"""The optimizer hook (Runtime.optimizer) and its knobs on the real parts: optimizer_impl (torch's foreach and fused
+AdamW, both on the CPU), optimizer_state (torchao.optim's AdamW8bit, AdamW4bit, AdamWFp8 and bf16 states, compiled on
+the CPU), precision=bf16 (bf16 weights, torchao's _AdamW with stochastic rounding). Each engine is built in-process as a
 trial's worker builds it; what its optimizer stepped is read by predictor.dtypes and checked against the label."""
 import pytest
 import torch
