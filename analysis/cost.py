@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 if TYPE_CHECKING:
@@ -208,17 +209,17 @@ def compare_hardware(df: pd.DataFrame, prices: list[Price]) -> pd.DataFrame:
     """The hardware measured in a store side by side: one row per model x hardware x world size, with its
     fastest configuration's tokens/s, MFU, projected days, rental cost, and the purchase cost of the box."""
     import pandas as pd
-    cols = ["model", "hardware", "world_size", "trials", "ok", "tokens_per_s", "mfu", "peak_memory_gib",
+    cols = ["model", "hardware", "world_size", "trials", "ok", TOKENS_PER_S, "mfu", "peak_memory_gib",
             "projected_days", "rent_usd", "box_usd", "price", "key"]
     df = with_costs(df, prices)
     df = df[df["hardware"].notna() & df["model"].notna()]
     rows = []
     for (model, hw, n), g in df.groupby(["model", "hardware", "world_size"], sort=False, dropna=True):
-        ok = g[(g["status"] == Status.OK) & g["tokens_per_s"].notna()]
-        best = ok.loc[ok["tokens_per_s"].idxmax()] if len(ok) else None
+        ok = g[(g["status"] == Status.OK) & g[TOKENS_PER_S].notna()]
+        best = ok.loc[ok[TOKENS_PER_S].idxmax()] if len(ok) else None
         p = price_for(hw, prices)
         rows.append({"model": model, "hardware": hw, "world_size": int(n), "trials": len(g), "ok": len(ok),
-                     "tokens_per_s": best["tokens_per_s"] if best is not None else None,
+                     TOKENS_PER_S: best[TOKENS_PER_S] if best is not None else None,
                      "mfu": best["mfu"] if best is not None else None,
                      "peak_memory_gib": best["peak_memory_gib"] if best is not None else None,
                      "projected_days": best["projected_days"] if best is not None else None,

@@ -12,9 +12,11 @@ import yaml
 
 from trainscout.spaces import ConfigError, Plan, all_knobs, fmt, get
 from trainscout.trial import contention, engines
-from trainscout.trial.records import Record
+from trainscout.trial.records import Record, TOKENS_PER_S, metric_columns
 
 FORMATS = ("hf", "deepspeed", "accelerate", "command")
+# the measurement's metrics trainscout.json carries
+EXPORTED_METRICS = metric_columns(TOKENS_PER_S, "step_s", "mfu", "hfu", "flops_convention", "projected_days")
 # The order of training_args.json's and accelerate.yaml's fields (the knobs' among them: Export.fields), as they were
 # always written; then the engine's fields, then any other field a knob adds.
 HF_ORDER = ("output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate",
@@ -107,8 +109,8 @@ def hook_costs(rec: Record, hook: list[str], measurements: list[Record]) -> dict
                      and m.recipe == rec.recipe and m.hardware.get("gpu") == rec.hardware.get("gpu")
                      and m.world_size == rec.world_size), None)
         out[item] = None if twin is None else {
-            "without": f"{knob}={instead[knob]}", "key": twin.key, "tokens_per_s": twin.m["tokens_per_s"],
-            "ratio": twin.m["tokens_per_s"] / rec.m["tokens_per_s"]}
+            "without": f"{knob}={instead[knob]}", "key": twin.key, TOKENS_PER_S: twin.measured.tokens_per_s,
+            "ratio": twin.measured.tokens_per_s / rec.measured.tokens_per_s}
     return out
 
 
@@ -249,8 +251,8 @@ def export(rec: Record, out_dir: str, formats=FORMATS, measurements: list[Record
                   "notes": [*plan.notes, *notes, *shared_note(rec), *retired],
                   "quality": dict(zip(("status", "why"), quality_status(rec.m, verified, rec.config, rec.device))),
                   **written_for}  # transformers_version: the one training_args.json was written for
-    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in (
-        "tokens_per_s", "step_s", "mfu", "hfu", "flops_convention", "projected_days")}}, indent=2))
+    write("trainscout.json", json.dumps(provenance | {"metrics": {k: rec.m.get(k) for k in EXPORTED_METRICS}},
+                                        indent=2))
     return written
 
 

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from trainscout.trial.records import TOKENS_PER_S
+
 
 class Tokens:
     """A map-style dataset of random token sequences, each the same for the same index."""
@@ -73,10 +75,10 @@ def run(export: str, *, steps: int = 20, warmup: int = 3, hook: bool = True, ext
         wall = time.perf_counter() - t0
     timed = sorted(times[warmup:])
     step = timed[len(timed) // 2]
-    measured = (exp.get("metrics") or {}).get("tokens_per_s")
+    measured = (exp.get("metrics") or {}).get(TOKENS_PER_S)
     tokens_per_s = per_step * recipe["seq_len"] / step
     return {"runner": "hf", "hook": hook, "world_size": args.world_size, "steps": len(timed), "step_s": step,
-            "mean_step_s": sum(timed) / len(timed), "tokens_per_s": tokens_per_s, "trainscout_tokens_per_s": measured,
+            "mean_step_s": sum(timed) / len(timed), TOKENS_PER_S: tokens_per_s, "trainscout_tokens_per_s": measured,
             "ratio": tokens_per_s / measured if measured else None, "loss": result.training_loss,
             "wall_s": round(wall, 1), "torch_compile": args.torch_compile,
             "global_batch": per_step, "recipe_global_batch": recipe["global_batch"]}

@@ -222,10 +222,11 @@ def _speeds(store, rec, reference: dict, runs: dict) -> dict:
                 and all(r.config.get(k) == v for k, v in settings.items() if k != micro_batch().name))
     measured = [r for r in store.measurements() if same(r, reference)]
     if measured:
-        ref_tok = max(r.m["tokens_per_s"] for r in measured)
-        return {"candidate_tokens_per_s": rec.m["tokens_per_s"], "reference_tokens_per_s": ref_tok,
-                "ratio": rec.m["tokens_per_s"] / ref_tok, "source": "the store's measurements at the recipe's batch"}
-    c = sum(r.m["tokens_per_s"] for r in runs["candidate"]) / len(runs["candidate"])
-    r = sum(x.m["tokens_per_s"] for x in runs["reference"]) / len(runs["reference"])
+        ref_tok = max(r.measured.tokens_per_s for r in measured)
+        tok = rec.measured.tokens_per_s
+        return {"candidate_tokens_per_s": tok, "reference_tokens_per_s": ref_tok,
+                "ratio": tok / ref_tok, "source": "the store's measurements at the recipe's batch"}
+    c = sum(r.measured.tokens_per_s for r in runs["candidate"]) / len(runs["candidate"])
+    r = sum(x.measured.tokens_per_s for x in runs["reference"]) / len(runs["reference"])
     return {"candidate_tokens_per_s": c, "reference_tokens_per_s": r, "ratio": c / r,
             "source": "these runs (median step; the store has no measurement of the reference)"}

@@ -9,11 +9,11 @@ import pandas as pd
 from trainscout.spaces import ConfigError, all_knobs
 from trainscout.store import Store, default_url, samples
 from trainscout.trial import contention
-from trainscout.trial.records import Record
+from trainscout.trial.records import Record, TOKENS_PER_S, metric_columns
 from trainscout.trial.status import Status
 
-METRICS = ("tokens_per_s", "step_s", "mfu", "hfu", "peak_memory_gib", "projected_days", "gpu_hours", "micro_batch_s",
-           "optimizer_s", "step_spread")
+METRICS = metric_columns(TOKENS_PER_S, "step_s", "mfu", "hfu", "peak_memory_gib", "projected_days", "gpu_hours",
+                         "micro_batch_s", "optimizer_s", "step_spread")
 
 
 def store_of(source: str, create: bool = False) -> Store:
@@ -54,7 +54,7 @@ def load(source: str) -> pd.DataFrame:
                        created_at=t["created_at"], config=t["config"], number=numbers.get(t["trial"]),
                        verified=verified.get(t["key"]))
             if t["status"] == Status.STOPPED:
-                row["tokens_per_s"] = t["tokens_per_s"]  # the throughput it was stopped at
+                row[TOKENS_PER_S] = t[TOKENS_PER_S]  # the throughput it was stopped at
             rows.append(dict(row, **_samples(rec, others.get(t["key"]))))
     listed = {r["key"] for r in rows}
     # a measurement no search of this store ran (imported, a bench's), by start time: export --best may take it
@@ -120,7 +120,7 @@ def _samples(rec, others: list | None) -> dict:
     (max - min) / the record's (None with fewer than two)."""
     if rec is None:
         return {"samples": None, "tokens_per_s_spread": None, "placement": None}
-    ok = [v for st, v in [(str(rec.status), rec.m.get("tokens_per_s")), *(others or [])] if st == Status.OK and v]
+    ok = [v for st, v in [(str(rec.status), rec.measured.tokens_per_s), *(others or [])] if st == Status.OK and v]
     spread = (max(ok) - min(ok)) / ok[0] if len(ok) > 1 else None
     return {"samples": 1 + len(others or []), "tokens_per_s_spread": spread, "placement": placement(rec)}
 
@@ -148,8 +148,8 @@ def measured_by(store: Store, trials: list[dict]) -> list[Record]:
     samples (store.samples), the one whose tokens/s is the trial row's."""
     out = []
     for t in trials:
-        if t["status"] == Status.OK and t["key"] and not t["cached"] and t["tokens_per_s"]:
-            out += [r for r in store.samples(t["key"]) if r.ok and r.m.get("tokens_per_s") == t["tokens_per_s"]][:1]
+        if t["status"] == Status.OK and t["key"] and not t["cached"] and t[TOKENS_PER_S]:
+            out += [r for r in store.samples(t["key"]) if r.ok and r.measured.tokens_per_s == t[TOKENS_PER_S]][:1]
     return out
 
 

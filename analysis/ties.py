@@ -43,7 +43,7 @@ class Choice:
         """One sentence on the choice (empty when the fastest is the best)."""
         if not self.is_tie:
             return ""
-        slower = 1 - self.best.m["tokens_per_s"] / self.fastest.m["tokens_per_s"]
+        slower = 1 - self.best.measured.tokens_per_s / self.fastest.measured.tokens_per_s
         return (f"the best is the simplest of {len(self.tied)} configurations within the measured noise "
                 f"({self.noise:.1%}) of the fastest: {self.best.key[:12]} ({why_simpler(self.best, self.fastest)}), "
                 f"{slower:.1%} slower than {self.fastest.key[:12]}, a tie (rule: README, ties)")
@@ -91,20 +91,20 @@ def choose(records: list[Record], verified: dict | None = None) -> Choice | None
     """The best of the ok measurements among `records` (None: none ok): the fastest, or the simplest of those within
     its noise (the rule above). Records not comparable with the fastest are left out of the tie. verified: the
     store's `verify --quality` verdicts by key (Store.verified)."""
-    ok = [r for r in records if r.ok and (r.m.get("tokens_per_s") or 0) > 0]
+    ok = [r for r in records if r.ok and (r.measured.tokens_per_s or 0) > 0]
     if not ok:
         return None
     # measurements other trials shared the CPU or GPU of (trial.contention) rank only where no clean one is ok
     ok = [r for r in ok if not contended(r)] or ok
     ok = [r for r in ok if not failed(r, verified)] or ok
-    fastest = max(ok, key=lambda r: r.m["tokens_per_s"])
+    fastest = max(ok, key=lambda r: r.measured.tokens_per_s)
     if not fastest.plan:  # a record without its plan (an older import) has nothing to judge simplicity by
         return Choice(best=fastest, fastest=fastest, tied=[fastest])
-    top = fastest.m["tokens_per_s"]
+    top = fastest.measured.tokens_per_s
     tied = [r for r in ok if r.plan and comparable(r, fastest)
-            and (top - r.m["tokens_per_s"]) / top <= noise(fastest, r)]
-    best = min(tied, key=lambda r: (simplicity(r), -r.m["tokens_per_s"]))
-    return Choice(best=best, fastest=fastest, tied=sorted(tied, key=lambda r: -r.m["tokens_per_s"]),
+            and (top - r.measured.tokens_per_s) / top <= noise(fastest, r)]
+    best = min(tied, key=lambda r: (simplicity(r), -r.measured.tokens_per_s))
+    return Choice(best=best, fastest=fastest, tied=sorted(tied, key=lambda r: -r.measured.tokens_per_s),
                   noise=max(noise(fastest, r) for r in tied))
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from trainscout.trial.records import TOKENS_PER_S
+
 WINDOW = 5        # the last N measured trials the improvement is read over
 MIN_MEASURED = 6  # fewer measured trials than this: too few to tell (WINDOW + the best before them)
 KEEP, DIMINISHING, ENOUGH = "keep searching", "diminishing returns", "enough"
@@ -97,7 +99,7 @@ def verdict(trials: list[dict], space: dict[str, list[str]] | None = None, windo
     """The rule (module docstring) over trials in the order they ended: dicts with `status`, `tokens_per_s`, and
     where known `step_spread`, `tokens_per_s_spread` (a key's repeated measurements) and `config` (knob -> value as
     text). space: knob -> its values as text (space_of), None where not known."""
-    ok = [t for t in trials if t.get("status") == "ok" and _num(t.get("tokens_per_s"))]
+    ok = [t for t in trials if t.get("status") == "ok" and _num(t.get(TOKENS_PER_S))]
     others: dict[str, int] = {}
     measured = {id(t) for t in ok}
     for t in trials:
@@ -125,7 +127,7 @@ def verdict(trials: list[dict], space: dict[str, list[str]] | None = None, windo
         v.why = (f"too few measured trials to tell ({len(ok)}, fewer than {max(min_measured, window + 1)}): the "
                  "stopped, refused and failed ones say where not to go, not how fast the best can be")
         return v
-    best = [_num(t["tokens_per_s"]) for t in ok]
+    best = [_num(t[TOKENS_PER_S]) for t in ok]
     before, now = max(best[:-window]), max(best)
     v.window, v.gain = window, (now - before) / before
     if v.gain > noise:
@@ -177,7 +179,7 @@ def of_frame(df, store=None, none: str = "<no search>") -> list[tuple[str | None
         search = None if search == none else search
         if "created_at" in g.columns and search is None:
             g = g.sort_values("created_at", kind="stable")
-        rows = [{"status": str(r["status"]), "tokens_per_s": r.get("tokens_per_s"), "step_spread": r.get("step_spread"),
+        rows = [{"status": str(r["status"]), TOKENS_PER_S: r.get(TOKENS_PER_S), "step_spread": r.get("step_spread"),
                  "tokens_per_s_spread": r.get("tokens_per_s_spread"),
                  "config": {k: fmt(r[k]) for k in knobs if r[k] is not None and not _isna(r[k])}}
                 for r in g.to_dict("records")]
@@ -204,7 +206,7 @@ def of_search(store, name: str) -> Verdict:
     for t in store.trials(name):
         rec = store.get(t["key"]) if t.get("key") and t["status"] == "ok" else None
         m = rec.metrics if rec is not None else {}
-        rows.append({"status": str(t["status"]), "tokens_per_s": t.get("tokens_per_s"),
+        rows.append({"status": str(t["status"]), TOKENS_PER_S: t.get(TOKENS_PER_S),
                      "step_spread": m.get("step_spread"),
                      "config": {k: fmt(v) for k, v in (t.get("config") or {}).items()}})
     return verdict(rows, space_of(store, name))

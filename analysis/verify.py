@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.records import TOKENS_PER_S
 
 from .table import measurement, ran_config, store_of
 
@@ -85,8 +86,8 @@ def _in_trainer(source: str, rec, runner: str, steps: int, warmup: int, timeout:
                       "error": f"the Trainer ran on {r['world_size']} rank(s), the measurement on {rec.world_size}: "
                                "verify on the measured ranks, or --runner trainscout"}
     return out | {"status": "ok", "error": None, "measured_step_s": r["step_s"], "mean_step_s": r["mean_step_s"],
-                  "ratio": r["step_s"] / projected["step_s"], "projected_tokens_per_s": projected["tokens_per_s"],
-                  "measured_tokens_per_s": r["tokens_per_s"], "loss": r["loss"], "world_size": r["world_size"],
+                  "ratio": r["step_s"] / projected["step_s"], "projected_tokens_per_s": projected[TOKENS_PER_S],
+                  "measured_tokens_per_s": r[TOKENS_PER_S], "loss": r["loss"], "world_size": r["world_size"],
                   "gpu": rec.hardware.get("gpu") if rec.device == "cuda" else None, "wall_s": r["wall_s"]}
 
 

@@ -2,6 +2,8 @@
 the errors summarised, and the tables docs/BENCHMARKS.md prints."""
 from __future__ import annotations
 
+from trainscout.trial.records import TOKENS_PER_S
+
 from .calibrate import calibrate, knob_effects, memory_calibration, memory_fit
 from .families import LEVEL_WORDS, LEVELS
 from .samples import Sample
@@ -51,7 +53,7 @@ def loo_summary(results: list[dict], level: int | None = None, gpu: str | None =
     ids = set(ids) if ids is not None else None
     sel = [r for r in results if (level is None or r["level"] == level) and (gpu is None or r.get("gpu") == gpu)
            and (family is None or r.get("family") == family) and (ids is None or r["id"] in ids)]
-    return {"tokens_per_s": summary([r["tps_err"] for r in sel]),
+    return {TOKENS_PER_S: summary([r["tps_err"] for r in sel]),
             "peak_memory": summary([r["mem_err"] for r in sel if r["mem_err"] is not None]),
             "peak_memory_one_fit": summary([r["mem_fit_err"] for r in sel if r.get("mem_fit_err") is not None])}
 
@@ -68,7 +70,7 @@ def loo_table_by(model: dict) -> str:
     for hold, by in model.get("loo_by", {}).items():
         for what, s in by.items():
             gpu, fam = what.split("|")
-            t, m = s["tokens_per_s"], s["peak_memory"]
+            t, m = s[TOKENS_PER_S], s["peak_memory"]
             lines.append(f"| {names[hold]} | {gpu} | {fam} | {t['n']} | {100 * t['median_abs']:.1f} % | "
                          f"{_pct(t['worst'])} | " + (f"{100 * m['median_abs']:.1f} % | {_pct(m['worst'])} |"
                                                       if m["n"] else "- | - |"))
@@ -83,9 +85,9 @@ def loo_table(model: dict) -> str:
     for hold, by in model["loo_summary"].items():
         for lv in ["all", *[str(i) for i in range(len(LEVELS))]]:
             s = by[lv]
-            if not s["tokens_per_s"]["n"]:
+            if not s[TOKENS_PER_S]["n"]:
                 continue
-            t, m = s["tokens_per_s"], s["peak_memory"]
+            t, m = s[TOKENS_PER_S], s["peak_memory"]
             what = "any level" if lv == "all" else f"level {lv}: {LEVEL_WORDS[int(lv)]}"
             lines.append(f"| {names[hold]} | {what} | {t['n']} | {100 * t['median_abs']:.1f} % | {_pct(t['worst'])} | "
                          + (f"{100 * m['median_abs']:.1f} % | {_pct(m['worst'])} |" if m["n"] else "- | - |")

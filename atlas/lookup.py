@@ -18,6 +18,7 @@ from trainscout.spaces import ConfigError
 from trainscout.trial.contention import contended
 from trainscout.trial.gpus import gpu_kind
 from trainscout.trial.quality import status as quality_status
+from trainscout.trial.records import TOKENS_PER_S
 
 from . import families, predict, samples
 from .loo import loo_summary
@@ -170,8 +171,8 @@ def _measured_row(oks: list[dict], kind_: str | None, n: int, batch: int, want: 
     # measurements other trials shared the CPU or GPU of (trial.contention): only where no clean one is
     clean = [r for r in oks if not contended(r["record"])]
     shared, oks = not clean, clean or oks
-    tps = median([r["record"]["metrics"]["tokens_per_s"] for r in oks])
-    best = min(oks, key=lambda r: abs(r["record"]["metrics"]["tokens_per_s"] - tps))
+    tps = median([r["record"]["metrics"][TOKENS_PER_S] for r in oks])
+    best = min(oks, key=lambda r: abs(r["record"]["metrics"][TOKENS_PER_S] - tps))
     rec, m = best["record"], best["record"]["metrics"]
     step = rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"] / tps
     tokens = rec["recipe"]["total_steps"] * rec["recipe"]["global_batch"] * rec["recipe"]["seq_len"]
@@ -184,7 +185,7 @@ def _measured_row(oks: list[dict], kind_: str | None, n: int, batch: int, want: 
     mfus = [x for x in mfus if x is not None]
     row = {"status": "measured", "key": best["key"], "gpu": kind_, "gpu_name": best["provenance"].get("gpu"),
            "gpus": n,
-           "global_batch": batch, "tokens_per_s": tps, "repeats": [r["record"]["metrics"]["tokens_per_s"]
+           "global_batch": batch, TOKENS_PER_S: tps, "repeats": [r["record"]["metrics"][TOKENS_PER_S]
                                                                   for r in oks],
            "mfu": median(mfus) if mfus else None,
            "mfu_convention": (best.get("derived") or {}).get("mfu_convention"),
@@ -208,7 +209,7 @@ def _ranked(rows: list[dict]) -> tuple[list[dict], str]:
     from trainscout.analysis.ties import choose
     from trainscout.trial.quality import FAILED
     from trainscout.trial.records import Record
-    rows = sorted(rows, key=lambda r: -r["tokens_per_s"])
+    rows = sorted(rows, key=lambda r: -r[TOKENS_PER_S])
     for r in rows:
         r["best"] = False
     fit = [r for r in rows if r["quality"][0] != FAILED]
@@ -228,7 +229,7 @@ def _ranked(rows: list[dict]) -> tuple[list[dict], str]:
     best = next(r for r in fit if recs[id(r)] is choice.best)
     best["best"] = True
     rows.remove(best)
-    failed_first = bool(rows) and rows[0]["quality"][0] == FAILED and rows[0]["tokens_per_s"] > best["tokens_per_s"]
+    failed_first = bool(rows) and rows[0]["quality"][0] == FAILED and rows[0][TOKENS_PER_S] > best[TOKENS_PER_S]
     tie = choice.line() if choice.is_tie else ""
     if failed_first:
         tie = (tie + "; " if tie else "") + "a faster configuration failed its quality verdict and is not the best"
@@ -276,7 +277,7 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
         gpu_of = (r.get("calibrated_gpus") or [kind])[0]
         fams = r.get("calibrated_families") or [fam]
         over = loo_summary(loo, gpu=gpu_of, family=fams[0] if len(fams) == 1 else None)
-        if not err["tokens_per_s"]["n"]:
+        if not err[TOKENS_PER_S]["n"]:
             err = over
         row = dict(r, status="predicted", error=err, error_all=over, error_scope=f"{gpu_of} "
                    f"{' and '.join(fams)}", gpu=f"{kind}", train_tokens=r["total_steps"] * r["tokens_per_step"])
@@ -407,7 +408,7 @@ def verdict(answer: dict, want: dict) -> dict:
     within = [r for r in priced if cost(r) <= want[what]]
     limit = f"{want['days']:g} days" if what == "days" else f"${want['usd']:,.0f}"
     if within:
-        best = max(within, key=lambda r: r["tokens_per_s"])
+        best = max(within, key=lambda r: r[TOKENS_PER_S])
         text = (f"within {limit}: {best['describe']} on {best['gpus']} x {best['gpu']} ({best['status']}), "
                 f"{best['projected_days']:.1f} days"
                 + (f", ${best['rent_usd']:,.0f} rent" if best.get("rent_usd") is not None else ""))

@@ -14,11 +14,12 @@ import os
 
 from trainscout.trial.gpus import gpu_kind
 from trainscout.trial.mfu import CONVENTION
+from trainscout.trial.records import TOKENS_PER_S
 
 from .families import describe, plan_of
 from .samples import row_id, row_mfu
 
-COLUMNS = ("model", "params_m", "arch", "gpu", "gpus", "status", "tokens_per_s", "mfu", "peak_gib", "run_tokens_b",
+COLUMNS = ("model", "params_m", "arch", "gpu", "gpus", "status", TOKENS_PER_S, "mfu", "peak_gib", "run_tokens_b",
            "days", "rent_usd", "global_batch", "describe", "tags", "labels", "origin", "date", "command", "source",
            "key", "verified")
 ORIGINS = {"trainscout": "shipped", "contributed": "contributed", "local": "local store"}
@@ -68,7 +69,7 @@ def page_rows(atlas) -> list[dict]:
             "arch": (rec.get("model_config") or {}).get("model_type") or "unknown",
             "gpu": gpu_kind(prov.get("gpu")) or prov.get("gpu"), "gpus": n,
             "status": "measured" if ok else "out of memory",
-            "tokens_per_s": round(m["tokens_per_s"]) if ok else None,
+            TOKENS_PER_S: round(m[TOKENS_PER_S]) if ok else None,
             "mfu": round(row_mfu(r) or 0, 4) or None if ok else None,
             "peak_gib": round(m["peak_memory_gib"], 1) if ok and m.get("peak_memory_gib") else None,
             "days": round(days, 2) if days else None,
@@ -87,7 +88,7 @@ def page_rows(atlas) -> list[dict]:
             out.append({
                 "model": got["model"], "params_m": round(got["n_params"] / 1e6, 1), "arch": "gpt_neox",
                 "gpu": got["gpu"], "gpus": row["gpus"], "status": "predicted",
-                "tokens_per_s": round(row["tokens_per_s"]), "mfu": round(row["mfu"], 4) if row.get("mfu") else None,
+                TOKENS_PER_S: round(row[TOKENS_PER_S]), "mfu": round(row["mfu"], 4) if row.get("mfu") else None,
                 "peak_gib": round(row["peak_memory_gib"], 1), "days": round(row["projected_days"], 2),
                 "run_tokens_b": round(row["total_steps"] * row["tokens_per_step"] / 1e9, 1),
                 "rent_usd": round(p.rent_usd(row["projected_days"], row["gpus"])) if p else None,
@@ -127,13 +128,13 @@ def build_html(atlas, title: str = "trainscout atlas") -> str:
     layers = ", ".join(f"{html.escape(layer.name)} ({len(layer.rows)} rows"
                        + (f", {len(layer.refused)} refused" if layer.refused else "") + ")" for layer in atlas.layers)
     loo = atlas.model.get("loo_summary", {}).get("model", {}).get("all", {})
-    tps, mem = loo.get("tokens_per_s", {}), loo.get("peak_memory", {})
+    tps, mem = loo.get(TOKENS_PER_S, {}), loo.get("peak_memory", {})
     err = (f"Predicted rows: leave-one-model-out over the shipped rows, tokens/s median "
            f"{100 * tps['median_abs']:.1f} % (worst {100 * tps['worst']:+.0f} %), peak memory median "
            f"{100 * mem['median_abs']:.1f} % (worst {100 * mem['worst']:+.0f} %).") if tps.get("n") else ""
     return (TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__LAYERS__", layers)
             .replace("__ERR__", html.escape(err)).replace("__MFU__", html.escape(CONVENTION))
-            .replace("__DATA__", data))
+            .replace("__TOKENS_PER_S__", TOKENS_PER_S).replace("__DATA__", data))
 
 
 def write(atlas, out_dir: str, name: str = "atlas.html") -> str:
@@ -238,7 +239,7 @@ function checked(id, numeric) {
   for (const el of document.querySelectorAll(`#${id} input:checked`)) set.add(numeric ? Number(el.dataset.v) : el.dataset.v);
   return set;
 }
-let sortCol = "tokens_per_s", sortDir = -1, page = 0, filtered = [], open = -1;
+let sortCol = "__TOKENS_PER_S__", sortDir = -1, page = 0, filtered = [], open = -1;
 const PAGE = 100, BEST = 150;
 function filter() {
   const t0 = performance.now();
@@ -340,8 +341,8 @@ function renderPlot() {
     else { g.fillStyle = c; g.globalAlpha = .75; g.fill(path); g.globalAlpha = 1; }
   }
 }
-const HEAD = [["model", "model"], ["params_m", "params"], ["gpu", "GPU"], ["status", ""], ["tokens_per_s", "tokens/s"], ["mfu", "MFU"], ["peak_gib", "peak GiB"], ["days", "days"], ["rent_usd", "rent"], ["global_batch", "batch"], ["describe", "configuration"], ["date", "date"]];
-const NUMERIC = new Set(["params_m", "tokens_per_s", "mfu", "peak_gib", "days", "rent_usd", "global_batch"]);
+const HEAD = [["model", "model"], ["params_m", "params"], ["gpu", "GPU"], ["status", ""], ["__TOKENS_PER_S__", "tokens/s"], ["mfu", "MFU"], ["peak_gib", "peak GiB"], ["days", "days"], ["rent_usd", "rent"], ["global_batch", "batch"], ["describe", "configuration"], ["date", "date"]];
+const NUMERIC = new Set(["params_m", "__TOKENS_PER_S__", "mfu", "peak_gib", "days", "rent_usd", "global_batch"]);
 function renderRows() {
   const pages = Math.max(1, Math.ceil(filtered.length / PAGE));
   page = Math.min(page, pages - 1);

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from trainscout.spaces.plan import Plan
 from trainscout.trial.gpus import gpu_facts, gpu_kind  # a GPU kind's memory and capability
+from trainscout.trial.records import TOKENS_PER_S
 
 from .calibrate import NEAREST_MODELS, calibrate, distance, knob_effects, memory_calibration
 from .families import DENSE, LEVELS, MOE, arch_family, describe, families, settings
@@ -83,7 +84,7 @@ def predict_model(model: str, gpu: str, gpus: int, pool: list[Sample], global_ba
     _calibrate_rows(rows, shape, kind, hw_name, pool, on_kind)
     # a configuration one GPU cannot profit from (a sharding engine over one data rank: memory.shards_nothing) is
     # never ranked first on a prediction: only a measurement that it is faster could put it there
-    rows.sort(key=lambda r: (r["shards_nothing"], -r["tokens_per_s"]))
+    rows.sort(key=lambda r: (r["shards_nothing"], -r[TOKENS_PER_S]))
     near = min((distance(n, arch, s) for s in on_kind), default=None)
     if near is not None and near > REACH:
         nearest = min(on_kind, key=lambda s: distance(n, arch, s))

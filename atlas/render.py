@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from trainscout.trial.records import TOKENS_PER_S
+
 from . import families
 
 
@@ -60,7 +62,7 @@ def _measured_lines(answer: dict, name: str, provenance: bool) -> list[str]:
             contributed = " [contributed]" if "contributed" in r["origins"] else ""
             contributed += " [shared: measured beside other trials]" if r.get("shared") else ""
             contributed += " [best: what export --best writes]" if r.get("best") and len(g["rows"]) > 1 else ""
-            lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r['mfu'], '{:.3f}'):>5}  "
+            lines.append(f"{i:2} {_num(r[TOKENS_PER_S]):>9}  {_num(r['mfu'], '{:.3f}'):>5}  "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r['projected_days'], '{:.1f}'):>6}  "
                          f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']}{reps}{lab}{contributed}")
             if r["quality"][0] != "same":  # knobs that change the numerics (trial/quality.py)
@@ -90,20 +92,20 @@ def _predicted_lines(p: dict, name: str) -> list[str]:
                          f"{r['global_batch']:,}, {r['train_tokens'] / 1e9:,.1f} B tokens)")
             lines.append(f"   {'tokens/s':>9}  {'MFU':>5}  {'peak GiB':>8}  {'host GiB':>8}  {'days':>6}  "
                          f"{'rent':>9}  configuration (predicted)")
-        lines.append(f"{i:2} {_num(r['tokens_per_s']):>9}  {_num(r.get('mfu'), '{:.3f}'):>5}  "
+        lines.append(f"{i:2} {_num(r[TOKENS_PER_S]):>9}  {_num(r.get('mfu'), '{:.3f}'):>5}  "
                      f"{_num(r['peak_memory_gib'], '{:.1f}'):>8}  {_num(r.get('host_memory_gib'), '{:.1f}'):>8}  "
                      f"{_num(r['projected_days'], '{:.1f}'):>6}  {_num(r['rent_usd'], '${:,.0f}'):>9}  "
                      f"{r['describe']}")
         e, ea = r["error"], r["error_all"]
         lines.append(f"     calibrated on {', '.join(r['calibrated_on'])} (level {r['level']}: "
                      f"{families.LEVEL_WORDS[r['level']]}); leave-one-model-out error of those rows: "
-                     f"tokens/s median {_pct(e['tokens_per_s']['median_abs'])}, worst "
-                     f"{_pct(e['tokens_per_s']['worst'])} ({e['tokens_per_s']['n']} rows); peak memory median "
+                     f"tokens/s median {_pct(e[TOKENS_PER_S]['median_abs'])}, worst "
+                     f"{_pct(e[TOKENS_PER_S]['worst'])} ({e[TOKENS_PER_S]['n']} rows); peak memory median "
                      f"{_pct(e['peak_memory']['median_abs'])}, worst {_pct(e['peak_memory']['worst'])}")
         if i == 1:
-            lines.append(f"     over all {ea['tokens_per_s']['n']} {r.get('error_scope', '')} rows: tokens/s "
-                         f"median {_pct(ea['tokens_per_s']['median_abs'])}, worst "
-                         f"{_pct(ea['tokens_per_s']['worst'])}; peak memory median "
+            lines.append(f"     over all {ea[TOKENS_PER_S]['n']} {r.get('error_scope', '')} rows: tokens/s "
+                         f"median {_pct(ea[TOKENS_PER_S]['median_abs'])}, worst "
+                         f"{_pct(ea[TOKENS_PER_S]['worst'])}; peak memory median "
                          f"{_pct(ea['peak_memory']['median_abs'])}, worst {_pct(ea['peak_memory']['worst'])}")
     for note in p["notes"]:
         lines.append(f"   note: {note}")
@@ -122,23 +124,23 @@ def render_summary(answers: list[dict]) -> str:
         r = next((r for r in rows if r.get("best")), rows[0]) if rows else None
         aside = None
         if r and (a.get("predicted") or {}).get("rows"):  # measured at another global batch only: predicted too
-            aside, r = (f"measured {_num(r['tokens_per_s'])} tokens/s at {r['global_batch']:,} sequences per step "
+            aside, r = (f"measured {_num(r[TOKENS_PER_S])} tokens/s at {r['global_batch']:,} sequences per step "
                         f"({r['describe']})"), None
         if r:
             lab = f" [{', '.join(r['labels'])}]" if r["labels"] else ""
-            lines.append(f"{a['model']:14} {'measured':9} {_num(r['tokens_per_s']):>9} {_num(r['mfu'], '{:.3f}'):>6} "
+            lines.append(f"{a['model']:14} {'measured':9} {_num(r[TOKENS_PER_S]):>9} {_num(r['mfu'], '{:.3f}'):>6} "
                          f"{_num(r['peak_memory_gib'], '{:.1f}'):>8} {_num(r['projected_days'], '{:.1f}'):>7} "
                          f"{_num(r['rent_usd'], '${:,.0f}'):>9}  {r['describe']} ({r['gpus']} x {r['gpu']}){lab}")
             continue
         p = a.get("predicted") or {}
         if p.get("rows"):
             r = p["rows"][0]
-            lines.append(f"{a['model']:14} {'PREDICTED':9} {_num(r['tokens_per_s']):>9} "
+            lines.append(f"{a['model']:14} {'PREDICTED':9} {_num(r[TOKENS_PER_S]):>9} "
                          f"{_num(r.get('mfu'), '{:.3f}'):>6} {_num(r['peak_memory_gib'], '{:.1f}'):>8} "
                          f"{_num(r['projected_days'], '{:.1f}'):>7} {_num(r['rent_usd'], '${:,.0f}'):>9}  "
                          f"{r['describe']} ({r['gpus']} x {r['gpu']}; tokens/s "
-                         f"+-{_pct(r['error']['tokens_per_s']['median_abs'])} median, "
-                         f"{_pct(r['error']['tokens_per_s']['worst'])} worst)")
+                         f"+-{_pct(r['error'][TOKENS_PER_S]['median_abs'])} median, "
+                         f"{_pct(r['error'][TOKENS_PER_S]['worst'])} worst)")
         else:
             lines.append(f"{a['model']:14} {'PREDICTED':9} does not fit up to 8 GPUs")
         for note in ([aside] if aside else []) + p.get("notes", [])[:1]:

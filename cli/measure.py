@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 from .flags import gpu_memory, input_file, out_folder, parse_sets, recipe_kwargs
@@ -122,7 +123,7 @@ def print_trial(r, verbose: bool = False) -> None:
         if m["mfu"] is not None else "n/a (no GPU peak known)"
     mfu = f"{mfu}; {fpt}" if fpt else mfu
     rows = [
-        ("tokens/s", f"{m['tokens_per_s']:,.0f}"),
+        ("tokens/s", f"{m[TOKENS_PER_S]:,.0f}"),
         ("step", f"{m['step_s']:.4f} s projected for {rec['global_batch']} x {rec['seq_len']} tokens "
                  f"({r.grad_accum} micro-batches of {r.micro_batch}; measured "
                  f"{r.measured_accum} per step: {m['measured_step_s']:.4f} s)"),
@@ -364,7 +365,7 @@ def cmd_train(a) -> int:
         bar = bars[0]
         bar.update(m["step"] - bar.n)
         loss = f"{m['loss']:.3f}" if m.get("loss") is not None else "-"
-        bar.set_postfix_str(f"loss {loss}  {m['tokens_per_s']:,.0f} tok/s")
+        bar.set_postfix_str(f"loss {loss}  {m[TOKENS_PER_S]:,.0f} tok/s")
     r = train(a.config, model=a.model, steps=a.steps, data=a.data, data_dtype=a.data_dtype or "uint16", out=a.out,
               workers=a.workers, device=a.device, timeout=a.timeout, address=a.address, on_step=on_step,
               save_dtype=a.save_dtype, **recipe_kwargs(a))
@@ -375,7 +376,7 @@ def cmd_train(a) -> int:
     elif r["status"] == Status.OK:
         m = r["metrics"]
         print(f"trained {r['model']} for {r['steps']} steps on {r['data'] or 'synthetic tokens'}: final loss "
-              f"{m['loss']:.4f}, {m['tokens_per_s']:,.0f} tokens/s; checkpoint (transformers) in {r['checkpoint']}")
+              f"{m['loss']:.4f}, {m[TOKENS_PER_S]:,.0f} tokens/s; checkpoint (transformers) in {r['checkpoint']}")
     else:
         print(f"training ended {r['status']}: {r['error']}")
     return 0 if r["status"] == Status.OK else 1

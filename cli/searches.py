@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 from .flags import EXIT_FAILED, EXIT_INTERRUPTED, input_file, out_folder, parse_sets, recipe_kwargs
@@ -334,7 +335,7 @@ def _trials_frame(a, store):
     if a.sort:
         if a.sort not in df.columns:
             raise ConfigError("--sort", f"--sort {a.sort}: no such column: use one of {', '.join(df.columns)}")
-        df = df.sort_values(a.sort, ascending=a.sort not in ("tokens_per_s", "mfu"), na_position="last")
+        df = df.sort_values(a.sort, ascending=a.sort not in (TOKENS_PER_S, "mfu"), na_position="last")
     return df
 
 
@@ -345,7 +346,7 @@ def _print_table(a, df, store) -> None:
     from trainscout.spaces import all_knobs
     from trainscout.store import one_line
     knobs = [k.name for k in sorted((k for k in all_knobs() if k.search.column), key=lambda k: k.search.column)]
-    shown = [c for c in ("search", "status", "tokens_per_s", "mfu", "quality", "peak_memory_gib", "projected_days",
+    shown = [c for c in ("search", "status", TOKENS_PER_S, "mfu", "quality", "peak_memory_gib", "projected_days",
                          *knobs, "key", "error") if c in df.columns]
     if df["samples"].fillna(0).gt(1).any():  # a key measured more than once: how often, and the spread
         shown[3:3] = ["samples", "tokens_per_s_spread"]
@@ -401,6 +402,6 @@ def cmd_export(a) -> int:
               "runs without them, slower than measured")
         for item, cost in exported.get("hook_cost", {}).items():
             if cost:
-                print(f"  without {item} ({cost['without']}, measured in this store): {cost['tokens_per_s']:,.0f} "
+                print(f"  without {item} ({cost['without']}, measured in this store): {cost[TOKENS_PER_S]:,.0f} "
                       f"tokens/s = {cost['ratio']:.3f} x")
     return 0

@@ -35,6 +35,8 @@ import json
 import sys
 from dataclasses import dataclass, field
 
+from trainscout.trial.records import TOKENS_PER_S
+
 from .model_tree import memo
 
 CONVENTION = "matmul-v1"
@@ -275,7 +277,7 @@ def recount(record):
     The figures it was stored with stay beside as flops_per_token_dense_v0 and mfu_dense_v0. A record whose model
     cannot be built here keeps its figures, marked flops_convention OLD with the reason (flops_note)."""
     m = record.metrics
-    if not record.ok or not m or m.get("flops_convention") == CONVENTION or not m.get("tokens_per_s") or \
+    if not record.ok or not m or m.get("flops_convention") == CONVENTION or not m.get(TOKENS_PER_S) or \
             not (record.recipe or {}).get("seq_len"):
         return record  # nothing to count FLOPs against (no throughput or no sequence length: a stub)
     old = {f"{k}_dense_v0": m[k] for k in ("flops_per_token", "mfu") if k in m}
@@ -283,7 +285,7 @@ def recount(record):
         from trainscout.trial.models import stored_model
         config = record.model_config or stored_model(record.model, None).config
         seq = (record.recipe or {})["seq_len"]
-        fresh = metrics(config, seq, m["tokens_per_s"], m.get("peak_tflops"), record.world_size or 1,
+        fresh = metrics(config, seq, m[TOKENS_PER_S], m.get("peak_tflops"), record.world_size or 1,
                         record.plan.checkpoint_every if record.plan else 0, selective(record.plan))
     except Exception as e:  # noqa: BLE001 - a model type this transformers does not know, a record without its recipe
         why = f"not recounted: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"

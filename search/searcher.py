@@ -8,6 +8,7 @@ import datetime
 import warnings
 from typing import TYPE_CHECKING
 
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import NOT_MEASURED, Status
 
 from .outcomes import INFEASIBLE, TUNE_ID, failed_quality, optuna_state, outcome_attrs, set_constraint
@@ -168,16 +169,16 @@ def recover_interrupted(ostorage, name: str, store: Store, cut: list | None = No
         tid = ostorage.get_trial_id_from_study_id_trial_number(study_id, t.number)  # the storage's id of the trial
         row = rows.get(t.user_attrs.get(TUNE_ID))
         if row is not None:
-            attrs = outcome_attrs({**row, METRIC: row["tokens_per_s"]})
+            attrs = outcome_attrs({**row, METRIC: row[TOKENS_PER_S]})
             for k, v in attrs.items():
                 ostorage.set_trial_user_attr(tid, k, v)
             set_constraint(optuna.trial.Trial(study, tid), attrs)
             if attrs["status"] == Status.STOPPED:
                 if not t.intermediate_values:
-                    ostorage.set_trial_intermediate_value(tid, 1, row["tokens_per_s"] or 0.0)
-                ostorage.set_trial_state_values(tid, optuna.trial.TrialState.PRUNED, [row["tokens_per_s"] or 0.0])
+                    ostorage.set_trial_intermediate_value(tid, 1, row[TOKENS_PER_S] or 0.0)
+                ostorage.set_trial_state_values(tid, optuna.trial.TrialState.PRUNED, [row[TOKENS_PER_S] or 0.0])
             elif attrs["status"] == Status.OK:
-                ostorage.set_trial_state_values(tid, optuna.trial.TrialState.COMPLETE, [row["tokens_per_s"] or 0.0])
+                ostorage.set_trial_state_values(tid, optuna.trial.TrialState.COMPLETE, [row[TOKENS_PER_S] or 0.0])
             else:  # no tokens/s: FAIL or PRUNED without a value (outcomes.optuna_state)
                 ostorage.set_trial_state_values(tid, optuna_state(attrs["status"]))
             continue

@@ -29,10 +29,10 @@ def case(store, search: str, margin: float = MARGIN) -> tuple | None:
         rec.key = t["key"]
         said = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)[0]
         group = "open" if said in OPEN and t["key"] not in verified else "good" if said in quality.GOOD else None
-        if group and (group not in best or rec.m["tokens_per_s"] > best[group].m["tokens_per_s"]):
+        if group and (group not in best or rec.measured.tokens_per_s > best[group].measured.tokens_per_s):
             best[group] = rec
     fast, good = best.get("open"), best.get("good")
-    if fast is None or good is None or fast.m["tokens_per_s"] <= good.m["tokens_per_s"] * (1 + margin):
+    if fast is None or good is None or fast.measured.tokens_per_s <= good.measured.tokens_per_s * (1 + margin):
         return None
     return fast, good
 
@@ -62,7 +62,7 @@ def settle(out: str, store, search: str, seconds: float | None, address: str | N
     if got is None:
         return None
     fast, good = got
-    ahead = fast.m["tokens_per_s"] / good.m["tokens_per_s"] - 1
+    ahead = fast.measured.tokens_per_s / good.measured.tokens_per_s - 1
     said = quality.status(fast.metrics, None, fast.config, fast.device)[0]
     head = {"key": fast.key, "good_key": good.key, "ahead": ahead, "one_step": said}
     steps, short = plan_steps(fast, seconds)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from trainscout.spaces import ConfigError, all_knobs, applies, fmt, get, memory_savers, micro_batch
 from trainscout.trial import prepare
 from trainscout.predictor.memory import FIT_SHARE  # a start point's share of the GPU (memory.refusal says why)
+from trainscout.trial.records import TOKENS_PER_S
 
 if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
@@ -210,9 +211,9 @@ def atlas_points(args: SearchArgs, space: Space, hw: dict, have: list[dict],
         if notes is not None:
             notes.append(f"no start point from the atlas: {e}")
         return []
-    rows = [(r, Reason(f"lookup's measured best, {r['tokens_per_s']:,.0f} tokens/s", "measured", r["tokens_per_s"]))
+    rows = [(r, Reason(f"lookup's measured best, {r[TOKENS_PER_S]:,.0f} tokens/s", "measured", r[TOKENS_PER_S]))
             for g in answer["measured"] for r in g["rows"] if r.get("best")]
-    rows += [(r, Reason(f"lookup's prediction, {r['tokens_per_s']:,.0f} tokens/s", "predicted", r["tokens_per_s"]))
+    rows += [(r, Reason(f"lookup's prediction, {r[TOKENS_PER_S]:,.0f} tokens/s", "predicted", r[TOKENS_PER_S]))
              for r in (answer.get("predicted") or {}).get("rows", [])]
     return _into_space(args, space, hw, [(r["config"], why) for r, why in rows], have, ATLAS_POINTS)
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from trainscout.spaces import fmt
 from trainscout.trial.metrics import median
+from trainscout.trial.records import TOKENS_PER_S, metric_columns
 from trainscout.trial.status import NOT_COUNTED, Status, lost_node
 
 from .nearest import fit_lines
@@ -14,6 +15,8 @@ from .trainable import counted
 if TYPE_CHECKING:
     from trainscout.store import Store
 
+# a best configuration's metrics, in the summary
+BEST_METRICS = metric_columns(TOKENS_PER_S, "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")
 
 def clock(seconds: float) -> str:
     """4m12s, 1h05m, 37s."""
@@ -83,11 +86,11 @@ def sources_measured(trials: list[dict], points: list[tuple[dict, str]]) -> list
     for point, why in points:
         mine = [t for t in trials if all(v == "max" or t["config"].get(k) == v for k, v in point.items())]
         got = next((t for t in mine if t["status"] == Status.OK), mine[0] if mine else None)
-        said = getattr(why, "tokens_per_s", None)
-        measured = got["tokens_per_s"] if got and got["status"] == Status.OK else None
+        said = getattr(why, TOKENS_PER_S, None)
+        measured = got[TOKENS_PER_S] if got and got["status"] == Status.OK else None
         out.append({"config": point, "why": str(why), "source": getattr(why, "kind", None),
                     "source_tokens_per_s": said, "status": got["status"] if got else None,
-                    "tokens_per_s": measured,
+                    TOKENS_PER_S: measured,
                     "error": None if not (said and measured) else said / measured - 1})
     return out
 
@@ -98,10 +101,10 @@ def source_lines(rows: list[dict], where: str) -> list[str]:
     for r in rows:
         said = (f"{r['source']} {r['source_tokens_per_s']:,.0f} tokens/s" if r["source_tokens_per_s"]
                 else r["why"])
-        got = (f"measured {r['tokens_per_s']:,.0f}" + (
+        got = (f"measured {r[TOKENS_PER_S]:,.0f}" + (
             "" if r["error"] is None else f", the {r['source']} figure {abs(r['error']):.1%} "
                                           f"{'above' if r['error'] > 0 else 'below'} it")
-               if r["tokens_per_s"] else f"not measured ({r['status'] or 'never ran'})")
+               if r[TOKENS_PER_S] else f"not measured ({r['status'] or 'never ran'})")
         lines.append(f"  start point from {where}: {said}, {got}")
     return lines
 
@@ -148,7 +151,7 @@ def summarize(store: Store, name: str, stream=sys.stdout, top: int = 3, out: str
     _print_overhead(ran, overhead, stream)
     _print_best(store, name, trials, best, top, tie, out, stream)
     for b in passed_over:  # faster, but not shown to train the same model (strict) or shown not to (failed)
-        print(f"not best ({'--quality strict' if strict else 'quality failed'}): {b['tokens_per_s']:,.0f} tokens/s, "
+        print(f"not best ({'--quality strict' if strict else 'quality failed'}): {b[TOKENS_PER_S]:,.0f} tokens/s, "
               f"quality {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
     if strict and not best and trials:
@@ -172,7 +175,7 @@ def _distinct_best(store: Store, trials: list[dict], verified: dict) -> tuple[li
     best = []
     seen, records = set(), []
     for t in sorted((t for t in trials if t["status"] == Status.OK and t["key"]),
-                    key=lambda t: -(t["tokens_per_s"] or 0)):
+                    key=lambda t: -(t[TOKENS_PER_S] or 0)):
         if t["key"] in seen:
             continue
         seen.add(t["key"])
@@ -180,8 +183,7 @@ def _distinct_best(store: Store, trials: list[dict], verified: dict) -> tuple[li
         rec.key = t["key"]
         records.append(rec)
         status, why = quality.status(rec.metrics, verified.get(t["key"]), rec.config, rec.device)
-        best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in
-                     ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days", "gpu_hours")},
+        best.append({"key": t["key"], "config": rec.config, **{k: rec.metrics.get(k) for k in BEST_METRICS},
                      "quality": status, "quality_why": why, "notes": rec.plan.notes if rec.plan else []})
     return best, records
 
@@ -193,12 +195,12 @@ def _called_best(best: list[dict], strict: bool, top: int) -> tuple[list[dict], 
     passed_over = []
     if strict:  # the faster configurations not shown to train the same model are named, not called best
         good = [b for b in best if b["quality"] in quality.GOOD]
-        line = good[0]["tokens_per_s"] if good else 0.0
-        passed_over = [b for b in best if b["quality"] not in quality.GOOD and b["tokens_per_s"] > line][:top]
+        line = good[0][TOKENS_PER_S] if good else 0.0
+        passed_over = [b for b in best if b["quality"] not in quality.GOOD and b[TOKENS_PER_S] > line][:top]
         best = good
     elif good := [b for b in best if b["quality"] != quality.FAILED]:  # mark: a failed verdict is named, never
-        line = good[0]["tokens_per_s"]  # called best while anything else ran (analysis.ties: export --best alike)
-        passed_over = [b for b in best if b["quality"] == quality.FAILED and b["tokens_per_s"] > line][:top]
+        line = good[0][TOKENS_PER_S]  # called best while anything else ran (analysis.ties: export --best alike)
+        passed_over = [b for b in best if b["quality"] == quality.FAILED and b[TOKENS_PER_S] > line][:top]
         best = good
     return best, passed_over
 
@@ -271,7 +273,7 @@ def _print_best(store: Store, name: str, trials: list[dict], best: list[dict], t
                                      " " * 9)).lstrip()  # a terminal: whole knob=value fields within its width
         mark = " (tie)" if b["key"] in tied else ""
         number = f" (trial #{b['trial_number']})" if b.get("trial_number") is not None else ""
-        print(f"best, rank {i}{number}{mark}: {b['tokens_per_s']:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
+        print(f"best, rank {i}{number}{mark}: {b[TOKENS_PER_S]:,.0f} tokens/s{mfu}, {b['peak_memory_gib']:.1f} GiB, "
               f"{days_or_hours(b['projected_days'])} for the recipe\n         {cfg}\n         quality: {b['quality']}: "
               f"{b['quality_why']}{_verify_hint(b, out)}", file=stream)
         for note in b["notes"]:

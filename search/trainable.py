@@ -16,6 +16,7 @@ from trainscout.spaces import ConfigError
 from trainscout.store import StoreLost, claims, guard, measurement_key, open_store
 from trainscout.trial import execute, hardware, prepare
 from trainscout.trial.contention import contended
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.runner import Cancelled
 from trainscout.trial.status import NOT_COUNTED, NOT_MEASURED, Status, served
 
@@ -24,7 +25,7 @@ from . import cluster
 if TYPE_CHECKING:
     from trainscout.trial.records import Record, TrialSpec
 
-METRIC = "tokens_per_s"
+METRIC = TOKENS_PER_S
 # outcomes decided before a trial runs (refused by the rules, predicted not to fit): they cost no device time and do
 # not count toward --trials (an unscheduled trial waited its time limit: it counts); FREE_RUN of them in a row end
 # the search's drawing (search/study.py)
@@ -235,8 +236,8 @@ def _too_long(spec, base: dict, rows: list[dict]) -> str | None:
     from statistics import median
 
     from trainscout.trial.runner import DEFAULT_TIMEOUT
-    rates = [t["tokens_per_s"] / base["workers"] for t in rows
-             if t["status"] == Status.OK and t["tokens_per_s"] and not t["cached"]]  # measured here, not served
+    rates = [t[TOKENS_PER_S] / base["workers"] for t in rows
+             if t["status"] == Status.OK and t[TOKENS_PER_S] and not t["cached"]]  # measured here, not served
     if not rates:
         return None
     tokens = (spec.warmup_steps + spec.timed_steps) * spec.measured_accum * spec.micro_batch * \
@@ -258,8 +259,8 @@ def _run_trial(spec, base: dict, trial_id: str):
     seen = []
 
     def on_step(m):  # the best step so far: one slow step (noise, a late allocation) does not end a trial
-        seen.append(m["tokens_per_s"])
-        tune.report({METRIC: max(seen), "step_s": m["step_s"], "step_tokens_per_s": m["tokens_per_s"],  # the step's
+        seen.append(m[TOKENS_PER_S])
+        tune.report({METRIC: max(seen), "step_s": m["step_s"], "step_tokens_per_s": m[TOKENS_PER_S],  # the step's
                      "status": str(Status.RUNNING), "cached": False})  # own, for search --track
     for attempt in range(1 + base.get("max_failures", 0)):  # only a crash is measured again
         try:
@@ -289,12 +290,12 @@ def rank_bar(store, search: str) -> dict | None:
     from trainscout.trial import quality
     best = None
     for t in store.trials(search):
-        if t["status"] == Status.OK and t["key"] and (best is None or (t["tokens_per_s"] or 0) > best[0]):
+        if t["status"] == Status.OK and t["key"] and (best is None or (t[TOKENS_PER_S] or 0) > best[0]):
             rec = store.get(t["key"])
             if rec is not None and quality.status(rec.metrics, store.quality(t["key"], "verify"), rec.config,
                                                   rec.device)[0] in quality.GOOD:
-                best = (t["tokens_per_s"], t["trial"])
-    return None if best is None else {"tokens_per_s": best[0] * (1 - RANK_MARGIN), "best": best[0],
+                best = (t[TOKENS_PER_S], t["trial"])
+    return None if best is None else {TOKENS_PER_S: best[0] * (1 - RANK_MARGIN), "best": best[0],
                                       "trial": best[1]}
 
 
@@ -327,7 +328,7 @@ def stopped_before(store, search: str, settings: dict) -> float | None:
     same = json.loads(json.dumps(settings, sort_keys=True, default=str))
     for t in store.trials(search):
         if t["status"] == Status.STOPPED and {k: t["config"].get(k) for k in same} == same:
-            return t["tokens_per_s"] or 0.0
+            return t[TOKENS_PER_S] or 0.0
     return None
 
 

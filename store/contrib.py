@@ -35,11 +35,12 @@ import os
 from typing import NamedTuple
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import MEASURED, Status
 
 from . import row_format
 from .record_checks import SHARED, conflict, record_key, refusal
-from .schema import MEASUREMENTS
+from .schema import MEASUREMENTS, METRIC_COLUMNS
 
 
 class ImportReport(NamedTuple):
@@ -74,12 +75,12 @@ def malformed(rec) -> str | None:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             return f"{name} is not a positive integer"
     for name, v in (rec.get("metrics") or {}).items():
-        if name in ("tokens_per_s", "step_s", "mfu", "peak_memory_gib", "projected_days") and v is not None and (
+        if name in METRIC_COLUMNS and v is not None and (
                 not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
             return f"metrics.{name} is not a finite number >= 0"
     if rec["status"] == Status.OK:
         m = rec.get("metrics") or {}
-        for name in ("tokens_per_s", "step_s"):
+        for name in (TOKENS_PER_S, "step_s"):
             if not isinstance(m.get(name), (int, float)) or isinstance(m[name], bool) or not m[name] > 0:
                 return f"status ok without metrics.{name}"
         if not rec.get("plan") or not rec.get("recipe"):

@@ -4,6 +4,7 @@ records of one key differ."""
 from __future__ import annotations
 
 from trainscout.spaces import ConfigError
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 from . import row_format
@@ -68,9 +69,9 @@ def beyond_peak(rec: dict) -> str | None:
         limit = (peak or max(k.bf16_tflops for k in gpus.KINDS)) * 1e12 * ranks
     else:
         limit, what = HOST_PEAK_FLOPS, "a CPU host (trainscout's generous ceiling, store/contrib.HOST_PEAK_FLOPS)"
-    rate = m["tokens_per_s"] * per_token
+    rate = m[TOKENS_PER_S] * per_token
     if rate > limit:
-        return (f"physically impossible: {m['tokens_per_s']:,.4g} tokens/s x {per_token:,.4g} FLOPs per token (its "
+        return (f"physically impossible: {m[TOKENS_PER_S]:,.4g} tokens/s x {per_token:,.4g} FLOPs per token (its "
                 f"model at seq {recipe['seq_len']}, predictor/flops.py) = {rate:.3g} FLOP/s, above the peak of {what}, "
                 f"{limit:.3g} FLOP/s")
     return None
@@ -112,8 +113,8 @@ def implausible(rec: dict) -> str | None:
     from trainscout.trial.records import Record
     m, recipe = rec.get("metrics") or {}, rec.get("recipe") or {}
     expected = recipe["global_batch"] * recipe["seq_len"] / m["step_s"]
-    if abs(m["tokens_per_s"] / expected - 1) > RATE_TOLERANCE:
-        return (f"implausible: tokens/s {m['tokens_per_s']:,.0f} is not global_batch x seq_len / step_s = "
+    if abs(m[TOKENS_PER_S] / expected - 1) > RATE_TOLERANCE:
+        return (f"implausible: tokens/s {m[TOKENS_PER_S]:,.0f} is not global_batch x seq_len / step_s = "
                 f"{recipe['global_batch']} x {recipe['seq_len']} / {m['step_s']:.4g} s = {expected:,.0f}")
     impossible = beyond_peak(rec)
     if impossible:
@@ -193,7 +194,7 @@ def cannot_run(rec: dict) -> str | None:
 
 def _numbers(rec: dict) -> tuple:
     m = rec.get("metrics") or {}
-    return str(rec.get("status")), m.get("tokens_per_s"), m.get("peak_memory_gib")
+    return str(rec.get("status")), m.get(TOKENS_PER_S), m.get("peak_memory_gib")
 
 
 def conflict(a: dict, b: dict) -> str | None:

@@ -15,6 +15,7 @@ import json
 import sqlalchemy as sa
 
 from trainscout.trial.contention import contended
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import served
 
 META = sa.MetaData()
@@ -24,7 +25,7 @@ SAMPLES = sa.Table(
     sa.Column("key", sa.String(64), nullable=False, index=True),
     sa.Column("trial_id", sa.String(64)),
     sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("tokens_per_s", sa.Float),
+    sa.Column(TOKENS_PER_S, sa.Float),
     sa.Column("record", sa.Text, nullable=False),   # JSON: the whole trial record
     sa.Column("source", sa.String(200), nullable=False),
     sa.Column("created_at", sa.String(32), nullable=False),
@@ -95,7 +96,7 @@ def _add(engine: sa.engine.Engine, measurements: sa.Table, row: dict) -> str:
 
 def _sample(row: dict) -> dict:
     return {"key": row["key"], "trial_id": json.loads(row["record"]).get("trial_id"), "status": row["status"],
-            "tokens_per_s": row["tokens_per_s"], "record": row["record"], "source": row["source"],
+            TOKENS_PER_S: row[TOKENS_PER_S], "record": row["record"], "source": row["source"],
             "created_at": row["created_at"]}
 
 

@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from trainscout.spaces.model_config import asked_dtype
+from trainscout.trial.records import TOKENS_PER_S, metric_columns
 
 from . import shared
 
 if TYPE_CHECKING:
     from trainscout.trial.records import TrialSpec
 
+# a measurement's columns read from its record's metrics (Store's rows), to select and sort by without the JSON
+METRIC_COLUMNS = metric_columns(TOKENS_PER_S, "step_s", "mfu", "peak_memory_gib", "projected_days")
 META = sa.MetaData()
 MEASUREMENTS = sa.Table(
     "trainscout_measurements", META,
@@ -30,11 +33,7 @@ MEASUREMENTS = sa.Table(
     sa.Column("world_size", sa.Integer),
     sa.Column("gpu", sa.String(200)),
     sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("tokens_per_s", sa.Float),
-    sa.Column("step_s", sa.Float),
-    sa.Column("mfu", sa.Float),
-    sa.Column("peak_memory_gib", sa.Float),
-    sa.Column("projected_days", sa.Float),
+    *(sa.Column(name, sa.Float) for name in METRIC_COLUMNS),
     sa.Column("config", sa.Text, nullable=False),   # JSON: the canonical knob settings
     sa.Column("record", sa.Text, nullable=False),   # JSON: the whole trial record
     sa.Column("source", sa.String(200), nullable=False, default="local"),
@@ -48,7 +47,7 @@ SEARCH_TRIALS = sa.Table(
     # a Status: ok | oom | invalid | crash | timeout | stopped | pruned
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("cached", sa.Boolean, nullable=False, default=False),
-    sa.Column("tokens_per_s", sa.Float),
+    sa.Column(TOKENS_PER_S, sa.Float),
     sa.Column("config", sa.Text, nullable=False),
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("error", sa.Text),  # why it did not run or failed (invalid: the refusal); added to older stores on write

@@ -33,7 +33,7 @@ from trainscout.trial.status import Status, served  # served: the outcomes serve
 from . import claims, guard, samples, schema, secrets, shared
 from .guard import StoreLost
 from .repair import repair_sqlite
-from .schema import MEASUREMENTS, QUALITY, SEARCH_TRIALS, SEARCHES, now
+from .schema import MEASUREMENTS, METRIC_COLUMNS, QUALITY, SEARCH_TRIALS, SEARCHES, now
 from .urls import driver_missing, with_driver
 
 
@@ -169,8 +169,7 @@ class Store:
         m = record.m
         return dict(key=key, model=record.model, device=record.device, world_size=record.world_size,
                     gpu=(record.hardware or {}).get("gpu"), status=str(record.status),
-                    tokens_per_s=m.get("tokens_per_s"), step_s=m.get("step_s"), mfu=m.get("mfu"),
-                    peak_memory_gib=m.get("peak_memory_gib"), projected_days=m.get("projected_days"),
+                    **{name: m.get(name) for name in METRIC_COLUMNS},
                     config=json.dumps(record.config, sort_keys=True), record=json.dumps(data),
                     source=source, created_at=record.started_at or now())
 

@@ -1,6 +1,8 @@
 """One typed plan end to end (issue 28, item 3): resolve() -> TrialSpec -> Ray's pickling -> Record -> the store ->
 the memory model and the export, always a spaces.Plan; plans stored in the earlier form read into today's sections;
-the records are validated dataclasses, and a stored row they refuse is left out with one warning."""
+the records are validated dataclasses, and a stored row they refuse is left out with one warning. A record's metrics
+read typed (Metrics, issue 58 item 2) and write back every stored metrics dict as it was."""
+import glob
 import json
 import os
 import pickle
@@ -13,7 +15,9 @@ from trainscout.spaces import Plan
 from trainscout.store import Store, default_url
 from trainscout.predictor import memory
 from trainscout.trial import prepare
-from trainscout.trial.records import Record, TrialSpec
+from trainscout.trial.records import METRIC_NAMES, TOKENS_PER_S, Metrics, Record, TrialSpec, metric_columns
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_plan_is_one_type_from_resolve_to_the_store_and_the_memory_model(tmp_path):
@@ -82,3 +86,36 @@ def test_a_stored_row_the_record_types_refuse_is_left_out_with_one_warning(tmp_p
     err = capsys.readouterr().err
     assert err.count("warning: stored measurement " + "b" * 32 + " left out: its world_size") == 1
     assert main(["results", str(tmp_path), "--format", "json"]) == 0
+
+
+def test_every_stored_metrics_dict_reads_typed_and_writes_back_as_it_was():
+    """bench/data's stores: Metrics.from_dict(m).to_dict() is m, key order included; the core fields read as
+    attributes, the rest in extras."""
+    n = 0
+    for path in glob.glob(os.path.join(ROOT, "bench", "data", "**", "*.db"), recursive=True):
+        try:
+            rows = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
+                "select record from trainscout_measurements").fetchall()
+        except sqlite3.OperationalError:  # a store without measurements
+            continue
+        for (text,) in rows:
+            rec = Record.from_dict(json.loads(text))
+            m = rec.measured
+            assert json.dumps(m.to_dict()) == json.dumps(rec.metrics or {})
+            assert m.tokens_per_s == (rec.metrics or {}).get(TOKENS_PER_S)
+            assert json.dumps(rec.to_dict()["metrics"]) == json.dumps(json.loads(text)["metrics"])
+            n += 1
+    assert n > 100
+
+
+def test_metrics_keep_unknown_keys_in_extras_and_read_missing_ones_as_none():
+    m = Metrics.from_dict({"step_s": 2, "future_metric": [1], TOKENS_PER_S: None})
+    assert m.step_s == 2 and isinstance(m.step_s, int) and m.tokens_per_s is None and m.mfu is None
+    assert m.extras == {"future_metric": [1]}
+    assert list(m.to_dict().items()) == [("step_s", 2), ("future_metric", [1]), (TOKENS_PER_S, None)]
+    assert Metrics.from_dict(None).to_dict() == {} and Record(model="m", config={}, status="oom").measured.mfu is None
+    assert Metrics(tokens_per_s=1.0, extras={"x": 1}).to_dict() == {TOKENS_PER_S: 1.0, "x": 1}
+    assert TOKENS_PER_S in METRIC_NAMES and "extras" not in METRIC_NAMES
+    assert metric_columns(TOKENS_PER_S, "mfu") == (TOKENS_PER_S, "mfu")
+    with pytest.raises(ValueError, match="tokens_per_sec: not a field"):
+        metric_columns("tokens_per_sec")

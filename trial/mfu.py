@@ -9,7 +9,7 @@ contribution that claims the current convention with a figure of its own).
 from __future__ import annotations
 
 from trainscout.predictor import flops
-from .records import Record
+from .records import Record, TOKENS_PER_S
 
 CONVENTION = (f"{flops.CONVENTION}: matrix-product FLOPs from the model's modules (the input embedding not counted, "
               "experts at top_k), against the GPU's bf16 dense peak")
@@ -24,7 +24,7 @@ def mfu(record: Record) -> float | None:
     from . import gpus
     m, hw = record.m, record.hardware or {}
     peak = gpus.gpu_peak_tflops(hw.get("gpu") or m.get("gpu"))
-    if not record.ok or not m.get("tokens_per_s") or not peak or record.device != "cuda":
+    if not record.ok or not m.get(TOKENS_PER_S) or not peak or record.device != "cuda":
         return None
     clean = {k: v for k, v in m.items() if k not in CLAIMED and not k.endswith("_dense_v0")}
     fresh = flops.recount(record.replace(metrics={**clean, "peak_tflops": peak}))

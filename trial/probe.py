@@ -23,7 +23,7 @@ import time
 import traceback
 
 from .models import sizes
-from .records import RankResult, TrialSpec
+from .records import RankResult, TrialSpec, TOKENS_PER_S
 from .status import Status, classify
 
 # micro_batch_size=max keeps a candidate only if its probe steps peaked below this share of the GPU's memory: a
@@ -73,7 +73,7 @@ def settle(spec: TrialSpec, n_params: int, ranks: list[RankResult], derive) -> t
         options.append(at(low, [r.replace(**{k: v for k, v in r.below.items() if k not in ("mbs", "timed_s")})
                                 for r in ranks]))
     scored = [(s, derive(s, n_params, r)) for s, r in options]
-    compared = [[s.plan.micro_batch_size, m["tokens_per_s"]] for s, m in scored]
+    compared = [[s.plan.micro_batch_size, m[TOKENS_PER_S]] for s, m in scored]
     best_spec, best = min(scored, key=lambda x: x[1]["step_s"])
     return best_spec, best, compared
 

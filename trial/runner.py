@@ -18,7 +18,7 @@ from . import contention, faults, gpus, hardware, metrics, pool, probe, quality
 from .models import ModelSpec, resolve_model, sizes, with_overrides
 from .rank import Progress
 from .ray_cluster import check_resources, cluster_address, ensure_ray
-from .records import RankResult, Record, TrialSpec
+from .records import RankResult, Record, TrialSpec, TOKENS_PER_S
 from .status import MEASURED, Status, classify, host_oom_line, node_lost_line
 
 STATUSES = tuple(s.value for s in MEASURED)
@@ -228,7 +228,7 @@ def _wait(workers, ref, trial_id: str, spec: TrialSpec, on_step) -> dict:
                 accum = p.get("grad_accum") or spec.grad_accum
                 step_s = metrics.project_step(p["micro"][:-1], p["micro"][-1:], [p["optim"]], accum)
                 on_step({"step": p["step"], "step_s": step_s, "loss": p.get("loss"),
-                         "tokens_per_s": spec.tokens_per_step / step_s})
+                         TOKENS_PER_S: spec.tokens_per_step / step_s})
         if ready:
             return ray.get(ref)
 
@@ -347,7 +347,7 @@ def derive(spec: TrialSpec, n_params: int, ranks: list[RankResult]) -> dict:
     out = _step_times(spec, ranks)
     device_name = ranks[0].device_name
     peak = gpus.gpu_peak_tflops(device_name) if spec.device == "cuda" else None
-    tok_s, step_s, recipe = out["tokens_per_s"], out["step_s"], spec.recipe
+    tok_s, step_s, recipe = out[TOKENS_PER_S], out["step_s"], spec.recipe
     out.update({
         "n_params": n_params,
         "gpu": device_name,
@@ -387,7 +387,7 @@ def _step_times(spec: TrialSpec, ranks: list[RankResult]) -> dict:
     non_last = [m for r in ranks for st in r.steps for m in st["micro"][:-1]]
     last = [st["micro"][-1] for r in ranks for st in r.steps]
     return {
-        "tokens_per_s": spec.tokens_per_step / step_s,
+        TOKENS_PER_S: spec.tokens_per_step / step_s,
         "step_s": step_s,                       # projected full optimizer step of the recipe's global batch
         "measured_step_s": metrics.median(measured),  # the timed steps as run (measured_accum micro-batches)
         "micro_batch_s": metrics.median(non_last or last),

@@ -8,6 +8,7 @@ import os
 import sys
 
 from trainscout.spaces import ConfigError
+from .records import TOKENS_PER_S
 
 DTYPES = ("uint16", "uint32", "int32", "int64")
 
@@ -97,7 +98,7 @@ def train(config: str, *, model: str | None = None, steps: int = 100, data: str 
     summary = {"status": str(record.status), "error": record.error, "model": record.model, "config": record.config,
                "recipe": record.recipe, "world_size": record.world_size, "wall_s": record.wall_s}
     summary.update(steps=steps, data=spec.data, checkpoint=out if record.ok else None,
-                   metrics={k: record.m.get(k) for k in ("tokens_per_s", "measured_step_s", "loss", "mfu", "dtypes")},
+                   metrics={k: record.m.get(k) for k in (TOKENS_PER_S, "measured_step_s", "loss", "mfu", "dtypes")},
                    saved_dtype=save_dtype or spec.plan.master_dtype if record.ok else None)
     with open(os.path.join(out, "train.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)

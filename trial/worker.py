@@ -23,7 +23,7 @@ from trainscout.spaces import ParallelDims
 from . import contention, engines, faults, metrics
 from . import probe as mbs_probe
 from .models import build_model, sizes
-from .records import RankResult, TrialSpec
+from .records import RankResult, TrialSpec, TOKENS_PER_S
 
 
 _gc = [0.0, 0.0]  # seconds Python's garbage collector has run in this process; when the running collection began
@@ -181,10 +181,10 @@ def _below_bar(spec: TrialSpec, steps: list[dict]) -> dict | None:
     step_s = metrics.median([metrics.project_step(st["micro"][:-1], st["micro"][-1:], [st["optim"]], spec.grad_accum)
                              for st in steps])
     tok_s = spec.tokens_per_step / step_s
-    if tok_s >= bar["tokens_per_s"]:
+    if tok_s >= bar[TOKENS_PER_S]:
         return None
     return {"changes": spec.quality["changes"], "reference": spec.quality["reference"], "skipped": True,
-            "why": f"not gated: {tok_s:,.0f} tokens/s is more than {1 - bar['tokens_per_s'] / bar['best']:.0%} below "
+            "why": f"not gated: {tok_s:,.0f} tokens/s is more than {1 - bar[TOKENS_PER_S] / bar['best']:.0%} below "
                    f"the search's fastest that trains the same model ({bar['best']:,.0f}, trial {bar['trial']}), so "
                    "it cannot rank"}
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from trainscout.spaces import ConfigError, all_knobs, applies, fmt, get
 from trainscout.store import secrets
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 from .. import cost, table, ties
@@ -53,12 +54,12 @@ def analyse(source, prices_path: str | None = None) -> Analysis:
     records = {m.key: m for m in store.measurements()}
     knobs = [k.name for k in all_knobs() if k.name in df.columns]
     varied = [k for k in knobs if df[k].dropna().map(fmt).nunique() > 1]
-    ok = df[(df["status"] == Status.OK) & df["tokens_per_s"].notna()]
+    ok = df[(df["status"] == Status.OK) & df[TOKENS_PER_S].notna()]
     # a failed quality verdict last (it trains another model: never the best, as export --best), then measurements
     # other trials shared the CPU or GPU of (trial.contention) after the clean ones, marked
     from trainscout.trial.quality import FAILED
     best = (ok.assign(_failed=ok["quality"] == FAILED, _shared=ok["shared"].notna())
-            .sort_values(["_failed", "_shared", "tokens_per_s"], ascending=[True, True, False])
+            .sort_values(["_failed", "_shared", TOKENS_PER_S], ascending=[True, True, False])
             .drop(columns=["_failed", "_shared"]).drop_duplicates("key").reset_index(drop=True))
     failures = []
     for status, g in df[df["status"] != Status.OK].groupby("status", sort=False):
@@ -106,7 +107,7 @@ def knob_importance(trials: pd.DataFrame, search: str) -> dict | None:
         return None
     made = []
     for r, c in zip(rows, cfgs):
-        tps = r["tokens_per_s"]
+        tps = r[TOKENS_PER_S]
         value = (float(tps) if r["status"] in (Status.OK, Status.STOPPED) and tps is not None and not pd.isna(tps)
                  else 0.0)
         params = {n: c[n] for n in searched if c[n] is not None and applies(get(n), c)}
@@ -145,7 +146,7 @@ def progress(a: Analysis) -> list[dict]:
     out = []
     for search, g in a.df.groupby("search", sort=False):
         hours = (g["gpu_s"].fillna(0).cumsum() / 3600).tolist()
-        ok = g["tokens_per_s"].where(g["status"] == Status.OK)
+        ok = g[TOKENS_PER_S].where(g["status"] == Status.OK)
         best = ok.cummax().ffill().tolist()
         found = None if ok.isna().all() else g.index.get_loc(ok.idxmax())
         out.append({"search": search, "rows": g, "hours": hours, "best": best, "found": found})
@@ -154,4 +155,4 @@ def progress(a: Analysis) -> list[dict]:
 
 def measured(df: pd.DataFrame) -> int:
     """Trials that measured tokens/s: ok (served from the store included) or stopped by ASHA after some steps."""
-    return int((df["status"].isin([Status.OK, Status.STOPPED]) & df["tokens_per_s"].notna()).sum())
+    return int((df["status"].isin([Status.OK, Status.STOPPED]) & df[TOKENS_PER_S].notna()).sum())

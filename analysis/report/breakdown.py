@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from trainscout.spaces import ConfigError, all_knobs, applies, fmt
+from trainscout.trial.records import TOKENS_PER_S
 
 from .analysis import Analysis
 from .formatting import first_line, is_missing, label
@@ -106,7 +107,7 @@ def knob_pairs(records: list) -> list[dict]:
     cells = {}
     for rec in records:
         m = rec.m
-        if not rec.ok or is_missing(m.get("tokens_per_s")) or not m["tokens_per_s"]:
+        if not rec.ok or is_missing(m.get(TOKENS_PER_S)) or not m[TOKENS_PER_S]:
             continue
         cfg = {k.name: (rec.config or {}).get(k.name, k.default) for k in knobs}
         on = {k.name for k in knobs if applies(k, cfg)}
@@ -126,7 +127,7 @@ def knob_pairs(records: list) -> list[dict]:
             side = [" ".join(f"{k.name}={fmt(c[k.name])}" for k in knobs
                              if k.name in o - other and fmt(c[k.name]) != fmt(k.default))
                     for c, o, other in ((ca, oa, ob), (cb, ob, oa))]
-            ratio = rb.m["tokens_per_s"] / ra.m["tokens_per_s"]
+            ratio = rb.measured.tokens_per_s / ra.measured.tokens_per_s
             spread = math.hypot(*(float(r.m.get("step_spread") or 0.0) for r in (ra, rb)))
             order = (names.index(knob.name), _value_order(knob, ca[knob.name]), _value_order(knob, cb[knob.name]),
                      side, -ratio)

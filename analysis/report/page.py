@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 from .analysis import Analysis, analyse, measured, progress, tied_keys
@@ -87,7 +88,7 @@ def head_section(a: Analysis) -> list[str]:
         cards.insert(0, (f"{hours_unit(a)} spent", f"{df['gpu_s'].sum() / 3600:,.3g}"))
     if len(b):
         r = b.iloc[0]
-        cards = [("fastest: tokens/s", num(r["tokens_per_s"])),
+        cards = [("fastest: tokens/s", num(r[TOKENS_PER_S])),
                  ("its projected run", f"{days(r['projected_days'])} days"), ("renting it", usd(r["rent_usd"])),
                  ("buying the box", usd(r["box_usd"])), *cards]
     out.append("<div class=\"cards\">" + "".join(
@@ -129,7 +130,7 @@ def best_section(a: Analysis) -> list[str]:
 
     def shared(r):  # a measurement that ran beside other trials (trial.contention)
         return " (shared)" if isinstance(r["shared"], str) else ""
-    rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else "") + shared(r), num(r["tokens_per_s"]),
+    rows = [[str(i + 1) + (" (tie)" if r["key"] in tied else "") + shared(r), num(r[TOKENS_PER_S]),
              num(r["mfu"], ".3f"), escape(r["quality"]), num(r["peak_memory_gib"], ".2f"),
              days(r["projected_days"]), usd(r["rent_usd"]), usd(r["box_usd"]),
              escape(f"{r['model']} on {where(r)}{contributed(r)}"),
@@ -160,7 +161,7 @@ def cost_section(a: Analysis) -> list[str]:
     out = ["<h2>Hardware and cost</h2>"]
     if len(a.hardware):
         rows = [[escape(h["model"]), escape(f"{h['hardware']} x{h['world_size']}"), f"{h['ok']}/{h['trials']}",
-                 num(h["tokens_per_s"]), num(h["mfu"], ".3f"), days(h["projected_days"]), usd(h["rent_usd"]),
+                 num(h[TOKENS_PER_S]), num(h["mfu"], ".3f"), days(h["projected_days"]), usd(h["rent_usd"]),
                  usd(h["box_usd"]), escape("no price" if is_missing(h["price"]) else h["price"])]
                 for _, h in a.hardware.iterrows()]
         out.append(_table(["model", "hardware", "ok/trials", "best tokens/s", "MFU", "days", "rent", "box",
@@ -342,7 +343,7 @@ def trial_table(a: Analysis) -> str:
     for r in a.df.to_dict("records"):
         cmd = export_command(a, r)
         cells = [str(r["n"]), *([escape(r["search"])] if many else []), f"<code>{escape(r['trial'])}</code>",
-                 _tag(r["status"]), escape(reason(r)), num(r["tokens_per_s"]), num(r["micro_batch"], "d"),
+                 _tag(r["status"]), escape(reason(r)), num(r[TOKENS_PER_S]), num(r["micro_batch"], "d"),
                  num(r["grad_accum"], "d"),
                  escape(gpu_s_text(r)), f"<span class=\"cfg\">{escape(config_text(r, a.varied))}</span>",
                  f"<code>{escape(str(r['key'])[:12]) if isinstance(r['key'], str) else '—'}</code>",

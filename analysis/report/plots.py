@@ -6,6 +6,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from trainscout.spaces import fmt, get
+from trainscout.trial.records import TOKENS_PER_S
 from trainscout.trial.status import Status
 
 from .analysis import Analysis, pareto_front, progress
@@ -44,7 +45,7 @@ def plot_pareto(a: Analysis) -> str:
         sel = b[[x == g for x in groups]]
         for j, (i, r) in enumerate(sel.iterrows()):
             dot(fig, ax, r["peak_memory_gib"], r["projected_days"],
-                 f"{label(r)}: {num(r['tokens_per_s'])} tokens/s, {days(r['projected_days'])} days (rank {i + 1})",
+                 f"{label(r)}: {num(r[TOKENS_PER_S])} tokens/s, {days(r['projected_days'])} days (rank {i + 1})",
                  s=40, color=color, alpha=0.75, label=g if j == 0 else "_nolegend_", zorder=2)
     for model, g in b.groupby("model"):
         front = pareto_front(list(zip(g["peak_memory_gib"], g["projected_days"], g.index)))
@@ -105,7 +106,7 @@ def plot_importance(imp: dict) -> str:
 
 def plot_knob_values(a: Analysis) -> str:
     """Tokens/s of each successful measurement per value of each varied knob, a panel per knob (inline SVG)."""
-    ok = a.df[(a.df["status"] == Status.OK) & a.df["tokens_per_s"].notna()].drop_duplicates("key")
+    ok = a.df[(a.df["status"] == Status.OK) & a.df[TOKENS_PER_S].notna()].drop_duplicates("key")
     knobs = [k for k in a.varied if ok[k].dropna().map(fmt).nunique() > 1] or a.varied
     cols = min(3, max(1, len(knobs)))
     rows = max(1, math.ceil(len(knobs) / cols))
@@ -128,7 +129,7 @@ def plot_knob_values(a: Analysis) -> str:
         order = [fmt(c) for c in knob.choices if fmt(c) in {fmt(v) for v in vals if v is not None}]
         order += sorted({fmt(v) for v in vals if v is not None} - set(order))
         for xi, value in enumerate(order):
-            pts = [(t, colors.get(g, "#1f77b4"), r) for v, t, g, r in zip(vals, ok["tokens_per_s"], groups, rows)
+            pts = [(t, colors.get(g, "#1f77b4"), r) for v, t, g, r in zip(vals, ok[TOKENS_PER_S], groups, rows)
                    if v is not None and fmt(v) == value]
             ys = [t for t, *_ in pts]
             xs = [xi + (j - (len(ys) - 1) / 2) * min(0.08, 0.6 / max(1, len(ys))) for j in range(len(ys))]
@@ -233,7 +234,7 @@ def plot_progress(a: Analysis) -> str:
         name = p["search"] if len(a.df["search"].unique()) > 1 else "best so far"
         ax.step(p["hours"], p["best"], where="post", color=color, lw=1.8, label=name, zorder=1)
         for h, (_, r) in zip(p["hours"], p["rows"].iterrows()):
-            tps, status = r["tokens_per_s"], r["status"]
+            tps, status = r[TOKENS_PER_S], r["status"]
             ran = status in (Status.OK, Status.STOPPED) and not is_missing(tps)
             kw = ({"s": 34, "color": color} if status == Status.OK else
                   {"s": 34, "facecolors": "none", "edgecolors": color} if ran else
@@ -252,7 +253,7 @@ def plot_progress(a: Analysis) -> str:
               bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_xlabel(f"{unit} spent (cumulative, in trial order)")
     ax.set_ylabel("tokens/s")
-    top = a.df["tokens_per_s"].max()
+    top = a.df[TOKENS_PER_S].max()
     ax.set_ylim(bottom=-0.03 * (top if not is_missing(top) else 1))  # a failure's x on the axis stays visible
     thousands_axis(ax)
     ax.grid(alpha=0.3)
@@ -343,7 +344,7 @@ def plot_knob_pairs(a: Analysis, groups: list[dict]) -> str:
                         ecolor="#90a4ae", elinewidth=1, capsize=2, zorder=1)
             dot(fig, ax, p["ratio"], yj, f"{g['knob']} {g['from']} → {g['to']}: {labels.get(p['b'].key, p['b'].key)}"
                  f" / {labels.get(p['a'].key, p['a'].key)} = {p['ratio']:.3f} ± {p['err']:.3f} ("
-                 f"{num(p['b'].m['tokens_per_s'])} / {num(p['a'].m['tokens_per_s'])} tokens/s)",
+                 f"{num(p['b'].measured.tokens_per_s)} / {num(p['a'].measured.tokens_per_s)} tokens/s)",
                  s=26, color="#1f77b4", alpha=0.8, zorder=2)
         ax.plot([g["median"]] * 2, [y - 0.38, y + 0.38], color="#c62828", lw=2, zorder=1.5,  # under the dots
                 label="median" if y == 0 else "_nolegend_")

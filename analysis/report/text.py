@@ -1,6 +1,8 @@
 """The report in words: the terminal summary, and the sentences the page shares with it."""
 from __future__ import annotations
 
+from trainscout.trial.records import TOKENS_PER_S
+
 from .analysis import Analysis, tied_keys
 from .formatting import NO_SEARCH, config_text, contributed, days, is_missing, label, num, search_name, usd, where
 
@@ -73,7 +75,7 @@ def summary(a: Analysis, top: int = 5) -> str:
                      "the GPUs and machines):")
         tied = tied_keys(a)
         for i, r in a.best.head(top).iterrows():
-            lines.append(f"  rank {i + 1}{' (tie)' if r['key'] in tied else ''} {num(r['tokens_per_s'])} tokens/s  "
+            lines.append(f"  rank {i + 1}{' (tie)' if r['key'] in tied else ''} {num(r[TOKENS_PER_S])} tokens/s  "
                          f"MFU {num(r['mfu'], '.3f')}  quality {r['quality']}  "
                          f"{num(r['peak_memory_gib'], '.2f')} GiB/rank  {days(r['projected_days'])} days  "
                          f"rent {usd(r['rent_usd'])}  box {usd(r['box_usd'])}  {r['model']} on {where(r)}  "
@@ -86,7 +88,7 @@ def summary(a: Analysis, top: int = 5) -> str:
         lines.append("hardware side by side (fastest configuration of each):")
         for _, h in a.hardware.iterrows():
             lines.append(f"  {h['model']} on {h['hardware']} x{h['world_size']}: {h['ok']}/{h['trials']} ok, "
-                         f"{num(h['tokens_per_s'])} tokens/s, {days(h['projected_days'])} days, rent "
+                         f"{num(h[TOKENS_PER_S])} tokens/s, {days(h['projected_days'])} days, rent "
                          f"{usd(h['rent_usd'])}, box {usd(h['box_usd'])}")
     unpriced = sorted({str(h) for h, p in zip(a.df["hardware"], a.df["price"])
                        if not is_missing(h) and is_missing(p)})
