@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import optuna
@@ -1002,54 +1003,73 @@ def _fill(folder) -> None:
 # CI keeps one (a deleted store, the case that took everything down); the other two are the long variants (-m slow)
 @pytest.mark.parametrize("fault", ["deleted", pytest.param("disk-full", marks=pytest.mark.slow),
                                    pytest.param("read-only", marks=pytest.mark.slow)])
-def test_r9_a_store_that_fails_mid_search_stops_it_in_one_line_keeping_what_was_measured(tmp_path, fault):
+def test_r9_a_store_that_fails_mid_search_stops_it_in_one_line_keeping_what_was_measured(tmp_path, fault, ray_local,
+                                                                                         capsys):
     """results.db (with its -wal and -shm) deleted, its disk filled, or the files made immutable after the search's
     first trial: the search stops (it does not run its other trials into nowhere), prints no summary and no
     traceback, ends with one line saying what failed and what was kept, and exits 1. A deleted store is re-created
-    from what the driver's connection still reads: every trial recorded before the deletion is in the new file."""
+    from what the driver's connection still reads: every trial recorded before the deletion is in the new file. The
+    search runs in this process on the session's Ray (its own interpreter, imports and Ray are not what this checks);
+    the fault comes from another thread."""
     root = tmp_path
     if fault == "disk-full":
         root = tmp_path / "disk"
         if not _mount_tmpfs(root, "24m"):
             pytest.skip("no right to mount a tmpfs here: the full-disk case needs a real small filesystem")
+    if fault == "read-only":
+        probe = tmp_path / "probe"
+        probe.touch()
+        if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode:
+            pytest.skip("chattr +i is not permitted here: the read-only case needs it")
+        subprocess.run(["chattr", "-i", str(probe)], capture_output=True)
     try:
-        _r9_search(tmp_path, root, fault)
+        _r9_search(root, fault, capsys)
     finally:
         if fault == "disk-full":
             subprocess.run(["umount", str(root)], capture_output=True)
 
 
-def _r9_search(tmp_path, root, fault):
+def _r9_search(root, fault, capsys):
     out = root / "s9"
-    w = Watch(search_cli(out, "--trials", "8", "--seed", "1"), log=str(tmp_path / "log"), sockets=False)
-    try:
-        while w.run_for(0.5) and not (stored_trials(out, "s9") or 0) >= 1:
-            pass
-        before = stored_trials(out, "s9")
-        assert before and w.proc.poll() is None, open(tmp_path / "log").read()[-3000:]
-        db = out / "results.db"
-        files = [db, out / "results.db-wal", out / "results.db-shm"]
+    db = out / "results.db"
+    files = [db, out / "results.db-wal", out / "results.db-shm"]
+    ended, at = threading.Event(), {}
+
+    def fail_the_store():  # once the first trial is stored, while the search still runs
+        while not ended.wait(0.5):
+            before = stored_trials(out, "s9")
+            if before:
+                at.update(before=before, running=not ended.is_set())
+                break
+        else:
+            return
         if fault == "deleted":
             for f in files:
                 f.unlink(missing_ok=True)
         elif fault == "disk-full":
             _fill(root)
-        elif subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True).returncode:
-            pytest.skip("chattr +i is not permitted here: the read-only case needs it")
-        rc = w.wait(timeout=600)
+        else:
+            at["chattr"] = subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True).returncode
+    faulting = threading.Thread(target=fail_the_store, daemon=True)
+    faulting.start()
+    try:
+        rc = main(search_cli(out, "--trials", "8", "--seed", "1")[3:])
     finally:
+        ended.set()
+        faulting.join(timeout=60)
         if fault == "read-only":
-            subprocess.run(["chattr", "-i", *map(str, [out / "results.db", out / "results.db-wal",
-                                                        out / "results.db-shm"])], capture_output=True)
-        w.cleanup()
+            subprocess.run(["chattr", "-i", *map(str, files)], capture_output=True)
         if fault == "disk-full":
             (root / "filler").unlink(missing_ok=True)
-    log = open(tmp_path / "log").read()
-    lines = [ln for ln in log.splitlines() if ln.strip()]
+    cap = capsys.readouterr()
+    log = cap.out + cap.err
+    assert at.get("before") and at["running"], log[-3000:]
+    assert not at.get("chattr"), at
+    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
     assert rc == 1, log[-3000:]
     assert "Traceback" not in log and "best, rank 1" not in log, log[-3000:]
     assert lines[-1].startswith("trainscout: error: the results store"), lines[-3:]
-    after = stored_trials(out, "s9")
+    before, after = at["before"], stored_trials(out, "s9")
     assert after is not None and before <= after < 8, (before, after)  # stopped, not run to the end
     if fault == "deleted":
         assert "rescued into" in lines[-1] and str(db) in lines[-1], lines[-1]
