@@ -784,7 +784,7 @@ def test_a_trial_the_time_budget_ends_is_shown_with_its_settings(tmp_path, capsy
     monkeypatch.setenv("TRAINSCOUT_FAULT_SCHEDULE", "0:hang")  # trial 0 stops making progress at its first step
     out = tmp_path / "s"
     rc = main(["search", "--model", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--global-batch", "4",
-               "--time-budget", "20", "--out", str(out), *FIXED])  # counted from main's start: the trial starts
+               "--time-budget", "15", "--out", str(out), *FIXED])  # counted from main's start: the trial starts
     cap = capsys.readouterr()
     err = cap.err
     cut = [line for line in cap.out.splitlines() if line.startswith("  trial 0: ended by the time budget after ")]
