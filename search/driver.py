@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from trainscout.search.live import Printer
 from trainscout.spaces import fmt
 from trainscout.store import Store, StoreError, guard, open_store
-from trainscout.trial.runner import cluster_address
+from trainscout.trial.ray_cluster import cluster_address
 from trainscout.trial.status import Status, classify, host_oom_line, node_lost_line
 
 from . import cluster, settle
@@ -385,7 +385,7 @@ def _open_study(args: SearchArgs, store: Store, name: str) -> tuple[bool, object
     import optuna
 
     from trainscout.trial import pool
-    from trainscout.trial.runner import ensure_ray
+    from trainscout.trial.ray_cluster import ensure_ray
     ensure_ray(args.address)
     attached = cluster_address(args.address) is not None
     # the worker groups' pool, owned by this driver on its node, so that it outlives the trials that use it (and no
@@ -394,7 +394,7 @@ def _open_study(args: SearchArgs, store: Store, name: str) -> tuple[bool, object
     from trainscout.store import secrets, shared
     secrets.publish(store.url)  # the storage's password, for the trials' processes wherever they run (in memory only)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ostorage = shared.optuna_storage(store.url, engine_kwargs=Store._engine_kwargs(store.url))  # its schema made once
+    ostorage = shared.optuna_storage(store.url, engine_kwargs=Store.engine_kwargs(store.url))  # its schema made once
     from trainscout.store import claims  # each write of the study checks the driver's lease first
     ostorage = claims.guarded_storage(ostorage, name, lease_lost)
     guard.pin(ostorage.engine, store.path, store.identity)  # no new, empty database where the store was
