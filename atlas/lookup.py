@@ -90,7 +90,8 @@ def same_model(target: dict, record: dict) -> bool:
 
 
 # --- the answer -------------------------------------------------------------------------------------------------
-def _prices():
+def price_table():
+    """The rental and purchase prices (analysis/prices.json) the answer's costs are computed with."""
     from trainscout.analysis.cost import load_prices
     return load_prices()
 
@@ -195,7 +196,7 @@ def _measured_row(oks: list[dict], kind_: str | None, n: int, batch: int, want: 
            "label_why": sorted({lb["why"] for r in oks for lb in r.get("labels") or []}),
            "verified": best.get("verified"), "provenance": best["provenance"],
            "quality": quality_status(m, None, rec["config"], rec.get("device")),
-           "failed_settings": _failed_settings(m, rec["config"]),
+           "failed_settings": gate_failed_settings(m, rec["config"]),
            "origins": sorted({r["provenance"].get("origin") for r in oks}), "shared": shared}
     row.update(_money(days, n, row["gpu"], prices))
     row["_record"] = dict(rec, key=best["key"], metrics=dict(m, tokens_per_s=tps))
@@ -264,7 +265,7 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
             and host_memory_gib is None and not avoid:
         got = dict(cached, source="precomputed from the shipped rows by bench/build_atlas.py (atlas/model.json)")
     else:
-        pool = samples.samples(atlas.rows, _features(atlas))
+        pool = samples.samples(atlas.rows, row_features(atlas))
         got = dict(predict.predict_model(target["path"] or target["name"], gpu, gpus, pool, global_batch,
                                          gpu_memory_gib, host_memory_gib, avoid),
                    source="computed now from the atlas's rows")
@@ -295,7 +296,7 @@ def predicted(atlas, target: dict, gpu: str, gpus: int, global_batch: int | None
             "search_command": search_command(target, got.get("gpus") or gpus, global_batch)}
 
 
-def _features(atlas) -> dict:
+def row_features(atlas) -> dict:
     """Features of every ok row: the shipped ones from model.json, a user layer's computed here (the model on the
     meta device, once per model config)."""
     from trainscout.trial.records import Record
@@ -341,7 +342,7 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
     prediction (on a box of host_memory_gib, default predict.HOST_GIB_PER_GPU per GPU), the budget's verdict,
     notes."""
     target = target_of(model)
-    prices = _prices()
+    prices = price_table()
     want = parse_budget(budget)
     asked = gpu
     gpu = asked_gpu(atlas, gpu) if gpu else None
@@ -368,7 +369,7 @@ def lookup(atlas, model: str, gpu: str | None = None, gpus: int | None = None, g
     return out
 
 
-def _failed_settings(m: dict, config: dict) -> dict | None:
+def gate_failed_settings(m: dict, config: dict) -> dict | None:
     """The settings whose numerics change failed this measurement's quality gate ({knob: value}), None where it
     did not fail."""
     from trainscout.trial.quality import failed_settings

@@ -224,9 +224,9 @@ def _fits(model, base: dict, gpus: int, n: float, arch: str, kind_of_arch: str, 
     fitting, why = [], None
     for rank, extra in enumerate(({}, *memory_savers())):
         settings = _clear(avoid, {**base, **extra}, extra)
-        spec, mem, why_not, refused = _largest_fit(model, settings, gpus, global_batch, hw, installed,
-                                                   lambda fam: memory_calibration(fam, n, arch, pool), cap, host,
-                                                   kind_of_arch, keep=set(extra))
+        spec, mem, why_not, refused = largest_fit(model, settings, gpus, global_batch, hw, installed,
+                                                  lambda fam: memory_calibration(fam, n, arch, pool), cap, host,
+                                                  kind_of_arch, keep=set(extra))
         if spec is None:
             if refused and not extra:
                 why = why_not
@@ -276,8 +276,8 @@ def _clear(avoid, settings: dict, extra: dict) -> dict:
     return settings
 
 
-def _largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw: dict, installed: frozenset,
-                 calibration, cap: float, host: float, kind_of_arch: str = DENSE, keep: set | None = None):
+def largest_fit(model, settings: dict, gpus: int, global_batch: int | None, hw: dict, installed: frozenset,
+                calibration, cap: float, host: float, kind_of_arch: str = DENSE, keep: set | None = None):
     """(spec, predicted peak bytes, None, False) at the largest micro-batch predicted within cap bytes by the
     calibrated memory model and by the uncalibrated one (trainscout estimate's, a fresh search's), on a host of
     `host` bytes by predictor.memory.host_refusal, the search's rule; or (None, None, why not, refused): refused=True

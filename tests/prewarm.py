@@ -79,11 +79,11 @@ def _rank(rank: int, world: int, store: str, port: int, specs: list, done) -> No
     import signal
     ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
     from trainscout.trial.rank import Rank
-    from trainscout.trial.runner import _worker_env
+    from trainscout.trial.runner import worker_env
     r = Rank()
     r.setup(rank, world, "127.0.0.1", port, [], rank, world, "gloo", store)
     for name, spec in specs:
-        os.environ.update(_worker_env(spec))
+        os.environ.update(worker_env(spec))
         r.run(spec)
         if rank == 0:
             with done.get_lock():

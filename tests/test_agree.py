@@ -45,7 +45,7 @@ def test_lookups_first_answer_is_what_a_search_would_run_on_one_h100_with_128_gi
     assert told["precision"] == "bf16" and told["fp8"] != "tensorwise", told
     # as for a model never measured: predicted from the other models' rows
     others = dataclasses.replace(atlas, rows=[r for r in atlas.rows if r["record"]["model"] != "mistral-7b-v0.3"])
-    first = lookup.predicted(others, lookup.target_of(MISTRAL), "H100", 1, None, lookup._prices(), 80.0,
+    first = lookup.predicted(others, lookup.target_of(MISTRAL), "H100", 1, None, lookup.price_table(), 80.0,
                              128.0)["rows"][0]
     assert first["host_memory_gib"] <= 113
     got = estimate(first["config"], first["gpus"], 80.0, capsys)

@@ -110,7 +110,7 @@ def test_an_h200_row_inflated_1_4x_is_a_conflict_never_averaged_in(tmp_path, cap
     (line, key, why), = atlas.layers[1].refused
     assert "conflicting duplicate" in why and "kept apart" in why
     got = lookup.measured(atlas, lookup.target_of("pythia-410m"), "H200", 1, real["record"]["recipe"]["global_batch"],
-                          lookup._prices(), top=50)
+                          lookup.price_table(), top=50)
     rows = [r for g in got["groups"] for r in g["rows"] if r["key"] == real["key"]]
     assert rows and all(len(r["repeats"]) == 1 or tps * 1.4 not in r["repeats"] for r in rows)
     assert all(abs(r["tokens_per_s"] - tps * 1.4) > 1 for r in rows)
@@ -348,14 +348,14 @@ def test_a_model_whose_measured_rows_all_failed_quality_gets_a_prediction_withou
 
 def test_a_saver_that_keeps_activations_on_the_host_is_tried_at_a_smaller_micro_batch_where_the_host_is_short():
     """Activation offload's host memory grows with the micro-batch: on a 32 GiB host the largest micro-batch is
-    refused for host memory and a smaller one fits (the search's start point took 8; _largest_fit stopped at the
+    refused for host memory and a smaller one fits (the search's start point took 8; predict.largest_fit stopped at the
     first, 256, 459 GiB). Mock: the H100 is its fingerprint."""
     from trainscout.predictor import memory
     from trainscout.trial.models import resolve_model
     hw = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "gpu_memory_gib": 79.2,
           "capability": "9.0"}
     host = 32 * 2**30
-    spec, mem, why, refused = predict._largest_fit(resolve_model("pythia-410m"), {"activation_offload": "on"}, 1, None,
+    spec, mem, why, refused = predict.largest_fit(resolve_model("pythia-410m"), {"activation_offload": "on"}, 1, None,
                                                    hw, frozenset(), lambda fam: None, 0.85 * 79.2 * 2**30, host)
     assert spec is not None and why is None and not refused, why
     assert memory.host_refusal(spec, host, memory.MARGIN) is None

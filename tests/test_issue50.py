@@ -270,8 +270,8 @@ def test_a_zero_trial_removes_a_stale_build_lock_and_runs(tmp_path, ray_local, m
                                                           memory_monitor_runs):
     """The trial command in this process on the session's Ray (a subprocess's own interpreter and Ray cost 10-20 s
     of the suite's 2 cores): its ranks get the TORCH_EXTENSIONS_DIR a command started with it would give them
-    (runner._CACHES, read at import), a copy of the checkout's built ops (no build in the test) with a lock no process
-    holds, 20 minutes old. Its rank removes it before DeepSpeed loads the op (trial.engines.deepspeed
+    (runner.USER_CACHES, read at import), a copy of the checkout's built ops (no build in the test) with a lock no
+    process holds, 20 minutes old. Its rank removes it before DeepSpeed loads the op (trial.engines.deepspeed
     .clear_stale_build_locks) and the trial is measured, where DeepSpeed's build would wait on it to the trial's time
     limit. Section 1's memory-monitor runs (memory_monitor_runs) run meanwhile."""
     import shutil
@@ -287,7 +287,7 @@ def test_a_zero_trial_removes_a_stale_build_lock_and_runs(tmp_path, ray_local, m
     lock.touch()
     past = time.time() - 1200
     os.utime(lock, (past, past))
-    monkeypatch.setitem(runner._CACHES, "TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setitem(runner.USER_CACHES, "TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     # ranks of their own, ended after it: an idle group of this environment held a CPU of the session's Ray, and a
     # later in-process search's Tune trial actor waited for it forever
     monkeypatch.setenv("TRAINSCOUT_FRESH_WORKERS", "1")

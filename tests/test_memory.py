@@ -259,11 +259,11 @@ def test_meta_facts_handed_to_another_process_need_no_model_built(monkeypatch):
 
 
 def test_the_ranks_cache_environment_does_not_change_when_inductor_sets_its_own(monkeypatch):
-    """trial.runner._worker_env: inductor sets TORCHINDUCTOR_CACHE_DIR in a process the first time it compiles
+    """trial.runner.worker_env: inductor sets TORCHINDUCTOR_CACHE_DIR in a process the first time it compiles
     (the memory model's trace of a compiled layer does); the ranks' environment, which keys their warm groups,
     stays what the user set."""
     from trainscout.trial import runner
     spec = prepare("tiny", {}, workers=1, device="cpu")
-    before = runner._worker_env(spec)
+    before = runner.worker_env(spec)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_somebody")
-    assert runner._worker_env(spec) == before
+    assert runner.worker_env(spec) == before

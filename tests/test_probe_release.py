@@ -58,9 +58,9 @@ def test_the_held_fault_refuses_a_candidate_while_the_previous_one_is_alive(monk
 def test_a_trial_with_max_finds_the_largest_that_fits_in_its_worker(ray_local, monkeypatch):
     """The same through a real trial: trial/worker.py's make() in a rank's process of a worker group."""
     monkeypatch.setenv("TRAINSCOUT_FAKE_CAPACITY_MBS", "4")
-    from trainscout.trial.runner import _worker_env
-    monkeypatch.setattr("trainscout.trial.runner._worker_env",
-                        lambda s: dict(_worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="4"))
+    from trainscout.trial.runner import worker_env
+    monkeypatch.setattr("trainscout.trial.runner.worker_env",
+                        lambda s: dict(worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="4"))
     spec = prepare("tiny", {"precision": "fp32", "micro_batch_size": "max"}, device="cpu", workers=1, steps=1,
                    warmup=1, global_batch=8, fault="held")
     r = execute(spec, timeout=240, reuse=False)  # processes of its own: no warm group left for other tests

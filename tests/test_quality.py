@@ -162,7 +162,7 @@ def test_a_failed_gates_settings_are_read_one_way_by_the_search_and_the_atlas(co
     fails, stored and read back as a search does (search/trainable): the search's reason for not measuring it and the
     atlas' settings to avoid (atlas/lookup) both come from trial.quality.failed_settings; a passed verdict names
     none."""
-    from trainscout.atlas.lookup import _failed_settings
+    from trainscout.atlas.lookup import gate_failed_settings
     from trainscout.search.trainable import failed_gate, known_gate
     from trainscout.store import open_store
     spec = prepare("tiny", {corrupt: True}, device="cpu", steps=1, warmup=0)
@@ -178,7 +178,8 @@ def test_a_failed_gates_settings_are_read_one_way_by_the_search_and_the_atlas(co
     why = failed_gate(spec, known)
     assert why.startswith("not measured: " + " ".join(f"{k}={v}" for k, v in settings.items()) + " failed the quality "
                           "gate in an earlier trial (")
-    assert _failed_settings({"quality": verdict}, spec.config) == settings
+    assert gate_failed_settings({"quality": verdict}, spec.config) == settings
     passed = dict(verdict, gate=quality.PASSED)
     assert quality.failed_settings(passed, spec.config) is None and failed_gate(spec, passed) is None
-    assert _failed_settings({"quality": passed}, spec.config) is None and _failed_settings({}, spec.config) is None
+    assert gate_failed_settings({"quality": passed}, spec.config) is None
+    assert gate_failed_settings({}, spec.config) is None

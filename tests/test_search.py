@@ -42,7 +42,7 @@ def test_search_runs_stops_early_and_serves_repeats_from_the_store(tmp_path, ray
     """The search in this process on the session's Ray (a subprocess's own interpreter and Ray cost 10-15 s here).
     Its first trial may run in an idle group an earlier test left (the session's pool keeps one per key): every
     later trial must run in that same group, after it. (An environment variable set in this process's
-    runner._CACHES to give it groups of its own reached the driver's warm-up only, not the Tune trial actors: the
+    runner.USER_CACHES to give it groups of its own reached the driver's warm-up only, not the Tune trial actors: the
     warmed group of the other key held the last CPU and the search waited forever for its next trial actor.)"""
     out = tmp_path / "s1"
     capsys.readouterr()

@@ -110,7 +110,7 @@ def test_a_kind_never_measured_is_predicted_no_nearer_its_peak_than_its_calibrat
     from trainscout.atlas import db, lookup, predict
     from trainscout.atlas.samples import samples
     atlas = db.load(None)
-    pool = samples(atlas.rows, lookup._features(atlas))
+    pool = samples(atlas.rows, lookup.row_features(atlas))
     rows = predict.predict_model("pythia-2.8b", "H20", 1, pool)["rows"]
     mfus = [round(r["mfu"], 3) for r in rows]
     print(f"pythia-2.8b on 1 x H20, predicted MFU: {mfus}")

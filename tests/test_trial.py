@@ -243,9 +243,9 @@ def test_micro_batch_max_probes_down_in_one_process(ray_local, monkeypatch, caps
                    warmup=1, global_batch=16)
     assert [c["mbs"] for c in spec.probe] == [16, 8, 4, 2, 1]
     spec.fault = None
-    from trainscout.trial.runner import _worker_env
-    monkeypatch.setattr("trainscout.trial.runner._worker_env",
-                        lambda s: dict(_worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="5"))
+    from trainscout.trial.runner import worker_env
+    monkeypatch.setattr("trainscout.trial.runner.worker_env",
+                        lambda s: dict(worker_env(s), TRAINSCOUT_FAKE_CAPACITY_MBS="5"))
     seen = []
     r = execute(spec, timeout=240, on_step=seen.append)
     assert r.status == "ok", (r.error, r.stderr_tail)
@@ -314,7 +314,7 @@ def test_probed_micro_batch_compiles_static_graphs_after_an_oom(monkeypatch):
         (_, engine), accum, tried = probe.largest_fit(spec, plan, make, device)
         assert tried == [[4, "oom"], [2, "ok"]] and plan.micro_batch_size == 2
         # dynamo's timers, those of the refused candidate's graphs included (forget_graphs cleared them)
-        forgotten = probe._forgotten["compile"]
+        forgotten = probe.forgotten_seconds["compile"]
         assert forgotten > compiled and probe.compile_seconds() > forgotten  # then the fitting candidate's
         batches = [torch.randint(0, 64, (2, spec.recipe["seq_len"]))]
 
@@ -350,7 +350,7 @@ def test_warm_up_steps_run_two_micro_batches_where_the_engine_lets_the_caller_co
     engine = engines.build(spec.plan, model, spec.recipe, torch.device("cpu"), 1, 4)
     calls, step = [], engine.micro_step
     engine.micro_step = lambda batch, is_last, scale: calls.append((is_last, scale)) or step(batch, is_last, scale)
-    probe._probe_step(engine, spec.plan, spec, 4, torch.device("cpu"))
+    probe.probe_step(engine, spec.plan, spec, 4, torch.device("cpu"))
     assert calls == [(False, 0.5), (True, 0.5)] * probe.PROBE_STEPS
     assert probe.warmup_accum(engine, 1) == 1
     assert DeepSpeedEngine.counts_micro_batches and not type(engine).counts_micro_batches

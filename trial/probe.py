@@ -99,7 +99,7 @@ def warmup_accum(engine, accum: int) -> int:
 # backward) and inductor's autotuning of a new kernel's configurations at its first run (outside the compile)
 _TIMERS = {"compile": ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler"),
            "autotune": ("CachingAutotuner.benchmark_all_configs",)}
-_forgotten = dict.fromkeys(_TIMERS, 0.0)  # seconds of the timers forget_graphs cleared
+forgotten_seconds = dict.fromkeys(_TIMERS, 0.0)  # seconds of the timers forget_graphs cleared
 
 
 def compile_seconds(kind: str = "compile") -> float:
@@ -109,8 +109,8 @@ def compile_seconds(kind: str = "compile") -> float:
     try:
         from torch._dynamo.utils import compilation_time_metrics as timers
     except ImportError:
-        return _forgotten[kind]
-    return _forgotten[kind] + sum(sum(timers.get(k, ())) for k in _TIMERS[kind])
+        return forgotten_seconds[kind]
+    return forgotten_seconds[kind] + sum(sum(timers.get(k, ())) for k in _TIMERS[kind])
 
 
 def forget_graphs() -> None:
@@ -119,11 +119,11 @@ def forget_graphs() -> None:
     settled on after an out-of-memory candidate ran dynamic-shape kernels that a run at that micro-batch does not."""
     import torch
     for kind in _TIMERS:  # the reset clears dynamo's timers
-        _forgotten[kind] = compile_seconds(kind)
+        forgotten_seconds[kind] = compile_seconds(kind)
     torch.compiler.reset()
 
 
-def _probe_step(engine, plan, spec: TrialSpec, accum: int, device) -> None:
+def probe_step(engine, plan, spec: TrialSpec, accum: int, device) -> None:
     """PROBE_STEPS optimizer steps at this micro-batch, as warm-up runs them (TRAINSCOUT_FAKE_CAPACITY_MBS: above)."""
     import torch
     fake = os.environ.get("TRAINSCOUT_FAKE_CAPACITY_MBS")
@@ -154,7 +154,7 @@ def largest_fit(spec: TrialSpec, plan, make, device) -> tuple[tuple, int, list]:
                 torch.cuda.reset_peak_memory_stats(device)
             built = make(accum)
             faults.probe_built(spec.fault, built)
-            _probe_step(built[-1], plan, spec, accum, device)
+            probe_step(built[-1], plan, spec, accum, device)
             if device.type == "cuda":  # fits, but too close to the edge: the timed steps would hit it
                 peak = torch.cuda.max_memory_allocated(device)
                 total = torch.cuda.get_device_properties(device).total_memory

@@ -141,13 +141,13 @@ def context(model_config: dict, global_batch: int, workers: int, hw: dict,
 # The compiled-extension caches the user set, read once at import: inductor sets TORCHINDUCTOR_CACHE_DIR in a
 # process the first time it compiles (the memory model's trace of a compiled layer does), which would change the
 # ranks' environment, and so their group's key, between one trial and the next (the warm group not taken)
-_CACHES = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+USER_CACHES = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
            if k in os.environ}
 
 
-def _worker_env(spec: TrialSpec) -> dict:
+def worker_env(spec: TrialSpec) -> dict:
     """The ranks' environment: the caches, the device's, and what knobs set (a group is kept per environment)."""
-    env = dict(_CACHES)
+    env = dict(USER_CACHES)
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -238,7 +238,7 @@ def warm(spec: TrialSpec, one_node: bool = True, timeout: float | None = None) -
     driver does it for its first trial while Tune starts that trial's actor (seconds of the first trial's wall:
     docs/trial.md). Nothing when fresh workers are asked for (TRAINSCOUT_FRESH_WORKERS)."""
     if not pool.fresh_requested():
-        pool.pool().warm.remote(spec.world_size, spec.device, _worker_env(spec), one_node, spec.model_config,
+        pool.pool().warm.remote(spec.world_size, spec.device, worker_env(spec), one_node, spec.model_config,
                                 timeout or DEFAULT_TIMEOUT[spec.device])
 
 
@@ -285,7 +285,7 @@ def _run_in_pool(workers, trial_id: str, spec: TrialSpec, timeout: float, reuse:
     """The pool's raw result of the trial (pool.Pool.run; a Ray error as its error). The caller stopped (Tune's early
     stop, Ctrl-C): its ranks are stopped or cancelled before the stop goes on."""
     import ray
-    ref = workers.run.remote(trial_id, spec, _worker_env(spec), timeout, reuse, owner, one_node)
+    ref = workers.run.remote(trial_id, spec, worker_env(spec), timeout, reuse, owner, one_node)
     try:
         return _wait(workers, ref, trial_id, spec, on_step)
     except ray.exceptions.RayError as e:
@@ -335,7 +335,7 @@ def _outcome(record: Record, raw: dict, spec: TrialSpec, wall: float, timeout: f
 
 def _timeout_error(spec: TrialSpec, timeout: float) -> str:
     """A timed-out trial's error, naming the stale build locks a rank likely waited on."""
-    stale = stale_build_locks(_worker_env(spec).get("TORCH_EXTENSIONS_DIR"))
+    stale = stale_build_locks(worker_env(spec).get("TORCH_EXTENSIONS_DIR"))
     why = ("; a rank likely waited on a stale build lock of a compiled extension (a rank killed while building "
            "it left it): " + ", ".join(f"{p} ({age / 60:.0f} min old, no process holds it)" for p, age in stale)
            + ": remove it and measure again") if stale else ""
