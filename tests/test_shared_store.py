@@ -39,7 +39,7 @@ def test_a_second_measurement_of_a_key_is_a_sample_never_an_overwrite(url):
     assert s.add_measurement("c", rec("c2", 461.0)) == "replaced"
     assert s.add_measurement("c", rec("c3", None, "crash")) == "sample"
     assert s.get("c").trial_id == "c2" and [r.trial_id for r in s.samples("c")] == ["c2", "c1", "c3"]
-    assert s.replace("c", rec("c4", 500.0)) == "sample"  # the former name keeps the contract too
+    assert s.add_measurement("c", rec("c4", 500.0)) == "sample"
     df = load_resolved(s).set_index("key")  # results shows how often a key was measured and the spread
     assert df.loc["k", "samples"] == 2 and df.loc["k", "tokens_per_s_spread"] == pytest.approx((425 - 204) / 204)
     assert df.loc["c", "samples"] == 4 and df.loc["c", "tokens_per_s"] == 461.0
