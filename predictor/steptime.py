@@ -13,7 +13,7 @@ import functools
 import json
 from typing import TYPE_CHECKING
 
-from trainscout.trial import gpus, metrics
+from trainscout.trial import gpus
 from . import flops, memory
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def step_s(spec: TrialSpec) -> float:
     plan, recipe, z = spec.plan, spec.recipe, sizes(spec.model_config)
     engine = engines.get(plan.engine)
     gpu = (spec.hardware or {}).get("gpu")
-    tflops = metrics.gpu_peak_tflops(gpu) or DEFAULT_TFLOPS
+    tflops = gpus.gpu_peak_tflops(gpu) or DEFAULT_TFLOPS
     if plan.precision == "fp32":
         tflops *= FP32_RATE[plan.tf32]
     tbps = _lookup(GPU_HBM_TBPS, gpu, DEFAULT_TBPS)

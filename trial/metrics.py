@@ -7,9 +7,6 @@ with them and to label the figures stored under it.
 """
 from __future__ import annotations
 
-# the GPU peak, for predictor/steptime.py, which reads it through this module (the rest import trial/gpus.py)
-from .gpus import gpu_peak_tflops  # noqa: F401
-
 
 def dense_flops_per_token(n_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
     """The dense count (flops.OLD): 6·N over every parameter + 12·L·d·s, forward and backward. Not MFU's count any
