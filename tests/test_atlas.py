@@ -61,7 +61,8 @@ def test_every_shipped_row_has_its_schema_provenance_and_hash():
     assert labelled and all(r["provenance"]["date"] < "2026-12-02" and r["record"]["plan"]["micro_batch_probe"]
                             for r in labelled)
     assert not any(r["labels"] for r in rows if r["provenance"]["date"] >= "2026-12-02")
-    # MFU recomputed from the model (atlas/samples.row_mfu): the ZeRO-3 record's own figure counted partitioned parameters
+    # MFU recomputed from the model (atlas/samples.row_mfu): the ZeRO-3 record's own figure counted partitioned
+    # parameters
     zero3 = [r for r in rows if r["record"]["config"].get("zero_stage") == 3 and r["record"]["world_size"] == 1
              and r["record"]["status"] == "ok"]
     early = [r for r in zero3 if r["provenance"]["date"] < "2026-12-06"]
