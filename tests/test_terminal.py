@@ -23,7 +23,7 @@ def lines_over(text: str, width: int) -> list[str]:
 
 
 def test_knobs_and_results_fit_a_terminal_and_a_pipe_gets_everything(tmp_path, capsys, monkeypatch):
-    from trainscout.analysis import table, terminal
+    from trainscout.analysis import terminal
     from trainscout.cli.main import main
     from trainscout.store import Store, default_url
     store = Store(default_url(str(tmp_path)))
@@ -36,8 +36,7 @@ def test_knobs_and_results_fit_a_terminal_and_a_pipe_gets_everything(tmp_path, c
     assert "<NA>" not in piped and "NaN" not in piped
     assert max(map(len, piped.splitlines())) > 100  # a pipe: every field whole, one line a knob
     for width in (100, 60):
-        monkeypatch.setattr(table, "terminal_width", lambda stream=None, w=width: w)  # results
-        monkeypatch.setattr(terminal, "terminal_width", lambda stream=None, w=width: w)  # knobs
+        monkeypatch.setattr(terminal, "terminal_width", lambda stream=None, w=width: w)  # knobs and results
         assert main(["knobs"]) == 0 and main(["results", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert not lines_over(out, width), lines_over(out, width)
