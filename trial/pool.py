@@ -192,11 +192,8 @@ class Pool:
         key = self._key(world, device, env, one_node)
         if key in self.warming or any(g.key == key for g in self.idle):
             return
-        # another kind of idle group holds resources (run frees them too): kept, it and this group could leave no
-        # room for the trial's own Tune actor, which must start before run is asked
-        for g in [g for g in self.idle if g.key != key]:
-            self.idle.remove(g)
-            g.kill()
+        # kept, another kind of idle group and this one could leave no room for the trial's own Tune actor
+        self._free_idle_except(key)
         task = asyncio.ensure_future(self._start(key, world, device == "cuda", env, one_node, wait_s,
                                                  model_config))
         self.warming[key] = task
@@ -320,9 +317,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         placed_by = loop.time() + timeout  # the placement wait's own limit
         await self._leaving(key, spec.world_size, spec.device == "cuda", min(placed_by, loop.time() + STOP_GRACE_S))
-        for g in [g for g in self.idle if g.key != key]:  # another kind of group holds resources: free them
-            self.idle.remove(g)
-            g.kill()
+        self._free_idle_except(key)  # another kind of group holds resources
         group = self._take_idle(key) if reuse else None
         try:
             if group is None and reuse:
@@ -384,6 +379,12 @@ class Pool:
                     self._idle_back(group)
                 else:
                     group.kill()
+
+    def _free_idle_except(self, key) -> None:
+        """Kill the idle groups of every key but this one (their resources go back to the cluster)."""
+        for g in [g for g in self.idle if g.key != key]:
+            self.idle.remove(g)
+            g.kill()
 
     def _take_idle(self, key):  # an idle group of key for a trial; those on a node that left are dropped
         for g in [g for g in self.idle if g.key == key]:
