@@ -2,7 +2,6 @@
 trusted (export --share -> import), the HTML page. Real SQLite stores, the real shipped files, the real memory and
 step-time models; no GPU (the records are the H200's, measured earlier)."""
 import gzip
-import importlib.util
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from trainscout.atlas.loo import leave_one_out, loo_summary, loo_table
 from trainscout.atlas.samples import samples
 from trainscout.cli.main import main
 from trainscout.store import Store, default_url, record_checks, row_format
+import bench_script  # tests/bench_script.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_STORE = os.path.join(ROOT, "bench", "data", "gpu-2026-12-01-s9", "seed", "results.db")
@@ -397,10 +397,7 @@ def test_the_atlas_page_is_one_self_contained_file_over_the_whole_atlas(tmp_path
 
 
 def test_the_page_stays_light_at_ten_thousand_rows(tmp_path):
-    spec = importlib.util.spec_from_file_location("atlas_page_bench",
-                                                  os.path.join(ROOT, "bench", "atlas_page_bench.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_script.load("atlas_page_bench")
     atlas = bench.synthetic(10_000)
     t0 = time.perf_counter()
     path = page.write(atlas, str(tmp_path))

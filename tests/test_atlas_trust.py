@@ -16,6 +16,7 @@ from trainscout.cli.main import main
 from trainscout.store import Store, default_url, measurement_key, record_checks, row_format
 from trainscout.trial.gpus import gpu_kind
 from trainscout.trial.records import Record
+import bench_script  # tests/bench_script.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_RECORD = os.path.join(ROOT, "tests", "data", "cpu_tiny_record.json")
@@ -161,11 +162,7 @@ def test_the_shipped_atlas_is_a_rebuild_of_bench_data():
 
 def _build_atlas():
     """bench/build_atlas.py as a module (a script, not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("build_atlas", os.path.join(ROOT, "bench", "build_atlas.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script.load("build_atlas")
 
 
 def test_check_allows_a_float_sum_in_another_order_and_refuses_a_real_difference(tmp_path):

@@ -1,28 +1,18 @@
 """The library stays readable (bench/house_metrics.py): no function over 60 lines, no private name of trainscout used
 across modules, no getattr reads of a knob's protocol, the metric names declared once, Knob's core small."""
-import importlib.util
-import os
+import bench_script  # tests/bench_script.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _house():
-    spec = importlib.util.spec_from_file_location("bench_house_metrics", os.path.join(ROOT, "bench",
-                                                                                       "house_metrics.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_library_is_within_each_limit():
-    house = _house()
+    house = bench_script.load("house_metrics")
     found = house.measure()
     over = {k: found[k] for k, limit in house.LIMITS.items() if len(found[k]) > limit}
     assert not over, "\n".join(f"{k}: {len(v)} (limit {house.LIMITS[k]}): {v[:10]}" for k, v in over.items())
 
 
 def test_the_measures_find_what_they_count(tmp_path):
-    house = _house()
+    house = bench_script.load("house_metrics")
     lines = "\n".join(f"    x = {i}" for i in range(61))
     source = (f"from .memory import _counts\nfrom trainscout.trial import models\n\n\ndef long():\n{lines}\n\n\n"
               "def reads(knob):\n    return getattr(knob, 'costs'), models._gpt_neox, row['tokens_per_s']\n")

@@ -2,7 +2,6 @@
 each is read (or refused with one line naming why), estimated at its real shape at micro-batch 1, its FLOPs/token
 counted at the real shape, and a shrunk copy of the same architecture counts what FlopCounterMode counts and trains
 one bf16-mixed optimizer step with float32 weights, gradients and AdamW states (bench/hub_corpus.py)."""
-import importlib.util
 import json
 import math
 import os
@@ -12,11 +11,10 @@ import pytest
 from trainscout.spaces import ConfigError
 from trainscout.predictor import flops
 from trainscout.trial.models import resolve_model
+import bench_script  # tests/bench_script.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("bench_hub_corpus", os.path.join(ROOT, "bench", "hub_corpus.py"))
-hub = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hub)
+hub = bench_script.load("hub_corpus")
 
 FILES = {os.path.splitext(os.path.basename(p))[0]: p for p in hub.files()}
 # what trainscout refuses, and the words of its reason

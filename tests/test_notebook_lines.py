@@ -2,29 +2,20 @@
 history of earlier work or a bench log's path stay a small share of the library's lines (bench/notebook_lines.py
 counts them); the measurements live in docs/ and docs/constants.csv, whose values are the code's
 (bench/constants_table.py)."""
-import importlib.util
-import os
+import bench_script  # tests/bench_script.py
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_SHARE = 0.003  # the issue's target
 
 
-def _bench(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(ROOT, "bench", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_notebook_lines_share():
-    count = _bench("notebook_lines").count()
+    count = bench_script.load("notebook_lines").count()
     top = ", ".join(f"{path} {n}" for path, n in list(count["files"].items())[:10])
     assert count["share"] <= MAX_SHARE, (f"{count['flagged']} of {count['lines']} library lines "
                                          f"({count['share']:.2%}) carry notebook text; the most: {top}")
 
 
 def test_notebook_lines_finds_what_it_counts():
-    nb = _bench("notebook_lines")
+    nb = bench_script.load("notebook_lines")
     source = ('"""Step time.\n\nMeasured 15.35 ms on one H100 (bench/data/gpu-2026-12-06-s23/x.log)."""\n'
               'X = 1  # torch 2.13, >=2.6, "9.0": versions and quoted values are no measurements\n'
               'Y = "53 GB/s"  # a string in code is never read\n'
@@ -35,4 +26,4 @@ def test_notebook_lines_finds_what_it_counts():
 
 
 def test_constants_table_is_the_code():
-    assert _bench("constants_table").check() == []
+    assert bench_script.load("constants_table").check() == []

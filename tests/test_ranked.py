@@ -1,7 +1,6 @@
 """Informed sampling (issue 17): the step-time model's order, and the ranked proposals of the search's own
 searcher (make_searcher, make_sampler, make_ranker, first_points) on the recorded H200 Pythia-160M grid,
 driven trial by trial with the grid's measurements played back (no Tune loop, no ASHA: every trial in full)."""
-import importlib.util
 import os
 
 import optuna
@@ -13,12 +12,11 @@ from trainscout.search.space import Space
 from trainscout.spaces import ConfigError, get
 from trainscout.predictor import steptime
 from trainscout.trial import prepare
+import bench_script  # tests/bench_script.py
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("bench_replay", os.path.join(ROOT, "bench", "replay.py"))
-replay = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(replay)
+replay = bench_script.load("replay")
 H200 = {"device": "cuda", "gpu": "NVIDIA H200", "gpu_count": 1, "gpu_memory_gib": 139.8, "world_size": 1,
         "capability": "9.0", "cpu": "x86_64", "cpu_count": 32, "cuda": "13.0"}
 

@@ -1,6 +1,5 @@
 """bench/replay.py with the real Ray Tune + Optuna + ASHA on a small grid this test writes itself (bench/grid.py's
 enumeration and CSV writer, invented measurements): invariants only, nothing from real measurements."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,12 +10,11 @@ import pytest
 from trainscout.search.space import Space
 from trainscout.spaces import Context, all_knobs
 from trainscout.trial import prepare
+import bench_script  # tests/bench_script.py
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("bench_grid", os.path.join(ROOT, "bench", "grid.py"))
-grid = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grid)
+grid = bench_script.load("grid")
 
 # 2 ranks, micro-batch x pipeline stages: micro-batch 8 x 4 pipeline micro-batches does not divide the per-rank
 # batch of 16, an invalid configuration the sampler can propose; 3 valid ones
